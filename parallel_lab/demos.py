@@ -1,0 +1,70 @@
+"""Small functions to run on ranks: the launcher's hello world and its failure modes.
+
+Lesson 01 runs them to show what a student sees when a rank fails or hangs; the launcher's tests
+run them to check that every failure is reported by rank and that no process is left behind.
+"""
+
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def hello():
+    """Each rank contributes ``rank + 1``; all-reduce sums them: ``world * (world + 1) / 2``."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)
+    return {"rank": rank, "world_size": world, "pid": os.getpid(), "sum": total.item()}
+
+
+def rank_id():
+    """The cheapest possible task: returns this rank's number (used to time warm re-runs)."""
+    return dist.get_rank()
+
+
+def echo(*args, **kwargs):
+    """Returns its arguments, to show that tensors and plain objects travel both ways."""
+    return {"rank": dist.get_rank(), "args": args, "kwargs": kwargs}
+
+
+def fail_on(rank, message="something went wrong"):
+    """Raises ValueError on ``rank``; the other ranks then wait in a barrier that never completes."""
+    if dist.get_rank() == rank:
+        raise ValueError(message)
+    dist.barrier()
+
+
+def unmatched_send(shape=(4, 8)):
+    """Rank 0 sends to rank 1, which never receives: rank 1 waits in a barrier rank 0 never joins
+    (gloo buffers small sends, so rank 0 goes on to wait for a reply that never comes)."""
+    if dist.get_rank() == 0:
+        dist.send(torch.ones(shape), dst=1)
+        dist.recv(torch.empty(shape), src=1)
+    else:
+        dist.barrier()
+
+
+def skipped_collective():
+    """Every rank but the last calls all_reduce; they wait forever for the one that skipped it."""
+    if dist.get_rank() != dist.get_world_size() - 1:
+        dist.all_reduce(torch.ones(3))
+    else:
+        time.sleep(3600)
+
+
+def die_on(rank, how="kill"):
+    """Rank ``rank`` ends abruptly: ``kill`` (SIGKILL), ``segfault`` (SIGSEGV) or ``exit`` (status 3)."""
+    if dist.get_rank() == rank:
+        if how == "exit":
+            os._exit(3)
+        os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSEGV)
+    dist.barrier()
+
+
+def sleep(seconds):
+    """Sleeps on every rank (used to test interrupting a running call)."""
+    time.sleep(seconds)
+    return dist.get_rank()
