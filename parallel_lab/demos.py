@@ -6,6 +6,8 @@ run them to check that every failure is reported by rank and that no process is 
 
 import os
 import signal
+import sys
+import threading
 import time
 
 import torch
@@ -68,3 +70,15 @@ def sleep(seconds):
     """Sleeps on every rank (used to test interrupting a running call)."""
     time.sleep(seconds)
     return dist.get_rank()
+
+
+def exit_early():
+    """Calls sys.exit on rank 0: reported as an error, not a silently missing rank."""
+    if dist.get_rank() == 0:
+        sys.exit(2)
+    return dist.get_rank()
+
+
+def unpicklable_result():
+    """Returns a lock, which cannot be pickled back to the notebook."""
+    return threading.Lock()

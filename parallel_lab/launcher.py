@@ -307,6 +307,19 @@ class Pool:
 
 _pool: Pool | None = None
 _lock = threading.Lock()
+# True when the forkserver and resource tracker were started for our ranks (and so are ours to
+# stop); a tracker some other code started keeps running, since stopping it would clean up its
+# resources.
+_helpers_are_ours = False
+
+
+def _note_helpers() -> None:
+    global _helpers_are_ours
+    from multiprocessing import forkserver, resource_tracker
+
+    if getattr(forkserver._forkserver, "_forkserver_pid", None) is None and \
+            getattr(resource_tracker._resource_tracker, "_fd", None) is None:
+        _helpers_are_ours = True
 
 
 def run(fn, world_size: int = 4, args: tuple = (), kwargs: dict | None = None, *,
@@ -330,6 +343,7 @@ def run(fn, world_size: int = 4, args: tuple = (), kwargs: dict | None = None, *
                 _pool.close()
                 _pool = None
             if _pool is None:
+                _note_helpers()
                 _pool = Pool(world_size, timeout)
             return _pool.run(task, getattr(fn, "__qualname__", str(fn)), timeout)
         except BaseException:  # an error, a hang or Ctrl-C: no rank may outlive it
@@ -340,17 +354,19 @@ def run(fn, world_size: int = 4, args: tuple = (), kwargs: dict | None = None, *
 
 
 def shutdown() -> None:
-    """Stop the pool's ranks and the forkserver: afterwards no process of ours is left."""
-    global _pool
+    """Stop the pool's ranks and the helper processes multiprocessing started for them (forkserver,
+    resource tracker): afterwards no process of ours is left."""
+    global _pool, _helpers_are_ours
     with _lock:
         if _pool is not None:
             _pool.close()
             _pool = None
-        from multiprocessing import forkserver
+        if _helpers_are_ours:
+            from multiprocessing import forkserver, resource_tracker
 
-        server = getattr(forkserver, "_forkserver", None)
-        if server is not None and getattr(server, "_forkserver_pid", None) and hasattr(server, "_stop"):
-            server._stop()
+            for helper in (forkserver._forkserver, resource_tracker._resource_tracker):
+                helper._stop()
+            _helpers_are_ours = False
 
 
 def pool_pids() -> list[int]:
@@ -486,7 +502,7 @@ def init_from_env(timeout: float = 300.0):
 
 
 def main(argv=None) -> int:
-    """``torchrun --nproc-per-node N -m parallel_lab.launcher MODULE:FUNCTION [JSON_KWARGS]``"""
+    """``torchrun --standalone --nproc-per-node N -m parallel_lab.launcher MODULE:FUNCTION [JSON_KWARGS]``"""
     import json
 
     import torch.distributed as dist
