@@ -31,8 +31,8 @@ import torch.distributed.distributed_c10d as c10d
 # ``op.op is isend`` inside batch_isend_irecv keep working).
 WRAPPED = (
     "send", "recv", "isend", "irecv", "batch_isend_irecv",
-    "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor",
-    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+    "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
+    "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single",
     "gather", "scatter", "barrier",
 )
 
@@ -86,7 +86,9 @@ def install(status=None) -> None:
     global _status
     _status = status
     for name in WRAPPED:
-        original = getattr(c10d, name)
+        original = getattr(c10d, name, None)
+        if original is None:  # not in this torch release
+            continue
         if getattr(original, "_parallel_lab_original", None) is not None:
             continue
         wrapper = _wrap(name, original)
@@ -188,10 +190,10 @@ def _nbytes(op: str, bound: dict) -> int:
 
     if op == "batch_isend_irecv":
         return sum(size(p.tensor) for p in bound.get("p2p_op_list") or [])
-    if op in ("all_gather", "all_gather_into_tensor"):
+    if op in ("all_gather", "all_gather_into_tensor", "all_gather_single"):
         t = bound.get("tensor", bound.get("input_tensor"))
         return size(t) if isinstance(t, torch.Tensor) else 0
-    if op in ("reduce_scatter", "reduce_scatter_tensor"):
+    if op in ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single"):
         t = bound.get("input_list", bound.get("input"))
         return sum(size(x) for x in t) if isinstance(t, (list, tuple)) else size(t)
     if op == "all_to_all":

@@ -82,3 +82,21 @@ def exit_early():
 def unpicklable_result():
     """Returns a lock, which cannot be pickled back to the notebook."""
     return threading.Lock()
+
+
+def ring_matches_gloo(numel, dtype=torch.float64):
+    """Ring all-reduce of integer-valued data equals dist.all_reduce exactly on every rank."""
+    from parallel_lab.collectives import ring_all_reduce
+
+    rank = dist.get_rank()
+    x = torch.arange(numel, dtype=dtype) * (rank + 1) + rank
+    expected = x.clone()
+    dist.all_reduce(expected)
+    ring_all_reduce(x)
+    return bool(torch.equal(x, expected))
+
+
+def say_hello():
+    """Prints on every rank: the notebook shows each line prefixed with its rank, in rank order."""
+    print(f"hello from rank {dist.get_rank()} of {dist.get_world_size()}")
+    return dist.get_rank()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import io
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -35,7 +36,7 @@ import sys
 import threading
 import time
 import traceback
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from datetime import timedelta
 
 MAX_WORLD_SIZE = 8
@@ -81,6 +82,15 @@ class RanksHung(TimeoutError):
             f"(a send without a matching recv, or a collective some rank skipped?); all ranks "
             f"were stopped.\n{report}"
         )
+
+
+def _forward_output(answers: dict) -> None:
+    """Print what the ranks printed, in rank order, each line prefixed with its rank."""
+    for rank in sorted(answers):
+        for key, stream in (("out", sys.stdout), ("err", sys.stderr)):
+            text = answers[rank].get(key)
+            if text:
+                stream.write("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()))
 
 
 def _describe_exit(code):
@@ -240,17 +250,29 @@ class Pool:
                 if rank not in pending:
                     continue
                 if handle is self.conns[rank] or self.conns[rank].poll():
-                    kind, *payload = self._receive(rank, doing)
-                    if kind == "error":
-                        raise RankError(rank, *payload, others=self._report(exclude={rank}))
-                    results[rank] = payload[0]
+                    answer = results[rank] = self._receive(rank, doing)
+                    if answer["kind"] == "error":
+                        _forward_output(results)
+                        self._raise_if_a_rank_died(pending - {rank}, doing)
+                        raise RankError(rank, answer["type"], answer["message"], answer["traceback"],
+                                        others=self._report(exclude={rank}))
                 else:
                     self.procs[rank].join(1.0)
                     raise RankDied(rank, self.procs[rank].exitcode, doing, self._report(exclude={rank}))
                 pending.discard(rank)
-        return [results[rank] for rank in sorted(results)]
+        _forward_output(results)
+        return [results[rank]["value"] for rank in sorted(results)]
 
-    def _receive(self, rank, doing):
+    def _raise_if_a_rank_died(self, ranks, doing, grace=0.3) -> None:
+        """A rank that dies makes its peers fail ("connection closed by peer"); report the cause."""
+        sentinels = {self.procs[r].sentinel: r for r in ranks}
+        dead = mp.connection.wait(list(sentinels), timeout=grace) if sentinels else []
+        if dead:
+            rank = min(sentinels[s] for s in dead)
+            self.procs[rank].join(1.0)
+            raise RankDied(rank, self.procs[rank].exitcode, doing, self._report(exclude={rank}))
+
+    def _receive(self, rank, doing) -> dict:
         try:
             return pickle.loads(self.conns[rank].recv_bytes())
         except (EOFError, OSError):
@@ -413,7 +435,7 @@ def _rank_main(rank, world_size, conn, status, parent_pid, timeout):
         if rank == 0:
             store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True,
                                   timeout=timedelta(seconds=timeout), wait_for_workers=False)
-            conn.send_bytes(pickle.dumps(("ok", store.port)))
+            conn.send_bytes(pickle.dumps({"kind": "ok", "value": store.port}))
         else:
             port = pickle.loads(conn.recv_bytes())
             store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
@@ -422,7 +444,7 @@ def _rank_main(rank, world_size, conn, status, parent_pid, timeout):
                                 timeout=timedelta(seconds=max(timeout, 60.0)))
         commlog.install(set_status)
         set_status(_IDLE)
-        conn.send_bytes(pickle.dumps(("ok", rank)))
+        conn.send_bytes(pickle.dumps({"kind": "ok", "value": rank}))
     except BaseException as exc:
         _send_error(conn, exc)
         return
@@ -444,22 +466,29 @@ def _serve(conn, current, set_status):
         _, fn, args, kwargs = message
         current[0] = f"running {getattr(fn, '__qualname__', fn)}"
         set_status(None)
+        # What the function prints goes back with its result and is shown as "[rank r] ..." in the
+        # notebook, in rank order (not interleaved on the kernel's terminal).
+        out, err = io.StringIO(), io.StringIO()
         try:
-            result = fn(*args, **kwargs)
+            with redirect_stdout(out), redirect_stderr(err):
+                result = fn(*args, **kwargs)
         except BaseException as exc:  # report everything, even SystemExit, instead of vanishing
-            _send_error(conn, exc)
+            _send_error(conn, exc, out=out.getvalue(), err=err.getvalue())
         else:
             try:
-                conn.send_bytes(pickle.dumps(("ok", result)))
+                conn.send_bytes(pickle.dumps({"kind": "ok", "value": result,
+                                              "out": out.getvalue(), "err": err.getvalue()}))
             except Exception as exc:
-                _send_error(conn, exc, "the return value could not be sent back: ")
+                _send_error(conn, exc, "the return value could not be sent back: ",
+                            out=out.getvalue(), err=err.getvalue())
         current[0] = f"finished {getattr(fn, '__qualname__', fn)}"
         set_status(None)
 
 
-def _send_error(conn, exc, prefix=""):
-    answer = ("error", type(exc).__name__, prefix + str(exc), traceback.format_exc())
-    conn.send_bytes(pickle.dumps(answer))
+def _send_error(conn, exc, prefix="", out="", err=""):
+    conn.send_bytes(pickle.dumps({"kind": "error", "type": type(exc).__name__,
+                                  "message": prefix + str(exc), "traceback": traceback.format_exc(),
+                                  "out": out, "err": err}))
 
 
 def _exit_when_parent_dies(parent_pid):

@@ -259,3 +259,8 @@ def test_task_messages_use_plain_pickle():
     # Tensors come back as copies (plain pickle), never as shared-memory handles that could leak.
     blob = launcher._pickle_task(demos.echo, (torch.ones(2),), {})
     assert pickle.loads(blob)[2][0].sum() == 2
+
+
+def test_what_ranks_print_is_shown_prefixed_in_rank_order(capsys):
+    assert launcher.run(demos.say_hello, 3) == [0, 1, 2]
+    assert capsys.readouterr().out == "".join(f"[rank {r}] hello from rank {r} of 3\n" for r in range(3))

@@ -1,0 +1,146 @@
+"""Collectives on real ranks: who holds what before and after, ring all-reduce, and the α–β model.
+
+Lesson 01 (lessons/01_ranks_and_collectives.ipynb) runs these on simulated GPUs. Everything here
+that runs on a rank reads its rank from ``torch.distributed`` and takes the group explicitly.
+
+The α–β (latency–bandwidth, "Hockney") model says one message of n bytes costs ``α + n·β``. A ring
+all-reduce over p ranks sends 2(p−1) messages of n/p bytes per rank (Patarasuk & Yuan 2009, the
+algorithm behind NCCL's and gloo's large all-reduces), so
+
+    t_allreduce(n) ≈ 2(p−1)·α + 2(p−1)/p · n · β
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+COLLECTIVES = ("send/recv", "broadcast", "all_reduce", "all_gather", "reduce_scatter")
+
+
+# ----------------------------------------------------------------------------------------------
+# Who holds what: each collective on p ranks with small integer tensors (exact, easy to read).
+
+
+def holdings(name: str) -> dict:
+    """Run collective ``name`` on this rank; return ``{"before": [...], "after": [...]}`` (lists of
+    numbers, ``None`` where the rank holds nothing). Rank r starts with ``10·r + j`` in slot j."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    mine = torch.tensor([10.0 * rank + j for j in range(p)])
+    if name == "send/recv":  # rank 0 sends its tensor to rank 1; rank 1's buffer is overwritten
+        before = mine.clone()
+        if rank == 0:
+            dist.send(mine, dst=1)
+        elif rank == 1:
+            dist.recv(mine, src=0)
+        return {"before": before.tolist(), "after": mine.tolist()}
+    if name == "broadcast":  # rank 0's tensor is copied to everyone
+        before = mine.clone()
+        dist.broadcast(mine, src=0)
+        return {"before": before.tolist(), "after": mine.tolist()}
+    if name == "all_reduce":  # everyone ends with the element-wise sum
+        before = mine.clone()
+        dist.all_reduce(mine)
+        return {"before": before.tolist(), "after": mine.tolist()}
+    if name == "all_gather":  # rank r holds one chunk (slot r); everyone ends with all chunks
+        chunk = mine[rank:rank + 1].clone()
+        out = torch.empty(p)
+        dist.all_gather_single(out, chunk)
+        return {"before": [chunk.item() if j == rank else None for j in range(p)], "after": out.tolist()}
+    if name == "reduce_scatter":  # the sum, but rank r keeps only chunk r
+        out = torch.empty(1)
+        dist.reduce_scatter_single(out, mine)
+        return {"before": mine.tolist(), "after": [out.item() if j == rank else None for j in range(p)]}
+    raise ValueError(f"unknown collective {name!r}; choose one of {COLLECTIVES}")
+
+
+def check_collective(name: str) -> None:
+    """Raise before launch for a collective name that does not exist."""
+    if name not in COLLECTIVES:
+        raise ValueError(f"unknown collective {name!r}; choose one of {', '.join(COLLECTIVES)}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Ring all-reduce from send/recv: the reference solution of lesson 01's exercise.
+
+
+def ring_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum ``tensor`` over the ranks of ``group`` in place with a ring: p−1 reduce-scatter steps,
+    then p−1 all-gather steps, each rank sending one chunk to its right neighbour per step.
+
+    Every rank sends 2(p−1)/p of the tensor in total, independent of p — why rings scale.
+    """
+    rank, p = dist.get_rank(group), dist.get_world_size(group)
+    if p == 1:
+        return tensor
+    flat = tensor.view(-1)
+    chunks = list(flat.tensor_split(p))  # views: writing a chunk writes the tensor
+    right, left = _global(group, (rank + 1) % p), _global(group, (rank - 1) % p)
+    incoming = torch.empty_like(chunks[0]) if chunks[0].numel() else torch.empty(0, dtype=flat.dtype)
+    for step in range(2 * (p - 1)):
+        # Reduce-scatter step s: send chunk (rank - s), add the incoming chunk (rank - s - 1); after
+        # p-1 steps rank r owns the full sum of chunk r+1. All-gather step s: pass owned chunks on.
+        reduce_phase = step < p - 1
+        send_index = (rank - step) % p if reduce_phase else (rank + 1 - (step - p + 1)) % p
+        recv_index = (send_index - 1) % p
+        buffer = incoming[: chunks[recv_index].numel()]
+        request = dist.isend(chunks[send_index].contiguous(), dst=right, group=group)
+        dist.recv(buffer, src=left, group=group)
+        request.wait()
+        if reduce_phase:
+            chunks[recv_index] += buffer
+        else:
+            chunks[recv_index].copy_(buffer)
+    return tensor
+
+
+def _global(group, group_rank: int) -> int:
+    return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+
+# ----------------------------------------------------------------------------------------------
+# Timing: all-reduce against message size, and the α–β fit.
+
+
+def time_all_reduce(sizes_bytes, repeats: int = 5, algorithm: str = "gloo") -> list[float]:
+    """Median seconds of one all-reduce of each size (float32) on this rank's world; ``algorithm``
+    is ``"gloo"`` (dist.all_reduce) or ``"ring"`` (ring_all_reduce above)."""
+    op = dist.all_reduce if algorithm == "gloo" else ring_all_reduce
+    medians = []
+    for size in sizes_bytes:
+        tensor = torch.ones(max(1, size // 4))
+        op(tensor)  # warm-up: first use of a size sets up buffers
+        samples = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            op(tensor)
+            samples.append(time.perf_counter() - start)
+        medians.append(statistics.median(samples))
+    return medians
+
+
+def fit_alpha_beta(sizes_bytes, seconds, world_size: int) -> dict:
+    """Fit ``t = 2(p−1)·α + 2(p−1)/p·n·β`` by least squares on relative error (so that tiny and huge
+    messages weigh alike). Returns α (s), β (s/byte), bandwidth (bytes/s) and the fitted times."""
+    p = world_size
+    n = np.asarray(sizes_bytes, dtype=float)
+    t = np.asarray(seconds, dtype=float)
+    if p < 2:
+        raise ValueError(f"the all-reduce model needs at least 2 ranks, got world_size {p}")
+    design = np.stack([np.full_like(n, 2 * (p - 1)), 2 * (p - 1) / p * n], axis=1) / t[:, None]
+    (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    fitted = design @ np.array([alpha, beta]) * t
+    return {"alpha_s": float(alpha), "beta_s_per_byte": float(beta),
+            "bandwidth_bytes_per_s": float(1 / beta) if beta > 0 else float("inf"),
+            "fitted_s": fitted.tolist()}
+
+
+def predict_all_reduce(n_bytes: float, world_size: int, alpha_s: float, bandwidth_bytes_per_s: float) -> float:
+    """Seconds for a ring all-reduce of ``n_bytes`` over ``world_size`` ranks (α–β model)."""
+    p = world_size
+    return 2 * (p - 1) * alpha_s + 2 * (p - 1) / p * n_bytes / bandwidth_bytes_per_s
