@@ -25,14 +25,22 @@ def say(text):
     print(f"[course] {text}", file=sys.stderr, flush=True)
 
 
+def _fingerprint(extra: str) -> str:
+    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + extra.encode()).hexdigest()
+
+
+def up_to_date(extra: str) -> bool:
+    """True when .venv holds the package with ``extra`` for the current pyproject.toml."""
+    stamp = VENV / f".installed-{extra}"
+    return PYTHON.exists() and stamp.exists() and stamp.read_text() == _fingerprint(extra)
+
+
 def setup(extra: str) -> None:
     """Create .venv and install the package with ``extra`` unless it is already done for this
     pyproject.toml (a stamp file records what was installed)."""
     if sys.version_info < (3, 10):
         sys.exit(f"[course] Python 3.10 or newer is needed, this is {sys.version.split()[0]}")
-    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + extra.encode()).hexdigest()
-    stamp = VENV / f".installed-{extra}"
-    if stamp.exists() and stamp.read_text() == wanted and PYTHON.exists():
+    if up_to_date(extra):
         say(f"environment up to date ({VENV.name}, [{extra}])")
         return
     if not PYTHON.exists():
@@ -41,7 +49,7 @@ def setup(extra: str) -> None:
     say(f"installing parallel-lab[{extra}] (first time: a few minutes)")
     subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                     "-e", f".[{extra}]"], cwd=ROOT, check=True)
-    stamp.write_text(wanted)
+    (VENV / f".installed-{extra}").write_text(_fingerprint(extra))
 
 
 def env() -> dict:

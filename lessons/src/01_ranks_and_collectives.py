@@ -1,0 +1,175 @@
+# %% [markdown]
+# # 01 · Ranks and collectives, on real processes
+#
+# **Learning goals**
+# - Start several *ranks* (one process per simulated GPU) from this notebook and get their results back.
+# - Know the five communication patterns every parallel method is built from — send/recv, broadcast,
+#   all-reduce, all-gather, reduce-scatter — by seeing what each rank holds before and after.
+# - Measure all-reduce on this machine and fit the α–β (latency–bandwidth) model that later lessons use
+#   to predict the cost of tensor and pipeline parallelism.
+# - Write ring all-reduce yourself from send/recv, and have it checked on real ranks.
+#
+# Every rank here is a real operating-system process running `torch.distributed` with the gloo
+# backend, exactly as on a GPU cluster (where the backend would be NCCL). They share your CPU cores, so
+# *times* are not GPU times — but who sends what to whom is exactly the same.
+
+# %%
+from parallel_lab.notebook import setup
+
+setup()
+
+# %% [markdown]
+# ## 1. Ranks
+# `launcher.run(fn, world_size)` runs `fn` on every rank with the process group ready and returns the
+# list of their return values, indexed by rank. `fn` must live in a module (here `parallel_lab.demos`):
+# ranks are separate processes and import it by name.
+
+# %%
+import inspect
+
+from parallel_lab import demos, launcher
+
+print(inspect.getsource(demos.hello))
+results = launcher.run(demos.hello, world_size=4)
+for r in results:
+    print(f"rank {r['rank']} of {r['world_size']}: all-reduced sum = {r['sum']:g}")
+
+# %% [markdown]
+# The ranks stay up between calls (a *pool*), so the next call costs a message, not a process start.
+# What a rank prints comes back prefixed with its rank, in rank order:
+
+# %%
+_ = launcher.run(demos.say_hello, world_size=4)
+
+# %% [markdown]
+# ### When something goes wrong
+# A mistake on one rank must never freeze the notebook. An exception is raised here naming the rank
+# (with its traceback); a rank stuck in communication is reported after a timeout together with the
+# operation every rank is blocked in. Below, rank 0 sends a message nobody receives:
+
+# %%
+print(inspect.getsource(demos.unmatched_send))
+try:
+    launcher.run(demos.unmatched_send, world_size=2, timeout=2)
+except launcher.RanksHung as err:
+    print(str(err).splitlines()[0])
+    for rank, blocked_in in err.blocked.items():
+        print(f"  rank {rank} was blocked in {blocked_in}")
+
+# %% [markdown]
+# ## 2. The five collectives
+# Each rank starts with a small tensor; rank *r* holds `10·r + j` in slot *j*. The pictures come from a
+# real run on 4 ranks (`collectives.holdings`). Empty cells are slots a rank does not hold.
+#
+# | pattern | what happens | used by |
+# |---|---|---|
+# | send / recv | one rank's tensor goes to one other rank | pipeline parallelism (activations forward, gradients back) |
+# | broadcast | one rank's tensor is copied to all | initial weights |
+# | all-reduce | everyone ends with the element-wise sum | tensor parallelism (Megatron's *g*), data parallelism |
+# | all-gather | everyone ends with all ranks' pieces | gathering a sharded output; sequence parallelism |
+# | reduce-scatter | the sum, but each rank keeps only its piece | sequence parallelism, ZeRO |
+
+# %%
+from parallel_lab import collective_figures, collectives
+
+for name in collectives.COLLECTIVES:
+    per_rank = launcher.run(collectives.holdings, world_size=4, args=(name,))
+    collective_figures.holdings_figure(name, per_rank).show()
+
+# %% [markdown]
+# Notice that **all-reduce = reduce-scatter followed by all-gather**: the reduce-scatter leaves rank *r*
+# with the full sum of slot *r*; an all-gather then hands every slot to everyone. That identity is the
+# whole idea behind ring all-reduce (your exercise below) and behind sequence parallelism (lesson 02).
+
+# %% [markdown]
+# ## 3. What does an all-reduce cost? The α–β model
+# A message of *n* bytes costs `α + n·β`: a fixed latency α plus the bytes over the bandwidth 1/β.
+# A ring all-reduce on *p* ranks does 2(p−1) steps, each sending n/p bytes per rank:
+#
+# $$t_{\text{all-reduce}}(n) \approx 2(p-1)\,\alpha + \frac{2(p-1)}{p}\, n\, \beta$$
+#
+# Small messages are dominated by α, large ones by β. Let's measure gloo's all-reduce on 4 ranks of
+# this machine and fit α and β (your numbers will differ from the ones stored in this notebook).
+
+# %% tags=["nbval-ignore-output"]
+sizes = [2**k for k in range(10, 23, 2)]  # 1 KB .. 4 MB
+measured = launcher.run(collectives.time_all_reduce, world_size=4, args=(sizes,))[0]
+fit = collectives.fit_alpha_beta(sizes, measured, world_size=4)
+print(f"α ≈ {fit['alpha_s'] * 1e6:.0f} µs per step, bandwidth ≈ {fit['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s")
+collective_figures.alpha_beta_figure(sizes, {"gloo all_reduce": measured}, fit, world_size=4).show()
+
+# %% [markdown]
+# For comparison: NVLink inside an 8-GPU server moves hundreds of GB/s with α of a few µs;
+# InfiniBand between servers gives tens of GB/s per GPU. Lesson 02 puts these numbers next to the
+# compute time of a layer to show why tensor parallelism stays inside a node.
+
+# %% [markdown]
+# ## 4. Exercise: ring all-reduce from send/recv
+# Write `my_ring_all_reduce(tensor)` that sums `tensor` over all ranks **in place** using only
+# `dist.isend` / `dist.recv` (or `dist.send` / `dist.irecv`) with the neighbours of a ring:
+#
+# 1. split the flat tensor into *p* chunks (`tensor.view(-1).tensor_split(p)` gives views);
+# 2. **reduce-scatter**, p−1 steps: in step *s*, send chunk `(rank − s) mod p` to the right neighbour,
+#    receive chunk `(rank − s − 1) mod p` from the left one and add it in;
+# 3. **all-gather**, p−1 steps: pass the finished chunks around the ring, copying instead of adding.
+#
+# Start the send with `isend` before the blocking `recv`: if every rank blocked in `send` first,
+# large messages could deadlock the ring. The check below runs your function on 2 and 4 real ranks
+# against `dist.all_reduce` (tensors smaller than, divisible by and not divisible by *p*) and prints a
+# verdict. A hang or an exception is reported, not frozen.
+
+# %%
+import torch
+import torch.distributed as dist
+
+
+def my_ring_all_reduce(tensor):
+    ### BEGIN SOLUTION
+    rank, p = dist.get_rank(), dist.get_world_size()
+    chunks = list(tensor.view(-1).tensor_split(p))
+    right, left = (rank + 1) % p, (rank - 1) % p
+    for step in range(2 * (p - 1)):
+        if step < p - 1:  # reduce-scatter
+            send = (rank - step) % p
+        else:  # all-gather
+            send = (rank + 1 - (step - (p - 1))) % p
+        recv = (send - 1) % p
+        buffer = torch.empty_like(chunks[recv])
+        request = dist.isend(chunks[send].contiguous(), dst=right)
+        dist.recv(buffer, src=left)
+        request.wait()
+        if step < p - 1:
+            chunks[recv] += buffer
+        else:
+            chunks[recv].copy_(buffer)
+    ### END SOLUTION
+    return tensor
+
+
+# %%
+from parallel_lab.exercises import check_ring_all_reduce
+
+verdict = check_ring_all_reduce(my_ring_all_reduce)
+
+# %% [markdown]
+# ### Ring versus gloo
+# How does a ring written in Python on top of send/recv compare with gloo's built-in all-reduce? Both
+# run on the same 4 ranks, same 4 MB message (the library's `collectives.ring_all_reduce` is the same
+# algorithm as your solution):
+
+# %% tags=["nbval-ignore-output"]
+size = [4 * 2**20]
+gloo_s = launcher.run(collectives.time_all_reduce, world_size=4, args=(size,), kwargs={"algorithm": "gloo"})[0][0]
+ring_s = launcher.run(collectives.time_all_reduce, world_size=4, args=(size,), kwargs={"algorithm": "ring"})[0][0]
+print(f"4 MB on 4 ranks: gloo {gloo_s * 1e3:.1f} ms, our ring {ring_s * 1e3:.1f} ms, ratio {ring_s / gloo_s:.2f}")
+
+# %% [markdown]
+# ## What to remember
+# - A *rank* is one process owning one device; a *process group* lets ranks call collectives together.
+# - Every collective must be called by **every** rank of its group, in the same order — a rank that
+#   skips one leaves the others waiting forever (here: reported after a timeout).
+# - all-reduce = reduce-scatter + all-gather; a ring sends 2(p−1)/p of the data per rank, whatever *p*.
+# - Cost ≈ α per message + bytes × β. Latency rules small messages, bandwidth rules large ones.
+#
+# ## Quiz
+# The auto-graded quiz for this lesson is loaded here.
