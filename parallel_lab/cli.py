@@ -32,8 +32,34 @@ def _bench_arguments(parser):
                         help="launcher, collectives, tensor, pipeline (default: all)")
 
 
+def _schedule(args):
+    from parallel_lab.schedules import build, format_grid
+    from parallel_lab.simulate import Costs, parse_costs, summary
+
+    costs = parse_costs(args.costs) if args.costs else Costs()
+    report = summary(build(args.name, args.stages, args.microbatches, args.virtual), costs)
+    peak = ", ".join(str(n) for n in report["peak_activations"])
+    text = (f"{format_grid(report['ranks'])}\n\n{report['schedule']}: {report['stages']} ranks, "
+            f"{report['model_stages']} model stages, {report['microbatches']} micro-batches\n"
+            f"makespan {report['makespan']:g}, bubble {report['bubble_fraction']:.1%}, "
+            f"peak activations per stage [{peak}]")
+    return report, text, ""
+
+
+def _schedule_arguments(parser):
+    from parallel_lab.schedules import SCHEDULES
+
+    parser.add_argument("name", choices=sorted(SCHEDULES), metavar="NAME", help=", ".join(SCHEDULES))
+    parser.add_argument("--stages", type=int, required=True, help="pipeline ranks P")
+    parser.add_argument("--microbatches", type=int, required=True, help="micro-batches M")
+    parser.add_argument("--virtual", type=int, default=1, help="stages per rank (interleaved, zb-v)")
+    parser.add_argument("--costs", help="F,B,W durations, e.g. 1,2,1 (W splits off B)")
+
+
 COMMANDS = {
     "doctor": (_doctor, "check the installation: torch, gloo, start method, cores, widgets/plotly", None),
+    "schedule": (_schedule, "print a schedule's step x rank grid and its simulated numbers",
+                 _schedule_arguments),
     "bench": (_bench, "side-by-side benchmarks against the peers, as ratios", _bench_arguments),
 }
 

@@ -1,0 +1,46 @@
+"""The parallel-lab command's contracts (shared/DESIGN.md): one JSON object with --json, exit status
+0 on success and non-zero with a one-line reason on stderr otherwise."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXE = str(Path(sys.executable).with_name("parallel-lab"))
+
+
+def cli(*args, timeout=120):
+    return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_schedule_json_contract():
+    out = cli("schedule", "1f1b", "--stages", "4", "--microbatches", "8", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert {"schedule", "stages", "microbatches", "ranks", "makespan", "bubble_fraction",
+            "peak_activations"} <= set(report)
+    assert report["schedule"] == "1f1b" and report["stages"] == 4 and report["microbatches"] == 8
+    assert report["bubble_fraction"] == pytest.approx(3 / 11)
+    assert report["peak_activations"] == [4, 3, 2, 1]
+    assert sorted(report["ranks"]) == ["0", "1", "2", "3"]
+    assert report["ranks"]["0"][0] == "0F0" and report["ranks"]["3"][0] is None
+
+
+def test_schedule_text_shows_the_grid_and_the_numbers():
+    out = cli("schedule", "gpipe", "--stages", "2", "--microbatches", "2")
+    assert out.returncode == 0
+    assert "rank 0" in out.stdout and "0F0" in out.stdout and "bubble 33.3%" in out.stdout
+
+
+def test_bad_input_exits_non_zero_with_one_line_naming_the_invariant():
+    out = cli("schedule", "interleaved-1f1b", "--stages", "4", "--microbatches", "6", "--virtual", "2")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        "parallel-lab schedule: interleaved-1f1b needs microbatches % stages == 0, got microbatches 6, stages 4"]
+
+
+def test_unknown_benchmark_suite_is_refused():
+    out = cli("bench", "nonsense", "--json")
+    assert out.returncode == 2 and "unknown benchmark 'nonsense'" in out.stderr
