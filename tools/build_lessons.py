@@ -76,8 +76,13 @@ def build(source: Path) -> Path:
         cell["id"] = f"{source.stem[:2]}-{index:03d}"
     os.environ["OMP_NUM_THREADS"] = "1"
     start = time.perf_counter()
-    NotebookClient(notebook, timeout=600, kernel_name="python3",
+    # No per-cell timestamps: every rebuild would change the file.
+    NotebookClient(notebook, timeout=600, kernel_name="python3", record_timing=False,
                    resources={"metadata": {"path": str(LESSONS)}}).execute()
+    # No saved widget state either: a FigureWidget's state embeds plotly.js (megabytes), and widgets
+    # come alive when the student runs the cell. (nbclient's store_widget_state=False breaks on
+    # Output widgets, so the state is dropped here.)
+    notebook.metadata.pop("widgets", None)
     target = LESSONS / f"{source.stem}.ipynb"
     nbformat.write(notebook, target)
     print(f"{target.relative_to(ROOT)}: executed in {time.perf_counter() - start:.1f} s, "
