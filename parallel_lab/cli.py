@@ -56,10 +56,57 @@ def _schedule_arguments(parser):
     parser.add_argument("--costs", help="F,B,W durations, e.g. 1,2,1 (W splits off B)")
 
 
+def _run(args):
+    if args.what == "tensor":
+        from parallel_lab.tensor.run import run_tensor
+
+        report = run_tensor(args.tp, args.model, args.sequence_parallel)
+        counts = ", ".join(f"{op} x{c['count']}" for op, c in report["collectives"].items())
+        text = (f"tensor parallel {args.model}, tp {args.tp}"
+                f"{' + sequence parallel' if args.sequence_parallel else ''}: max output diff "
+                f"{report['max_output_diff']:.1e}, max grad diff {report['max_grad_diff']:.1e} (fp64, "
+                f"against the single-process model)\ncollectives on rank 0: {counts}")
+        summary = {k: report[k] for k in ("tp", "model", "sequence_parallel", "max_output_diff",
+                                          "max_grad_diff", "collectives") if k in report}
+        return {**summary, **{k: v for k, v in report.items() if k == "loss_diff"}}, text, ""
+    from parallel_lab.pipeline.run import run_pipeline
+
+    report = run_pipeline(args.schedule, args.stages, args.microbatches, args.model, args.virtual,
+                          args.recompute, args.trace)
+    text = (f"{args.schedule} on {args.stages} ranks, {args.microbatches} micro-batches: max grad diff "
+            f"{report['max_grad_diff']:.1e}, loss diff {report['loss_diff']:.1e} (fp64, against the "
+            f"single-process model)\nbubble measured (virtual clock) {report['bubble_measured']:.1%}, "
+            f"predicted {report['bubble_predicted']:.1%}; peak activations {report['peak_activations']}"
+            + (f"\ntrace written to {args.trace}" if args.trace else ""))
+    keys = ("schedule", "stages", "microbatches", "max_grad_diff", "loss_diff", "bubble_measured",
+            "bubble_predicted", "bubble_wall", "peak_activations", "peak_activations_predicted")
+    return {k: report[k] for k in keys if k in report}, text, ""
+
+
+def _run_arguments(parser):
+    sub = parser.add_subparsers(dest="what", required=True)
+    tensor = sub.add_parser("tensor", help="Megatron tensor parallelism on real ranks vs the dense model")
+    tensor.add_argument("--tp", type=int, required=True, help="tensor-parallel ranks")
+    tensor.add_argument("--model", choices=("mlp", "block", "gpt"), default="mlp")
+    tensor.add_argument("--sequence-parallel", action="store_true")
+    pipe = sub.add_parser("pipeline", help="a pipeline schedule on real ranks vs the single-process model")
+    pipe.add_argument("--schedule", required=True, help="naive, gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v")
+    pipe.add_argument("--stages", type=int, required=True, help="pipeline ranks P")
+    pipe.add_argument("--microbatches", type=int, required=True)
+    pipe.add_argument("--virtual", type=int, default=1)
+    pipe.add_argument("--model", choices=("mlp", "gpt"), default="mlp")
+    pipe.add_argument("--recompute", action="store_true", help="activation recomputation")
+    pipe.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace")
+    for command in (tensor, pipe):
+        command.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
 COMMANDS = {
     "doctor": (_doctor, "check the installation: torch, gloo, start method, cores, widgets/plotly", None),
     "schedule": (_schedule, "print a schedule's step x rank grid and its simulated numbers",
                  _schedule_arguments),
+    "run": (_run, "run tensor or pipeline parallelism on real ranks, checked against one process",
+            _run_arguments),
     "bench": (_bench, "side-by-side benchmarks against the peers, as ratios", _bench_arguments),
 }
 

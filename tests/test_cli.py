@@ -44,3 +44,19 @@ def test_bad_input_exits_non_zero_with_one_line_naming_the_invariant():
 def test_unknown_benchmark_suite_is_refused():
     out = cli("bench", "nonsense", "--json")
     assert out.returncode == 2 and "unknown benchmark 'nonsense'" in out.stderr
+
+
+@pytest.mark.ranks
+def test_run_tensor_json_contract():
+    out = cli("run", "tensor", "--tp", "2", "--model", "block", "--json", timeout=300)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["tp"] == 2 and report["model"] == "block"
+    assert report["max_output_diff"] < 1e-10 and report["max_grad_diff"] < 1e-10
+    assert report["collectives"]["all_reduce"]["count"] == 4  # 2 forward + 2 backward
+
+
+def test_run_tensor_bad_input_fails_before_launch():
+    out = cli("run", "tensor", "--tp", "5", "--model", "mlp")
+    assert out.returncode == 2
+    assert "is not divisible by tp 5" in out.stderr and len(out.stderr.strip().splitlines()) == 1
