@@ -101,12 +101,37 @@ def _run_arguments(parser):
         command.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
+def _plan(args):
+    from parallel_lab import planner
+
+    names = ("layers", "hidden", "heads", "vocab", "seq", "batch", "nodes", "gpus_per_node", "gpu_mem_gb",
+             "intra_gbps", "inter_gbps", "tflops", "latency_us", "price", "tokens", "top", "zero1")
+    result = planner.plan_from_args(**{name: getattr(args, name) for name in names})
+    return result, planner.format_plans(result), ""
+
+
+def _plan_arguments(parser):
+    for name, kind in (("layers", int), ("hidden", int), ("heads", int), ("vocab", int), ("seq", int),
+                       ("batch", int), ("nodes", int), ("gpus-per-node", int), ("gpu-mem-gb", float)):
+        parser.add_argument(f"--{name}", type=kind, required=True)
+    parser.add_argument("--intra-gbps", type=float, default=300.0, help="intra-node GB/s per device")
+    parser.add_argument("--inter-gbps", type=float, default=25.0, help="inter-node GB/s per device")
+    parser.add_argument("--tflops", type=float, default=150.0, help="achieved TFLOP/s per device")
+    parser.add_argument("--latency-us", type=float, default=5.0, help="link latency α in µs")
+    parser.add_argument("--price", type=float, help="$ per GPU-hour: adds the cost of a training run")
+    parser.add_argument("--tokens", type=float, default=300e9, help="training tokens for the cost")
+    parser.add_argument("--top", type=int, default=10)
+    parser.add_argument("--zero1", action="store_true", help="shard optimizer state over DP (ZeRO-1)")
+
+
 COMMANDS = {
     "doctor": (_doctor, "check the installation: torch, gloo, start method, cores, widgets/plotly", None),
     "schedule": (_schedule, "print a schedule's step x rank grid and its simulated numbers",
                  _schedule_arguments),
     "run": (_run, "run tensor or pipeline parallelism on real ranks, checked against one process",
             _run_arguments),
+    "plan": (_plan, "rank parallel plans (dp, pp, tp, micro-batches, schedule, recompute)",
+             _plan_arguments),
     "bench": (_bench, "side-by-side benchmarks against the peers, as ratios", _bench_arguments),
 }
 

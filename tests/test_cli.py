@@ -60,3 +60,19 @@ def test_run_tensor_bad_input_fails_before_launch():
     out = cli("run", "tensor", "--tp", "5", "--model", "mlp")
     assert out.returncode == 2
     assert "is not divisible by tp 5" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_plan_json_contract_and_rejections_with_reasons():
+    out = cli("plan", "--layers", "96", "--hidden", "12288", "--heads", "96", "--vocab", "50257",
+              "--seq", "2048", "--batch", "1536", "--nodes", "64", "--gpus-per-node", "8",
+              "--gpu-mem-gb", "80", "--top", "3", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert len(report["plans"]) == 3
+    for plan in report["plans"]:
+        assert {"dp", "pp", "tp", "microbatches", "schedule", "recompute", "step_s", "memory_gb"} <= set(plan)
+        assert plan["dp"] * plan["pp"] * plan["tp"] == 512 and plan["memory_gb"] <= 80
+        assert plan["tp"] <= 8  # tensor parallelism stays inside an 8-GPU node
+    assert [p["step_s"] for p in report["plans"]] == sorted(p["step_s"] for p in report["plans"])
+    assert report["rejected"] and all(r["reason"] for r in report["rejected"])
+    assert any("would cross nodes" in r["reason"] for r in report["rejected"])
