@@ -1,0 +1,356 @@
+"""Run a pipeline schedule on this rank: the actions of ``parallel_lab.schedules``, for real.
+
+    ex = Executor(schedule, stages, spec, rank)      # stages: {stage index: stages.Stage} held here
+    loss = ex.step(x, target)                        # one training step; .grad of every parameter set
+    ex.records                                       # per action: wall and virtual start/end, memory
+
+The rank runs exactly the op list that ``schedules.communication(schedule)[rank]`` prints: before an
+action it waits for the receive the action needs (as the validator assumes), then runs the action,
+then sends (``isend``: sends never block, again as validated). Receives are posted a few ops ahead
+(``Inbox``) so the data can land while the rank computes; messages carry a unique tag per (tensor,
+stage, microbatch), so a receive can never pick up another microbatch's tensor. A stage's output
+that feeds a stage on the same rank (ZB-V's turn at the bottom of the V) is handed over in memory.
+
+Actions (GPipe, Huang et al. 2019; PipeDream-Flush / 1F1B, Narayanan et al. 2021; Zero Bubble,
+Qi et al. 2023):
+    F  forward of one microbatch; the last stage also computes its loss, scaled by 1/m so that the
+       summed gradients are those of the whole-batch mean loss
+    B  full backward: I and W at once (or, with ``fuse=False``, plain ``autograd.backward``)
+    I  input gradient only: one ``autograd.grad`` pass w.r.t. the stage input and the output of
+       every module that owns parameters ("taps"); it computes no weight gradient
+    W  weight gradients from the taps: a Linear's dW = dY^T X added into ``.grad`` by one addmm_;
+       other taps by autograd from their output to their own parameters only (the graph is kept
+       for them). W redoes none of I's work (PyTorch's ``stage_backward_weight`` splits the same way)
+With ``recompute`` (GPipe's re-materialisation) F runs without a graph and keeps only the stage
+input; B or I first runs the forward again.
+
+Recording (``record=True``), see shared/DESIGN.md "Honest timelines on few cores":
+    wall clock     time.perf_counter from a common start (a barrier): what this machine did, with
+                   ranks sharing few cores
+    virtual clock  an action lasts its thread CPU time (time.thread_time) and starts no earlier than
+                   its inputs arrived: every message carries the sender's virtual clock (a one-number
+                   tensor sent beside it) plus a modelled link cost (``Link``). This is the timeline
+                   p dedicated devices would show.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from parallel_lab import commlog
+from parallel_lab.schedules import Action, Comm, Schedule, communication
+
+from .stages import StageWorker
+
+
+@dataclass(frozen=True)
+class Link:
+    """The modelled link between two devices: a message of n bytes costs latency + n / bandwidth
+    seconds on the virtual clock. Defaults: roughly PCIe 4.0 x16 (10 us, 25 GB/s)."""
+
+    latency: float = 10e-6
+    bandwidth: float = 25e9
+
+    def cost(self, nbytes: int) -> float:
+        return self.latency + nbytes / self.bandwidth
+
+
+class Op(NamedTuple):
+    """One entry of a rank's program: receive (or None), run ``action``, send (or None)."""
+
+    action: Action
+    recv: Comm | None
+    send: Comm | None
+    label: str
+
+
+def program(schedule: Schedule, rank: int, check: bool = True) -> list[Op]:
+    """This rank's ops in ``communication(schedule)`` order, grouped per action.
+
+    ``check=False`` skips validation so that a broken schedule can be run to show how it hangs
+    (the hang test and the lesson's "what if" cell); it uses the same per-action send/recv rules.
+    """
+    if check:
+        flat = communication(schedule)[rank]
+    else:  # the same derivation without validate(); schedules keeps these rules private
+        from parallel_lab.schedules import _recvs, _sends
+
+        owner = schedule.stage_to_rank
+        flat = [op for a in schedule.ranks[rank] if a is not None
+                for op in (*_recvs(a, owner), a, *_sends(a, owner))]
+    ops, recv = [], None
+    for item in flat:
+        if isinstance(item, Action):
+            ops.append(Op(item, recv, None, _label(item, recv)))
+            recv = None
+        elif item.op == "recv":
+            recv = item
+        else:
+            ops[-1] = ops[-1]._replace(send=item)
+    return ops
+
+
+def _label(a: Action, recv: Comm | None) -> str:
+    what = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad"}[a.kind]
+    source = "" if recv is None else f", needs {'activation' if recv.tensor == 'act' else 'gradient'} " \
+                                     f"from rank {recv.peer} (stage {recv.peer_stage})"
+    return f"pipeline action {a} ({what} of stage {a.stage}, microbatch {a.microbatch}{source})"
+
+
+def _tag(comm: Comm, m: int) -> int:
+    """Unique per message: the sending stage, the microbatch, activation or gradient (x2 + 1 is the
+    timestamp that travels beside it)."""
+    sender = comm.stage if comm.op == "send" else comm.peer_stage
+    return ((sender * m + comm.microbatch) * 2 + (comm.tensor == "grad")) * 2
+
+
+@contextmanager
+def action_status(label: list):
+    """While the block runs, what commlog reports for this rank (the launcher's hang report) is
+    prefixed with ``label[0]``, the current action: "pipeline action 1B3 (...): recv(src=2, ...)".
+
+    commlog has no public hook for a prefix yet, so this swaps its private status callable."""
+    original = commlog._status
+    if original is None:  # not under the launcher (torchrun): nobody to tell
+        yield
+        return
+    commlog._status = lambda text: original(f"{label[0]}: {text}" if text else label[0])
+    try:
+        yield
+    finally:
+        commlog._status = original
+        original(None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Receives, posted ahead.
+
+
+class Inbox:
+    """This rank's receives of one step, in program order, each posted ``depth`` receives ahead.
+
+    A gloo receive that is posted only when its action comes up costs a round trip: the sender's
+    data waits until the receiver says it is ready. Posting the next receives while the current
+    action computes hides that (each has its own buffer and unique tag, so the order they arrive
+    in does not matter). With ``stamps`` every tensor has a one-number virtual timestamp beside it.
+    """
+
+    def __init__(self, plan: list[tuple[int, int]], shape, dtype, device, stamps: bool, depth: int):
+        self.plan, self.shape, self.stamps, self.depth = plan, shape, stamps, depth
+        self.like = dict(dtype=dtype, device=device)
+        self.next, self.posted = 0, []
+
+    def _post(self) -> None:
+        peer, tag = self.plan[self.next]
+        self.next += 1
+        data = torch.empty(self.shape, **self.like)
+        works = [dist.irecv(data, peer, tag=tag)]
+        stamp = None
+        if self.stamps:
+            stamp = torch.empty(1, dtype=torch.float64, device=self.like["device"])
+            works.append(dist.irecv(stamp, peer, tag=tag + 1))
+        self.posted.append((works, data, stamp))
+
+    def take(self):
+        """The next receive in program order: (tensor, sender's virtual clock or None)."""
+        while self.next < len(self.plan) and (not self.posted or len(self.posted) < self.depth):
+            self._post()
+        works, data, stamp = self.posted.pop(0)
+        for work in works:
+            work.wait()
+        return data, (None if stamp is None else stamp.item())
+
+
+# ----------------------------------------------------------------------------------------------
+# The rank's loop.
+
+
+class Executor:
+    """Runs ``schedule``'s actions for the stages this rank holds, one training step per ``step``.
+
+    stages:  {stage index: parallel_lab.pipeline.stages.Stage} for this rank's stages
+    spec:    the ModelSpec (loss, boundary shape, dtype)
+    record:  keep ``records`` (both clocks, memory) and send virtual timestamps beside tensors
+    link:    the modelled link for the virtual clock
+    check:   validate the schedule first (False only to demonstrate a hang)
+    prefetch: receives posted ahead (each holds one boundary-sized buffer until its action runs)
+    fuse:    accumulate Linear weight gradients with one addmm_ (see StageWorker)
+    """
+
+    def __init__(self, schedule: Schedule, stages: dict, spec, rank: int, *, recompute: bool = False,
+                 record: bool = False, link: Link = Link(), check: bool = True, prefetch: int = 4,
+                 fuse: bool = True):
+        self.schedule, self.spec, self.rank = schedule, spec, rank
+        self.m, self.n_stages = schedule.n_microbatches, schedule.n_stages
+        self.program = program(schedule, rank, check)
+        split = schedule.split_backward
+        self.workers = {
+            s: StageWorker(stage, spec.loss, self.m, s == 0, s == self.n_stages - 1, recompute, split, fuse)
+            for s, stage in stages.items()
+        }
+        self.tags = [(_tag(op.recv, self.m) if op.recv else -1, _tag(op.send, self.m) if op.send else -1)
+                     for op in self.program]
+        # buffers live where the weights do (the CPU here)
+        self.device = next(p.device for w in self.workers.values() for p in w.params)
+        self.recv_plan = [(op.recv.peer, tag) for op, (tag, _) in zip(self.program, self.tags) if op.recv]
+        self.record, self.link, self.prefetch = record, link, prefetch
+        self.records: list[dict] = []
+        self.loss = 0.0
+
+    def zero_grad(self) -> None:
+        for w in self.workers.values():
+            for p in w.params:
+                p.grad = None
+
+    def step(self, x=None, target=None) -> float | None:
+        """One step over the whole batch: ``x`` is needed where stage 0 lives, ``target`` where the
+        last stage lives. Gradients accumulate into ``.grad`` (call ``zero_grad`` between steps).
+        Returns the loss (mean over the batch) on the rank holding the last stage, else None."""
+        m = self.m
+        inputs = x.chunk(m) if x is not None else None
+        targets = target.chunk(m) if target is not None else None
+        shape, dtype = self.spec.boundary_shape(self.spec.batch // m), self.spec.torch_dtype
+        self.message_bytes = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
+        self.loss, self.records, self.bytes_sent = 0.0, [], 0
+        label = [f"pipeline {self.schedule.name}, starting a step"]
+        inbox = Inbox(self.recv_plan, shape, dtype, self.device, self.record, self.prefetch)
+        with action_status(label):
+            if self.record:
+                self._run_recorded(inputs, targets, inbox, label)
+            else:
+                self._run(inputs, targets, inbox, label)
+        return self.loss if self.n_stages - 1 in self.workers else None
+
+    # The two loops are the same schedule walk; the plain one is the benchmark's hot path and does
+    # nothing per action beyond the work itself and its messages.
+
+    def _run(self, inputs, targets, inbox, label) -> None:
+        local, sends, last = {}, [], self.n_stages - 1
+        for (action, recv, send, text), (_, stag) in zip(self.program, self.tags):
+            label[0] = text
+            s, kind, j = action
+            w = self.workers[s]
+            if kind == "W":
+                w.weight_grad(j)
+                continue
+            if recv is not None:
+                data, _ = inbox.take()
+            elif kind == "F":
+                data = inputs[j] if s == 0 else local.pop((s, j))
+            else:
+                data = None if s == last else local.pop((s, j))
+            if kind == "F":
+                out = w.forward(j, data, targets[j] if s == last else None)
+                if s == last:
+                    self.loss += out.item()
+                    continue
+                key = (s + 1, j)
+            else:
+                out = w.backward(j, data) if kind == "B" else w.input_grad(j, data)
+                if s == 0:
+                    continue
+                key = (s - 1, j)
+            if send is not None:  # the list keeps `out` alive until the send completes
+                sends.append((dist.isend(out, send.peer, tag=stag), out))
+            else:
+                local[key] = out.detach()
+        for work, _ in sends:
+            work.wait()
+
+    def _run_recorded(self, inputs, targets, inbox, label) -> None:
+        local, sends, last = {}, [], self.n_stages - 1
+        hop = self.link.cost(self.message_bytes)
+        dist.barrier()  # a common start for both clocks
+        origin, vclock = time.perf_counter(), 0.0
+        for (action, recv, send, text), (_, stag) in zip(self.program, self.tags):
+            label[0] = text
+            s, kind, j = action
+            w = self.workers[s]
+            ready, data = vclock, None
+            if recv is not None:
+                data, stamp = inbox.take()
+                ready = max(vclock, stamp + hop)
+            elif kind == "F" and s == 0:
+                data = inputs[j]
+            elif kind != "W" and (kind == "F" or s != last):  # handed over in memory by this rank
+                data, produced = local.pop((s, j))
+                ready = max(vclock, produced)
+            wall0, cpu0 = time.perf_counter(), time.thread_time()
+            out = self._compute(w, kind, j, data, targets)
+            cpu = time.thread_time() - cpu0
+            wall1 = time.perf_counter()
+            vclock = ready + cpu
+            self._remember(action, w, wall0 - origin, wall1 - origin, ready, vclock, cpu)
+            if out is None:
+                continue
+            if send is not None:
+                stamp = torch.tensor([vclock], dtype=torch.float64, device=self.device)
+                sends.append((dist.isend(out, send.peer, tag=stag), out))
+                sends.append((dist.isend(stamp, send.peer, tag=stag + 1), stamp))
+                self.bytes_sent += self.message_bytes
+            else:
+                local[(s + 1, j) if kind == "F" else (s - 1, j)] = (out.detach(), vclock)
+        for work, _ in sends:
+            work.wait()
+
+    def _compute(self, w: StageWorker, kind: str, j: int, data, targets):
+        """Run one action; return what goes to the neighbour stage (None when nothing does)."""
+        s, last = w.index, self.n_stages - 1
+        if kind == "W":
+            w.weight_grad(j)
+            return None
+        if kind == "F":
+            with _saved_bytes(w, j):
+                out = w.forward(j, data, targets[j] if s == last else None)
+            if s == last:
+                self.loss += out.item()
+                return None
+            return out
+        with _saved_bytes(w, j) if w.recompute else _nothing():
+            out = w.backward(j, data) if kind == "B" else w.input_grad(j, data)
+        if kind == "I":
+            w.saved_bytes[j] = w.held_bytes(j)
+        return None if s == 0 else out
+
+    def _remember(self, action, w, wall0, wall1, v0, v1, cpu) -> None:
+        j = action.microbatch
+        if j not in w.stash and j not in w.held:  # its graph is gone (B, or W after I)
+            w.saved_bytes.pop(j, None)
+        held = sum(w.saved_bytes.values())
+        self.records.append({
+            "action": str(action), "wall": (wall0, wall1), "virtual": (v0, v1), "cpu": cpu,
+            "stashed": w.stashed(), "bytes": held,
+        })
+
+
+@contextmanager
+def _nothing():
+    yield
+
+
+@contextmanager
+def _saved_bytes(w: StageWorker, j: int):
+    """Count the bytes of activations microbatch j's graph keeps on stage ``w`` (its input and every
+    tensor autograd saves, each storage once, parameters excluded) into ``w.saved_bytes[j]``."""
+    params = {p.untyped_storage().data_ptr() for p in w.params}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield
+    x = w.stash.get(j, (None,))[0]
+    if isinstance(x, torch.Tensor):
+        seen[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+    w.saved_bytes[j] = sum(seen.values())
