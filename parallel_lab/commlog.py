@@ -39,6 +39,7 @@ WRAPPED = (
 _PEER_ARGS = ("dst", "src", "group_dst", "group_src")
 _local = threading.local()  # .depth: nesting of wrapped calls (only the outermost is recorded)
 _status = None  # callable(str | None): tells the launcher what this rank is blocked in
+_activity = None  # what the rank's own code says it is doing (set_activity), prefixed to the status
 _logs: list["CommLog"] = []  # active recording() blocks
 
 
@@ -147,9 +148,41 @@ class TracedWork:
         return getattr(self._work, name)
 
 
+def set_activity(text: str | None) -> None:
+    """Say what this rank is doing in its own terms (e.g. "pipeline action 1B3 (...)"); a hang report
+    then reads "<activity>: recv(src=2, ...)". None clears it. Cheap enough for a hot loop: the
+    status line is only written when the next communication call starts."""
+    global _activity
+    _activity = text
+
+
+@contextmanager
+def unwrapped():
+    """torch.distributed's own functions inside the block (no descriptions, no counts): for timing
+    against peers that pay no such bookkeeping, as under torchrun. The wrappers come back after."""
+    restored = {}
+    for name in WRAPPED:
+        wrapper = getattr(c10d, name, None)
+        original = getattr(wrapper, "_parallel_lab_original", None)
+        if original is not None:
+            restored[name] = wrapper
+            setattr(c10d, name, original)
+            setattr(dist, name, original)
+    try:
+        yield
+    finally:
+        for name, wrapper in restored.items():
+            setattr(c10d, name, wrapper)
+            setattr(dist, name, wrapper)
+
+
 def _set_status(text):
-    if _status is not None:
+    if _status is None:
+        return
+    if _activity is None:
         _status(text)
+    else:
+        _status(f"{_activity}: {text}" if text else _activity)
 
 
 def describe(op: str, bound: dict) -> str:

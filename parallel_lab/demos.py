@@ -100,3 +100,18 @@ def say_hello():
     """Prints on every rank: the notebook shows each line prefixed with its rank, in rank order."""
     print(f"hello from rank {dist.get_rank()} of {dist.get_world_size()}")
     return dist.get_rank()
+
+
+def count_collectives():
+    """One all-reduce, one all-gather and a send/recv pair, recorded by commlog."""
+    from parallel_lab import commlog
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with commlog.recording() as log:
+        dist.all_reduce(torch.ones(4))
+        dist.all_gather_single(torch.empty(2 * world), torch.ones(2))
+        if rank == 0:
+            dist.send(torch.ones(3, dtype=torch.float64), dst=1)
+        elif rank == 1:
+            dist.recv(torch.empty(3, dtype=torch.float64), src=0)
+    return log.as_dict()

@@ -250,23 +250,6 @@ def test_benchmark_rows_have_the_cli_shape():
         assert r["ratio"] == pytest.approx(r["ours_s"] / r["peer_s"])
 
 
-def test_benchmark_times_raw_torch_distributed_and_restores_commlog(monkeypatch):
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    original = c10d.isend
-
-    def wrapper(*args, **kwargs):
-        return original(*args, **kwargs)
-
-    wrapper._parallel_lab_original = original
-    monkeypatch.setattr(c10d, "isend", wrapper)
-    monkeypatch.setattr(dist, "isend", wrapper)
-    with bench.raw_distributed():
-        assert dist.isend is original and c10d.isend is original
-    assert dist.isend is wrapper and c10d.isend is wrapper
-
-
 # ----------------------------------------------------------------------------------------------
 # A hang is reported per rank with the action it is stuck in (last: it restarts the pool).
 

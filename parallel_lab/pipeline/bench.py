@@ -35,29 +35,6 @@ BATCH, MICROBATCHES, LAYERS, RANKS = 64, 8, 8, 4
 SCHEDULES = ("gpipe", "1f1b")
 
 
-@contextmanager
-def raw_distributed():
-    """Time both sides on torch.distributed's own functions: in the launcher's ranks commlog wraps
-    every call (descriptions for hang reports, byte counts), which both would pay on every message
-    and which neither pays under torchrun. Restores the wrappers afterwards."""
-    import torch.distributed.distributed_c10d as c10d
-
-    wrapped = {}
-    for name in commlog.WRAPPED:
-        wrapper = getattr(c10d, name, None)
-        original = getattr(wrapper, "_parallel_lab_original", None)
-        if original is not None:
-            wrapped[name] = wrapper
-            setattr(c10d, name, original)
-            setattr(dist, name, original)
-    try:
-        yield
-    finally:
-        for name, wrapper in wrapped.items():
-            setattr(c10d, name, wrapper)
-            setattr(dist, name, wrapper)
-
-
 def _peer(module, name: str, rank: int, p: int, loss_fn):
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -78,7 +55,7 @@ def _timed(step, params) -> float:
 def bench_rank(repeats: int = 10, warmup: int = 3, hidden=HIDDEN, schedules=SCHEDULES) -> list[dict]:
     """Rank function: time ours and the peer on every (hidden, schedule), alternating; the rows
     (the same on every rank)."""
-    with raw_distributed():
+    with commlog.unwrapped():
         return _bench(repeats, warmup, hidden, schedules)
 
 

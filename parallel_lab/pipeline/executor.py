@@ -77,14 +77,7 @@ def program(schedule: Schedule, rank: int, check: bool = True) -> list[Op]:
     ``check=False`` skips validation so that a broken schedule can be run to show how it hangs
     (the hang test and the lesson's "what if" cell); it uses the same per-action send/recv rules.
     """
-    if check:
-        flat = communication(schedule)[rank]
-    else:  # the same derivation without validate(); schedules keeps these rules private
-        from parallel_lab.schedules import _recvs, _sends
-
-        owner = schedule.stage_to_rank
-        flat = [op for a in schedule.ranks[rank] if a is not None
-                for op in (*_recvs(a, owner), a, *_sends(a, owner))]
+    flat = communication(schedule, check=check)[rank]
     ops, recv = [], None
     for item in flat:
         if isinstance(item, Action):
@@ -109,24 +102,6 @@ def _tag(comm: Comm, m: int) -> int:
     timestamp that travels beside it)."""
     sender = comm.stage if comm.op == "send" else comm.peer_stage
     return ((sender * m + comm.microbatch) * 2 + (comm.tensor == "grad")) * 2
-
-
-@contextmanager
-def action_status(label: list):
-    """While the block runs, what commlog reports for this rank (the launcher's hang report) is
-    prefixed with ``label[0]``, the current action: "pipeline action 1B3 (...): recv(src=2, ...)".
-
-    commlog has no public hook for a prefix yet, so this swaps its private status callable."""
-    original = commlog._status
-    if original is None:  # not under the launcher (torchrun): nobody to tell
-        yield
-        return
-    commlog._status = lambda text: original(f"{label[0]}: {text}" if text else label[0])
-    try:
-        yield
-    finally:
-        commlog._status = original
-        original(None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,22 +194,25 @@ class Executor:
         shape, dtype = self.spec.boundary_shape(self.spec.batch // m), self.spec.torch_dtype
         self.message_bytes = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
         self.loss, self.records, self.bytes_sent = 0.0, [], 0
-        label = [f"pipeline {self.schedule.name}, starting a step"]
         inbox = Inbox(self.recv_plan, shape, dtype, self.device, self.record, self.prefetch)
-        with action_status(label):
+        # A hang report then names the action: "pipeline action 1B3 (...): wait(irecv(src=2, ...))".
+        commlog.set_activity(f"pipeline {self.schedule.name}, starting a step")
+        try:
             if self.record:
-                self._run_recorded(inputs, targets, inbox, label)
+                self._run_recorded(inputs, targets, inbox)
             else:
-                self._run(inputs, targets, inbox, label)
+                self._run(inputs, targets, inbox)
+        finally:
+            commlog.set_activity(None)
         return self.loss if self.n_stages - 1 in self.workers else None
 
     # The two loops are the same schedule walk; the plain one is the benchmark's hot path and does
     # nothing per action beyond the work itself and its messages.
 
-    def _run(self, inputs, targets, inbox, label) -> None:
+    def _run(self, inputs, targets, inbox) -> None:
         local, sends, last = {}, [], self.n_stages - 1
         for (action, recv, send, text), (_, stag) in zip(self.program, self.tags):
-            label[0] = text
+            commlog.set_activity(text)
             s, kind, j = action
             w = self.workers[s]
             if kind == "W":
@@ -264,13 +242,13 @@ class Executor:
         for work, _ in sends:
             work.wait()
 
-    def _run_recorded(self, inputs, targets, inbox, label) -> None:
+    def _run_recorded(self, inputs, targets, inbox) -> None:
         local, sends, last = {}, [], self.n_stages - 1
         hop = self.link.cost(self.message_bytes)
         dist.barrier()  # a common start for both clocks
         origin, vclock = time.perf_counter(), 0.0
         for (action, recv, send, text), (_, stag) in zip(self.program, self.tags):
-            label[0] = text
+            commlog.set_activity(text)
             s, kind, j = action
             w = self.workers[s]
             ready, data = vclock, None

@@ -1,0 +1,49 @@
+"""commlog: every torch.distributed call a rank makes is described, counted, and can be switched off."""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from parallel_lab import commlog, demos, launcher
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(120)
+def test_recording_counts_calls_and_bytes_per_op():
+    logs = launcher.run(demos.count_collectives, 2)
+    assert logs[0] == {"all_gather_single": {"count": 1, "bytes": 8}, "all_reduce": {"count": 1, "bytes": 16},
+                       "send": {"count": 1, "bytes": 24}}
+    assert logs[1]["recv"] == {"count": 1, "bytes": 24} and "send" not in logs[1]
+
+
+def test_describe_names_peer_shape_dtype_and_tag():
+    text = commlog.describe("recv", {"tensor": torch.empty(4, 8, dtype=torch.float64), "src": 1, "tag": 3})
+    assert text == "recv(src=1, shape=(4, 8), dtype=float64, tag=3)"
+
+
+def test_activity_prefixes_the_status_and_clears():
+    seen = []
+    commlog._status = seen.append
+    try:
+        commlog.set_activity("pipeline action 1B3")
+        commlog._set_status("recv(src=2)")
+        commlog.set_activity(None)
+        commlog._set_status("recv(src=2)")
+    finally:
+        commlog._status = None
+    assert seen == ["pipeline action 1B3: recv(src=2)", "recv(src=2)"]
+
+
+def test_unwrapped_gives_torch_functions_back_and_restores_the_wrappers(monkeypatch):
+    original = c10d.isend
+
+    def wrapper(*args, **kwargs):
+        return original(*args, **kwargs)
+
+    wrapper._parallel_lab_original = original
+    monkeypatch.setattr(c10d, "isend", wrapper)
+    monkeypatch.setattr(dist, "isend", wrapper)
+    with commlog.unwrapped():
+        assert dist.isend is original and c10d.isend is original
+    assert dist.isend is wrapper and c10d.isend is wrapper
