@@ -124,6 +124,26 @@ def _plan_arguments(parser):
     parser.add_argument("--zero1", action="store_true", help="shard optimizer state over DP (ZeRO-1)")
 
 
+def _grade(args):
+    from parallel_lab.quiz import cli as quiz_cli
+
+    return quiz_cli.grade(args)
+
+
+def _certificate(args):
+    from parallel_lab.quiz import cli as quiz_cli
+
+    return quiz_cli.certificate(args)
+
+
+def _quiz_arguments(name):
+    def add(parser):
+        from parallel_lab.quiz import cli as quiz_cli
+
+        getattr(quiz_cli, f"{name}_arguments")(parser)
+    return add
+
+
 COMMANDS = {
     "doctor": (_doctor, "check the installation: torch, gloo, start method, cores, widgets/plotly", None),
     "schedule": (_schedule, "print a schedule's step x rank grid and its simulated numbers",
@@ -132,6 +152,10 @@ COMMANDS = {
             _run_arguments),
     "plan": (_plan, "rank parallel plans (dp, pp, tp, micro-batches, schedule, recompute)",
              _plan_arguments),
+    "grade": (_grade, "grade student notebooks with nbval: a gradebook CSV and feedback per student",
+              _quiz_arguments("grade")),
+    "certificate": (_certificate, "verify, issue, or make keys for course certificates",
+                    _quiz_arguments("certificate")),
     "bench": (_bench, "side-by-side benchmarks against the peers, as ratios", _bench_arguments),
 }
 

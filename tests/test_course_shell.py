@@ -30,17 +30,40 @@ def test_readme_gives_exactly_two_commands_and_ci_runs_the_test_one():
     assert "python3 course.py test" in ci
 
 
-def test_course_py_knows_both_commands_and_this_environment_is_up_to_date():
+def _course_module():
     sys.path.insert(0, str(ROOT))
     try:
         import course
     finally:
         sys.path.remove(str(ROOT))
+    return course
+
+
+def test_course_py_knows_both_commands():
+    course = _course_module()
     out = subprocess.run([sys.executable, str(ROOT / "course.py")], capture_output=True, text=True)
     assert out.returncode == 2 and "course.py start" in out.stderr and "course.py test" in out.stderr
     assert (ROOT / course.FIRST_LESSON).exists()
-    if (ROOT / ".venv" / ".installed-test").exists():  # run through course.py: a re-run skips setup
-        assert course.up_to_date("test")
+
+
+def test_course_py_setup_is_skipped_when_done_and_redone_when_pyproject_changes(tmp_path, monkeypatch):
+    course = _course_module()
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    venv = tmp_path / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").touch()
+    monkeypatch.setattr(course, "ROOT", tmp_path)
+    monkeypatch.setattr(course, "VENV", venv)
+    monkeypatch.setattr(course, "PYTHON", venv / "bin" / "python")
+    assert not course.up_to_date("test")
+    calls = []
+    monkeypatch.setattr(course.subprocess, "run", lambda *a, **k: calls.append(a[0]))
+    course.setup("test")  # installs once and writes the stamp ...
+    assert len(calls) == 1 and "-e" in calls[0] and ".[test]" in calls[0]
+    course.setup("test")  # ... and a re-run skips it
+    assert len(calls) == 1 and course.up_to_date("test") and not course.up_to_date("course")
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'y'\n")
+    assert not course.up_to_date("test")
 
 
 def test_every_lesson_is_on_the_course_map_with_a_binder_link():

@@ -18,6 +18,8 @@ A source is a Python file in the "percent" format (as jupytext writes it):
 
 Each notebook gets kernelspec metadata (JupyterLab otherwise asks for a kernel) and is executed
 top to bottom in lessons/ with the course's settings (one thread per process).
+Plotly figures then also get a PNG (tools/render_static.py, which needs kaleido and Chromium) so
+the lessons read on GitHub and nbviewer; without Chromium the build warns and skips that step.
 """
 
 import ast
@@ -29,6 +31,8 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+
+import render_static  # tools/, beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ROOT / "lessons" / "src"
@@ -85,6 +89,12 @@ def build(source: Path) -> Path:
     notebook.metadata.pop("widgets", None)
     target = LESSONS / f"{source.stem}.ipynb"
     nbformat.write(notebook, target)
+    # Plotly figures also as PNGs, so the lesson reads on GitHub/nbviewer (tools/render_static.py).
+    why = render_static.available()
+    if why:
+        print(f"WARNING: {target.name}: figures saved without static PNGs: {why}", file=sys.stderr)
+    else:
+        render_static.render_notebook(target)
     print(f"{target.relative_to(ROOT)}: executed in {time.perf_counter() - start:.1f} s, "
           f"{target.stat().st_size / 1e3:.0f} kB", file=sys.stderr)
     return target

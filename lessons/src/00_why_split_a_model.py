@@ -247,7 +247,41 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 #   inside an NVLink node. **Pipeline parallelism** splits the stack of layers and only passes
 #   activations between neighbours: it spans nodes, but has a **bubble** that micro-batches shrink.
 # - Big runs combine them: tensor inside a node, pipeline across nodes, data parallelism on top.
-#
+
+# %% [markdown]
 # ## Quiz
+# Answer in the quiz below: each answer gets instant feedback with its explanation, and you can
+# retry as often as you like. Where widgets do not show (a terminal, a static view), the text form
+# under it has the same questions; answer one with `answer("00", "<question id>", <answer>)`.
 #
-# The auto-graded quiz for this lesson is loaded here.
+# **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
+# paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
+# records the quiz for your certificate: `from parallel_lab.certificate import certificate`, then
+# `certificate("Your Name")`.
+
+# %% tags=["nbval-ignore-output"]
+from parallel_lab.quiz import quiz
+
+quiz("00")
+
+# %%
+from parallel_lab.quiz import show
+
+show("00")
+
+# %%
+my_answers = {
+    "why-split/model-state-gb":  None,  # a number
+    "why-split/fp32-vs-mixed":   None,  # one option key
+    "why-split/min-gpus":        None,  # a number
+    "why-split/what-helps":      None,  # a list of option keys
+    "why-split/recompute-trade": None,  # one option key
+    "why-split/flavours":        None,  # one option key
+    "why-split/where-each-runs": None,  # one option key
+    "why-split/long-sequences":  None,  # one option key
+}
+
+# %% tags=["check:quiz:00", "points:3"]
+from parallel_lab.quiz import check_quiz
+
+quiz_verdict = check_quiz("00", my_answers)

@@ -146,7 +146,7 @@ def my_ring_all_reduce(tensor):
     return tensor
 
 
-# %%
+# %% tags=["check:ring-all-reduce", "points:2"]
 from parallel_lab.exercises import check_ring_all_reduce
 
 verdict = check_ring_all_reduce(my_ring_all_reduce)
@@ -170,6 +170,41 @@ print(f"4 MB on 4 ranks: gloo {gloo_s * 1e3:.1f} ms, our ring {ring_s * 1e3:.1f}
 #   skips one leaves the others waiting forever (here: reported after a timeout).
 # - all-reduce = reduce-scatter + all-gather; a ring sends 2(p−1)/p of the data per rank, whatever *p*.
 # - Cost ≈ α per message + bytes × β. Latency rules small messages, bandwidth rules large ones.
-#
+
+# %% [markdown]
 # ## Quiz
-# The auto-graded quiz for this lesson is loaded here.
+# Answer in the quiz below: each answer gets instant feedback with its explanation, and you can
+# retry as often as you like. Where widgets do not show (a terminal, a static view), the text form
+# under it has the same questions; answer one with `answer("01", "<question id>", <answer>)`.
+#
+# **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
+# paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
+# records the quiz for your certificate: `from parallel_lab.certificate import certificate`, then
+# `certificate("Your Name")`.
+
+# %% tags=["nbval-ignore-output"]
+from parallel_lab.quiz import quiz
+
+quiz("01")
+
+# %%
+from parallel_lab.quiz import show
+
+show("01")
+
+# %%
+my_answers = {
+    "collectives/identity":         None,  # one option key
+    "collectives/ring-bytes":       None,  # a number
+    "collectives/ring-scaling":     None,  # one option key
+    "collectives/everyone-has-all": None,  # a list of option keys
+    "collectives/skipped":          None,  # one option key
+    "collectives/alpha-beta-time":  None,  # a number
+    "collectives/small-messages":   None,  # one option key
+    "collectives/isend-first":      None,  # one option key
+}
+
+# %% tags=["check:quiz:01", "points:3"]
+from parallel_lab.quiz import check_quiz
+
+quiz_verdict = check_quiz("01", my_answers)

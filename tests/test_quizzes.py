@@ -1,0 +1,443 @@
+"""Quiz banks (valid, FAQ covered in both languages, answers computed by the library), feedback,
+scores, the text mode, the lesson cells, and the widget (which must never hold an answer key)."""
+
+import contextlib
+import html
+import io
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from parallel_lab.quiz import answers, bank, check, load, load_all, text, validate
+
+ROOT = Path(__file__).resolve().parent.parent
+BANKS = ROOT / "quizzes"
+
+
+@pytest.fixture(autouse=True)
+def scratch_home(tmp_path, monkeypatch):
+    """Passing a quiz writes progress.json: keep it out of the real home."""
+    monkeypatch.setenv("PARALLEL_LAB_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("PARALLEL_LAB_QUIZZES", raising=False)
+    monkeypatch.delenv("PARALLEL_LAB_PASS_MARK", raising=False)
+
+
+def right_answer(item):
+    return item.value() if item.kind == "numeric" else sorted(item.correct_keys())
+
+
+def perfect_sheet(b):
+    return {item.id: right_answer(item) for item in b.items}
+
+
+def secrets_of(b, lang):
+    """Texts that would give answers away: every explanation, hint and option explanation."""
+    found = []
+    for item in b.items:
+        for field in (item.explanation, item.hint):
+            if field is not None:
+                found.append(bank.localize(field, lang).split("{")[0].strip()[:60])
+        found += [bank.localize(o.why, lang)[:60] for o in item.options]
+    return [s for s in found if len(s) > 15]
+
+
+# ------------------------------------------------------------------------------------------------
+# The banks.
+
+
+def test_every_bank_is_valid():
+    assert validate.validate_all(BANKS) == []
+
+
+def test_lessons_and_coming_topics_have_banks_of_five_to_eight_items():
+    banks = {b.id: b for b in load_all(BANKS)}
+    assert {"why-split", "collectives", "tensor-parallel", "pipeline-bubble", "pipeline-schedules",
+            "faq"} <= set(banks)
+    assert load("00").id == "why-split" and load("01").id == "collectives"
+    for b in banks.values():
+        if not b.faq:
+            assert 5 <= len(b.items) <= 8, b.id
+
+
+def test_faq_checks_each_of_the_six_entries_twice_in_both_languages():
+    faq = load("faq")
+    assert set(faq.languages) == {"en", "zh-Hant"}
+    for entry in range(1, 7):
+        items = [item for item in faq.items if item.faq == entry]
+        assert len(items) >= 2, entry
+        for item in items:
+            for lang in ("en", "zh-Hant"):
+                assert item.prompt[lang] and all(o.text[lang] and o.why[lang] for o in item.options)
+
+
+def test_item_ids_are_unique_across_banks():
+    ids = [item.id for b in load_all(BANKS) for item in b.items]
+    assert len(ids) == len(set(ids))
+
+
+def test_correct_options_are_spread_over_positions():
+    """Authoring check: the right answer is not always (a)."""
+    firsts = [sorted(item.correct_keys())[0] for b in load_all(BANKS) for item in b.items if item.options]
+    assert max(firsts.count(k) for k in set(firsts)) < 0.5 * len(firsts)
+
+
+# ------------------------------------------------------------------------------------------------
+# Malformed banks: the error names the file and the item.
+
+
+@pytest.fixture
+def bank_copy(tmp_path):
+    shutil.copytree(BANKS, tmp_path / "quizzes")
+    directory = tmp_path / "quizzes"
+
+    def edit(name, change):
+        path = directory / name
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        change(data)
+        path.write_text(yaml.safe_dump(data, allow_unicode=True, sort_keys=False), encoding="utf-8")
+        return path
+    return edit
+
+
+def _item(data, item_id):
+    return next(item for item in data["items"] if item["id"] == item_id)
+
+
+def _option(data, item_id, correct=True):
+    return next(o for o in _item(data, item_id)["options"] if bool(o.get("correct")) == correct)
+
+
+MALFORMED = {
+    "option without explanation": (
+        "ranks_and_collectives.yaml", lambda d: _option(d, "collectives/identity", False).pop("why"),
+        "ranks_and_collectives.yaml: item 'collectives/identity': options[0]: 'why' is a required property"),
+    "two correct options in a single-choice item": (
+        "ranks_and_collectives.yaml", lambda d: _option(d, "collectives/identity", False).update(correct=True),
+        "ranks_and_collectives.yaml: item 'collectives/identity': a single-choice item needs exactly 1 correct "
+        "option, got 2"),
+    "unknown kind": (
+        "ranks_and_collectives.yaml", lambda d: _item(d, "collectives/skipped").update(kind="essay"),
+        "ranks_and_collectives.yaml: item 'collectives/skipped': kind: 'essay' is not one of"),
+    "numeric item without a hint": (
+        "ranks_and_collectives.yaml", lambda d: _item(d, "collectives/ring-bytes").pop("hint"),
+        "ranks_and_collectives.yaml: item 'collectives/ring-bytes': 'hint' is a required property"),
+    "answer function outside parallel_lab": (
+        "ranks_and_collectives.yaml",
+        lambda d: _item(d, "collectives/ring-bytes")["answer"].update(function="os:system"),
+        "ranks_and_collectives.yaml: item 'collectives/ring-bytes': answer:"),
+    "answer function that does not exist": (
+        "ranks_and_collectives.yaml",
+        lambda d: _item(d, "collectives/ring-bytes")["answer"].update(function="parallel_lab.quiz.answers:nope"),
+        "ranks_and_collectives.yaml: item 'collectives/ring-bytes': answer function "
+        "'parallel_lab.quiz.answers:nope' cannot be imported"),
+    "mistake that is the answer": (
+        "ranks_and_collectives.yaml",
+        lambda d: _item(d, "collectives/ring-bytes")["mistakes"][0].update(answer={"value": 112}),
+        "ranks_and_collectives.yaml: item 'collectives/ring-bytes': mistake 1 (112) is within the tolerance"),
+    "hint that gives the answer away": (
+        "ranks_and_collectives.yaml",
+        lambda d: _item(d, "collectives/ring-bytes").update(hint="It is 112 MB."),
+        "ranks_and_collectives.yaml: item 'collectives/ring-bytes': the hint gives the answer away (112)"),
+    "placeholder the params do not fill": (
+        "ranks_and_collectives.yaml",
+        lambda d: _item(d, "collectives/ring-bytes").update(prompt="A ring of {nodes} nodes?"),
+        "ranks_and_collectives.yaml: item 'collectives/ring-bytes': prompt uses nodes"),
+    "id without the bank prefix": (
+        "ranks_and_collectives.yaml", lambda d: _item(d, "collectives/skipped").update(id="faq/skipped"),
+        "ranks_and_collectives.yaml: item 'faq/skipped': id must start with the bank id 'collectives/'"),
+    "FAQ item without Traditional Chinese": (
+        "faq.yaml", lambda d: _item(d, "faq/why-in-node")["prompt"].pop("zh-Hant"),
+        "faq.yaml: item 'faq/why-in-node': prompt lacks language(s) zh-Hant"),
+    "FAQ entry checked once": (
+        "faq.yaml", lambda d: d["items"].remove(_item(d, "faq/placement")),
+        "faq.yaml: FAQ entry 6 is checked by 1 item(s), needs at least 2"),
+    "FAQ item without its entry": (
+        "faq.yaml", lambda d: _item(d, "faq/placement").pop("faq"),
+        "faq.yaml: item 'faq/placement': every FAQ item names the entry it checks"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_bank_error_names_file_and_item(bank_copy, case):
+    name, change, expected = MALFORMED[case]
+    path = bank_copy(name, change)
+    errors, _ = validate.validate_file(path, path.parent)
+    assert any(e.startswith(expected) for e in errors), errors
+
+
+def test_duplicate_ids_and_lessons_across_banks_are_named(bank_copy):
+    path = bank_copy("faq.yaml", lambda d: _item(d, "faq/placement").update(id="collectives/identity"))
+    bank_copy("tensor_parallelism.yaml", lambda d: d.update(lesson="01"))
+    errors = validate.validate_all(path.parent)
+    assert "ranks_and_collectives.yaml: item 'collectives/identity': id also used in faq.yaml" in errors
+    assert "tensor_parallelism.yaml: lesson '01' is also used by ranks_and_collectives.yaml" in errors
+
+
+def test_invalid_yaml_names_the_file(tmp_path):
+    shutil.copytree(BANKS, tmp_path / "q")
+    (tmp_path / "q" / "broken.yaml").write_text("id: [unclosed\n")
+    errors = validate.validate_all(tmp_path / "q")
+    assert len(errors) == 1 and errors[0].startswith("broken.yaml: not valid YAML")
+
+
+def test_validate_command_exit_status(capsys):
+    assert validate.main([str(BANKS)]) == 0
+    assert "6 quiz banks valid" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------
+# Parametrised answers come from the library.
+
+
+@pytest.mark.parametrize("p,m", [(2, 1), (4, 8), (8, 32)])
+def test_bubble_fractions_match_the_papers(p, m):
+    assert answers.bubble_fraction("gpipe", p, m) == pytest.approx((p - 1) / (m + p - 1))
+    assert answers.bubble_fraction("1f1b", p, m) == pytest.approx((p - 1) / (m + p - 1))
+    assert answers.bubble_ratio("gpipe", p, m) == pytest.approx((p - 1) / m)
+
+
+def test_other_computed_answers():
+    assert answers.bubble_ratio("interleaved-1f1b", 4, 8, virtual=2) == pytest.approx(3 / 16)
+    assert [answers.peak_activations("1f1b", 4, 8, r) for r in range(4)] == [4, 3, 2, 1]
+    assert answers.microbatches_for_bubble("gpipe", 8, 0.05) == 133
+    assert answers.ring_all_reduce_sent(64, 8) == pytest.approx(112)
+    assert answers.all_reduce_time(1, 4, 10, 10) == pytest.approx(210)
+    assert answers.model_state_gb(7) == pytest.approx(112)
+    assert answers.min_gpus(175) == 35
+
+
+def test_every_numeric_item_computes_and_accepts_its_own_answer():
+    for b in load_all(BANKS):
+        for item in b.items:
+            if item.kind == "numeric":
+                value = item.value()
+                assert math.isfinite(value)
+                assert check.feedback(item, value).correct, item.id
+                assert check.feedback(item, str(value)).correct, item.id
+
+
+# ------------------------------------------------------------------------------------------------
+# Feedback and scores.
+
+
+def test_feedback_explains_the_chosen_option_and_allows_retry():
+    item = load("01").item("identity")
+    wrong = next(o for o in item.options if not o.correct)
+    right = next(o for o in item.options if o.correct)
+    first = check.feedback(item, wrong.key)
+    assert first.status == "wrong" and wrong.why.strip() in first.message and "Try again." in first.message
+    assert right.why.strip() not in first.message  # a wrong answer does not reveal the right one
+    second = check.feedback(item, right.key.upper())
+    assert second.correct and right.why.strip() in second.message
+
+
+def test_multiple_choice_needs_exactly_the_right_set():
+    item = load("01").item("everyone-has-all")
+    keys = sorted(item.correct_keys())
+    assert check.feedback(item, keys).correct
+    assert check.feedback(item, ", ".join(reversed(keys))).correct
+    partial = check.feedback(item, keys[:-1])
+    assert partial.status == "wrong" and "You left out 1 correct option." in partial.message
+
+
+def test_numeric_feedback_recognises_mistakes_and_hints_otherwise():
+    item = load("01").item("ring-bytes")
+    assert check.feedback(item, 112.5).correct  # within 1 %
+    assert "only the reduce-scatter phase" in check.feedback(item, 56).message
+    hint = check.feedback(item, 3)
+    assert hint.status == "wrong" and bank.localize(item.hint) in hint.message and "112" not in hint.message
+
+
+def test_invalid_and_missing_responses():
+    item = load("01").item("identity")
+    assert check.feedback(item, "z").status == "invalid"
+    assert "'z' is not an option" in check.feedback(item, "z").message
+    assert check.feedback(item, "a, b").status == "invalid"
+    assert check.feedback(item, None).status == "unanswered"
+    assert check.feedback(load("01").item("ring-bytes"), "lots").status == "invalid"
+
+
+def test_feedback_in_traditional_chinese():
+    item = load("faq").item("naive-bubble")
+    assert check.feedback(item, 0.75, "zh-Hant").message.startswith("正確。0.75")
+    assert check.feedback(item, 0.25, "zh-Hant").message.startswith("不太對。這是忙碌的比例")
+
+
+def test_check_quiz_prints_the_pass_line_whatever_the_score(capsys):
+    b = load("01")
+    sheet = perfect_sheet(b)
+    sheet[b.items[0].id] = "z"  # one wrong still passes (pass mark 6 of 8)
+    result = text.check_quiz("01", sheet)
+    assert result.passed and result.points == 7
+    assert capsys.readouterr().out == "quiz collectives (lesson 01): PASSED (pass mark: 6 of 8 points)\n"
+    assert check.passing_verdict(b) == "quiz collectives (lesson 01): PASSED (pass mark: 6 of 8 points)"
+
+
+def test_check_quiz_lists_what_is_not_right_yet(capsys):
+    result = text.check_quiz("01", {"identity": "a", "ring-bytes": 112, "typo": "b"})
+    assert not result.passed
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "quiz collectives (lesson 01): NOT PASSED: 1 of 8 points, pass mark 6"
+    assert "  collectives/identity: wrong" in out and "  collectives/skipped: not answered" in out
+    assert out[-1] == "  typo: no such question in this quiz"
+
+
+def test_pass_mark_is_configurable(monkeypatch):
+    b = load("01")
+    assert b.points_needed() == 6 and b.points_needed(1.0) == 8
+    monkeypatch.setenv("PARALLEL_LAB_PASS_MARK", "0.5")
+    assert b.points_needed() == 4
+
+
+def test_passing_is_recorded_for_the_certificate(capsys):
+    from parallel_lab.quiz import progress
+
+    text.check_quiz("00", {})
+    assert progress.lessons_passed() == []
+    text.check_quiz("00", perfect_sheet(load("00")))
+    assert progress.lessons_passed() == ["00"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Text mode and the lesson cells.
+
+
+@pytest.mark.parametrize("name,lang", [("00", "en"), ("01", "en"), ("tensor-parallel", "en"),
+                                       ("pipeline-bubble", "en"), ("pipeline-schedules", "en"),
+                                       ("faq", "en"), ("faq", "zh-Hant")])
+def test_text_form_shows_questions_but_no_answers(name, lang):
+    b = load(name)
+    shown = text.quiz_text(name, lang)
+    assert shown == text.quiz_text(name, lang)  # deterministic
+    for item in b.items:
+        assert item.prompt_text(lang).split()[0] in shown
+    for secret in secrets_of(b, lang):
+        assert secret not in shown
+    assert "correct" not in shown.lower()
+
+
+def test_answer_prints_feedback(capsys):
+    result = text.answer("01", "collectives/ring-bytes", 112)
+    assert result.correct
+    assert capsys.readouterr().out.startswith("collectives/ring-bytes: Correct. 112 MB = 2(p−1)/p")
+    with pytest.raises(ValueError, match="available in en, not 'zh-Hant'"):
+        text.answer("01", "ring-bytes", 1, lang="zh-Hant")
+    with pytest.raises(KeyError, match="quiz collectives has no question 'nope'"):
+        text.answer("01", "nope", 1)
+
+
+def _build_lessons():
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import build_lessons
+    finally:
+        sys.path.pop(0)
+    return build_lessons
+
+
+@pytest.mark.parametrize("lesson", ["00", "01"])
+def test_lesson_cells_parse_and_run_deterministically(lesson):
+    cells = _build_lessons().parse(text.lesson_cells(lesson))
+    kinds = [(c.cell_type, c.metadata.get("tags", [])) for c in cells]
+    assert kinds == [("markdown", []), ("code", ["nbval-ignore-output"]), ("code", []), ("code", []),
+                     ("code", [f"check:quiz:{lesson}", "points:3"])]
+    namespace, outputs = {}, []
+    for cell in cells[1:]:
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            exec(cell.source, namespace)
+        outputs.append(buffer.getvalue())
+    assert outputs[0] == ""  # the widget is built, not printed
+    assert outputs[1] == text.quiz_text(lesson) + "\n"
+    assert outputs[3].startswith(f"quiz {load(lesson).label()}: NOT PASSED: 0 of")
+    for secret in secrets_of(load(lesson), "en"):
+        assert all(secret not in out for out in outputs) and secret not in text.lesson_cells(lesson)
+
+
+# ------------------------------------------------------------------------------------------------
+# The widget.
+
+
+def widget_state(box) -> str:
+    from ipywidgets.embed import dependency_state
+
+    return json.dumps(dependency_state([box], drop_defaults=False), ensure_ascii=False)
+
+
+@pytest.mark.parametrize("name,lang", [("00", "en"), ("01", "en"), ("tensor-parallel", "en"),
+                                       ("pipeline-bubble", "en"), ("pipeline-schedules", "en"),
+                                       ("faq", "zh-Hant")])
+def test_widget_state_holds_no_answer_key(name, lang):
+    """What nbclient or JupyterLab save into a notebook's metadata: prompts and option labels, but
+    no explanation, hint or answer -- until the student answers, and then only their own."""
+    from parallel_lab.quiz import quiz
+
+    b = load(name)
+    box = quiz(name, lang)
+    state = widget_state(box)
+    assert b.items[0].prompt_text(lang)[:30] in state  # the state is what we think it is
+    for secret in secrets_of(b, lang):
+        assert secret not in state
+    for item in b.items:
+        if item.kind == "numeric":
+            assert check.format_value(item, item.value()) not in state
+        assert '"correct"' not in state
+    numeric = next(v for v in box.views if v.item.kind == "numeric")
+    numeric.number_box.value = str(b.item(numeric.item.id).value())
+    numeric.check_button.click()
+    shown = check.feedback(b.item(numeric.item.id), numeric.number_box.value, lang).message
+    assert html.escape(shown)[:16] in widget_state(box)  # control: the check does find feedback
+
+
+def test_widget_feedback_score_retry_and_language():
+    from parallel_lab.quiz import quiz
+
+    b = load("faq")
+    box = quiz("faq")
+    view = box.views[0]
+    item = b.item(view.item.id)
+    wrong = next(o for o in item.options if not o.correct).key
+    view.choice.value = wrong
+    view.check_button.click()
+    assert "Not quite." in view.feedback.value and "Score: 0 of 12 points" in box.score_line.value
+    view.retry_button.click()
+    assert view.feedback.value == "" and view.choice.value is None
+    view.choice.value = sorted(item.correct_keys())[0]
+    view.check_button.click()
+    assert "Correct." in view.feedback.value and "Score: 1 of 12 points (pass mark 9)" in box.score_line.value
+    assert f"&quot;{item.id}&quot;: &quot;{view.choice.value}&quot;," in box.sheet.value  # the hand-in line
+    box.language.value = "zh-Hant"
+    assert "正確。" in view.feedback.value and item.prompt["zh-Hant"][:10] in view.prompt.value
+    assert view.choice.value == sorted(item.correct_keys())[0]  # kept across the switch
+    assert "得分：1 / 12 分" in box.score_line.value
+
+
+def test_widget_shows_the_text_quiz_where_widgets_do_not_render():
+    from parallel_lab.quiz import quiz
+
+    bundle = quiz("01")._repr_mimebundle_()
+    assert bundle["text/plain"] == text.quiz_text("01")
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+
+
+def test_widget_passing_records_progress():
+    from parallel_lab.quiz import progress, quiz
+
+    b = load("01")
+    box = quiz("01")
+    for view in box.views:
+        value = right_answer(b.item(view.item.id))
+        if view.item.kind == "single":
+            view.choice.value = value[0]
+        elif view.item.kind == "multiple":
+            for (key, _), tick in zip(view.item.options, view.boxes):
+                tick.value = key in value
+        else:
+            view.number_box.value = str(value)
+        view.check_button.click()
+    assert "Passed!" in box.score_line.value and progress.lessons_passed() == ["01"]
