@@ -236,6 +236,9 @@ def schedule_panel(schedule: str = "1f1b", stages: int = 4, microbatches: int = 
     panel.button.on_click(run)
     update()
     boxes = list(controls.values())
-    panel.children = [w.HBox([w.VBox(boxes[:4]), w.VBox(boxes[4:])]), panel.numbers, panel.figure,
-                      w.HBox([panel.button, panel.progress])]
+    controls_box = w.HBox([w.VBox(boxes[:4]), w.VBox(boxes[4:])])
+    # CSS classes the browser test finds them by (tests/browser_support.py, HOOKS).
+    controls_box.add_class("pl-pipeline-controls")
+    panel.button.add_class("pl-run-real")
+    panel.children = [controls_box, panel.numbers, panel.figure, w.HBox([panel.button, panel.progress])]
     return panel
