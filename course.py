@@ -61,7 +61,11 @@ def env() -> dict:
 def start(args) -> int:
     setup("course")
     say(f"opening JupyterLab at {FIRST_LESSON}")
-    return subprocess.call([str(BIN / "jupyter"), "lab", FIRST_LESSON, *args], cwd=ROOT, env=env())
+    # Containers often run as root, which JupyterLab refuses unless told it is on purpose.
+    root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+    # Served from the repository (as on Binder), opened at the first lesson.
+    where = [f"--ServerApp.root_dir={ROOT}", f"--LabApp.default_url=/lab/tree/{FIRST_LESSON}"]
+    return subprocess.call([str(BIN / "jupyter"), "lab", *where, *root, *args], cwd=ROOT, env=env())
 
 
 def test(args) -> int:

@@ -134,3 +134,43 @@ def test_doctor_exits_non_zero_with_the_reason_when_a_check_fails(monkeypatch, c
     captured = capsys.readouterr()
     assert json.loads(captured.out)["checks"]["gloo"] == {"ok": False, "why": "this torch build has no gloo backend"}
     assert captured.err.strip() == "doctor: failed checks: gloo"
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(180)
+def test_course_py_start_serves_jupyterlab_at_the_first_lesson(tmp_path):
+    """The README's first command, without opening a browser: the server answers at the first lesson."""
+    import time
+    import urllib.request
+
+    port, token = _free_port(), "course-start-test"
+    env = {**__import__("os").environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+           "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_DATA_DIR": str(tmp_path / "data")}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "course.py"), "start", "--no-browser",
+                             f"--port={port}", f"--IdentityProvider.token={token}"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}/lab/tree/lessons/00_why_split_a_model.ipynb?token={token}"
+        deadline, status = time.monotonic() + 150, None
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                status = urllib.request.urlopen(url, timeout=5).status
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert status == 200, f"JupyterLab did not answer (exit {proc.poll()})"
+        api = f"http://127.0.0.1:{port}/api/contents/lessons/00_why_split_a_model.ipynb?token={token}&content=0"
+        assert json.loads(urllib.request.urlopen(api, timeout=10).read())["type"] == "notebook"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
