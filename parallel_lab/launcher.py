@@ -236,48 +236,57 @@ class Pool:
         results = {}
         pending = set(ranks)
         deadline = time.monotonic() + timeout
-        by_handle = {}
-        for rank in pending:
-            by_handle[self.conns[rank]] = rank
-            by_handle[self.procs[rank].sentinel] = rank
         while pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise self._hung(pending, timeout)
-            handles = [h for h, r in by_handle.items() if r in pending]
-            for handle in mp.connection.wait(handles, timeout=remaining):
-                rank = by_handle[handle]
-                if rank not in pending:
-                    continue
-                if handle is self.conns[rank] or self.conns[rank].poll():
-                    answer = results[rank] = self._receive(rank, doing)
-                    if answer["kind"] == "error":
-                        _forward_output(results)
-                        self._raise_if_a_rank_died(pending - {rank}, doing)
-                        raise RankError(rank, answer["type"], answer["message"], answer["traceback"],
-                                        others=self._report(exclude={rank}))
-                else:
-                    self.procs[rank].join(1.0)
-                    raise RankDied(rank, self.procs[rank].exitcode, doing, self._report(exclude={rank}))
+            for rank in self._ready(pending, remaining):
+                answer = self._answer(rank)
+                if answer is None or answer["kind"] == "error":
+                    pending.discard(rank)
+                    if answer is not None:
+                        results[rank] = answer
+                    raise self._failure(results, pending, doing)
+                results[rank] = answer
                 pending.discard(rank)
         _forward_output(results)
         return [results[rank]["value"] for rank in sorted(results)]
 
-    def _raise_if_a_rank_died(self, ranks, doing, grace=0.3) -> None:
-        """A rank that dies makes its peers fail ("connection closed by peer"); report the cause."""
-        sentinels = {self.procs[r].sentinel: r for r in ranks}
-        dead = mp.connection.wait(list(sentinels), timeout=grace) if sentinels else []
-        if dead:
-            rank = min(sentinels[s] for s in dead)
-            self.procs[rank].join(1.0)
-            raise RankDied(rank, self.procs[rank].exitcode, doing, self._report(exclude={rank}))
+    def _ready(self, pending, timeout) -> list:
+        """Ranks among ``pending`` that answered or died within ``timeout`` seconds, in rank order."""
+        handles = {self.conns[r]: r for r in pending} | {self.procs[r].sentinel: r for r in pending}
+        return sorted({handles[h] for h in mp.connection.wait(list(handles), timeout=timeout)})
 
-    def _receive(self, rank, doing) -> dict:
+    def _answer(self, rank) -> dict | None:
+        """The rank's answer, or None when it died without one."""
+        if not self.conns[rank].poll():
+            return None
         try:
             return pickle.loads(self.conns[rank].recv_bytes())
         except (EOFError, OSError):
-            self.procs[rank].join(1.0)
-            raise RankDied(rank, self.procs[rank].exitcode, doing, self._report(exclude={rank})) from None
+            return None
+
+    def _failure(self, results, pending, doing, grace=0.3) -> Exception:
+        """Ranks often fail together (the same bug on every rank, or the peers of a dead rank, who
+        then see "connection closed by peer"): give the others a moment, then report the cause — a
+        rank that died first, else the lowest rank that raised — so the report does not depend on
+        which message happened to arrive first."""
+        end = time.monotonic() + grace
+        while pending and (ready := self._ready(pending, max(0.0, end - time.monotonic()))):
+            for rank in ready:
+                answer = self._answer(rank)
+                if answer is not None:
+                    results[rank] = answer
+                pending.discard(rank)
+        _forward_output(results)
+        dead = [r for r in range(self.world_size) if r not in results and not self.procs[r].is_alive()]
+        if dead:
+            self.procs[dead[0]].join(1.0)
+            return RankDied(dead[0], self.procs[dead[0]].exitcode, doing, self._report(exclude={dead[0]}))
+        rank = min(r for r, a in results.items() if a["kind"] == "error")
+        answer = results[rank]
+        return RankError(rank, answer["type"], answer["message"], answer["traceback"],
+                         others=self._report(exclude={rank}))
 
     def status(self, rank) -> tuple[str, float]:
         """What ``rank`` is doing now and for how many seconds (from its shared status slot)."""

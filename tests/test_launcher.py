@@ -264,3 +264,10 @@ def test_task_messages_use_plain_pickle():
 def test_what_ranks_print_is_shown_prefixed_in_rank_order(capsys):
     assert launcher.run(demos.say_hello, 3) == [0, 1, 2]
     assert capsys.readouterr().out == "".join(f"[rank {r}] hello from rank {r} of 3\n" for r in range(3))
+
+
+def test_when_every_rank_raises_the_lowest_rank_is_reported():
+    for _ in range(5):  # whichever message arrives first, the report is the same
+        with pytest.raises(launcher.RankError) as info:
+            launcher.run(demos.fail_on_all, 4)
+        assert info.value.rank == 0
