@@ -57,6 +57,11 @@ def check_on_ranks(fn, checker, world_sizes, label: str, args=()) -> Verdict:
     """Run ``checker(student_fn, *args)`` on each world size; each rank returns a list of
     ``(case, ok, detail)``. Failures of any kind (exception, hang, death) become a FAILED line."""
     source, name = source_of(fn)
+    return check_source_on_ranks(source, name, checker, world_sizes, label, args)
+
+
+def check_source_on_ranks(source, name, checker, world_sizes, label, args=()) -> Verdict:
+    """``check_on_ranks`` for source already read (a class, see ``check_class_on_ranks``)."""
     lines, passed = [], True
     for world_size in world_sizes:
         try:
@@ -69,8 +74,7 @@ def check_on_ranks(fn, checker, world_sizes, label: str, args=()) -> Verdict:
             continue
         except (launcher.RanksHung, launcher.RankDied) as err:
             passed = False
-            first = str(err).splitlines()[0]
-            lines.append(f"{label} on {world_size} ranks: FAILED: {first}")
+            lines.append(f"{label} on {world_size} ranks: FAILED: {str(err).splitlines()[0]}")
             if isinstance(err, launcher.RanksHung):
                 lines += [f"    rank {r}: {what}" for r, what in sorted(err.blocked.items())]
             continue
@@ -174,37 +178,7 @@ def check_class_on_ranks(cls, checker, world_sizes, label: str, args=()) -> Verd
     """``check_on_ranks`` for a class the student wrote: each rank rebuilds the class from its
     source and runs ``checker(student_cls, *args)``."""
     source, name = source_of_class(cls)
-    return _check_source_on_ranks(source, name, checker, world_sizes, label, args)
-
-
-def _check_source_on_ranks(source, name, checker, world_sizes, label, args) -> Verdict:
-    # The same verdicts as check_on_ranks, for source already read.
-    lines, passed = [], True
-    for world_size in world_sizes:
-        try:
-            per_rank = launcher.run(_run_check, world_size, args=(source, name, checker, args),
-                                    timeout=CHECK_TIMEOUT)
-        except launcher.RankError as err:
-            passed = False
-            lines.append(f"{label} on {world_size} ranks: FAILED: rank {err.rank} raised {err.exc_type}: "
-                         f"{str(err).splitlines()[0].split(': ', 1)[-1]}")
-            continue
-        except (launcher.RanksHung, launcher.RankDied) as err:
-            passed = False
-            lines.append(f"{label} on {world_size} ranks: FAILED: {str(err).splitlines()[0]}")
-            if isinstance(err, launcher.RanksHung):
-                lines += [f"    rank {r}: {what}" for r, what in sorted(err.blocked.items())]
-            continue
-        cases = per_rank[0]
-        failures = [(r, case, detail) for r, results in enumerate(per_rank)
-                    for case, ok, detail in results if not ok]
-        if failures:
-            passed = False
-            rank, case, detail = failures[0]
-            lines.append(f"{label} on {world_size} ranks: FAILED: {case}: rank {rank}: {detail}")
-        else:
-            lines.append(f"{label} on {world_size} ranks: PASSED ({len(cases)}/{len(cases)} cases)")
-    return Verdict(passed, lines)
+    return check_source_on_ranks(source, name, checker, world_sizes, label, args)
 
 
 def _tp_groups():
