@@ -1,0 +1,316 @@
+# %% [markdown]
+# # 06 · Interleaving and zero-bubble schedules
+#
+# > *Dividing the batch into micro-batches lets several micro-batches occupy different stages at
+# > once, keeping all GPUs busy and reducing idle time.*
+# > (將批次劃分為微批次可以讓多個微批次同時佔據不同的階段，從而保持所有 GPU 繁忙並減少空閒時間。)
+#
+# **Learning goals.** By the end of this lesson you can
+#
+# - say why 1F1B still idles for (p−1)/m of its compute time, and name the two ways to shrink that
+#   bubble *without* more micro-batches: make the fill and drain slots shorter, or fill them with work
+#   nobody waits for;
+# - read **interleaved 1F1B** (Megatron-LM): v model chunks per GPU, a bubble of (p−1)/(v·m) of the
+#   ideal time, paid for with more messages and more activation memory on the first GPUs;
+# - split a backward pass into **I** (gradient for the stage input) and **W** (gradient for the
+#   weights), and explain how **ZB-H1** reaches (p−1)/(3m) with the memory of 1F1B;
+# - explain the **V** placement of ZB-V (GPU r holds stages r and 2p−1−r);
+# - run all four schedules on real ranks, check them against one process, and compare the bubbles
+#   they show with the simulator's.
+#
+# You need lessons 03-05 (the assembly line and the bubble, micro-batching and GPipe, 1F1B):
+# schedules as per-rank lists of actions such as `1F3` (stage 1, forward, micro-batch 3), the
+# simulator, and the Gantt charts. Notation: p GPUs (ranks), m micro-batches, F and B the time of one
+# stage's forward and backward of one micro-batch.
+
+# %%
+from parallel_lab.notebook import setup
+
+setup()
+
+# %% [markdown]
+# ## 1. Where 1F1B's bubble comes from
+#
+# Take 4 GPUs, 8 micro-batches, a forward that takes 2 time units and a backward that takes 4 (the
+# usual B ≈ 2F). Every GPU does the same work, m·(F+B) = 48 units; the step lasts longer because
+# each GPU waits p−1 slots for the first activation to reach it and p−1 slots for the last gradient
+# to come back: (p−1)·(F+B) = 18 idle units per GPU.
+
+# %%
+from parallel_lab.pipeline import figures
+from parallel_lab.schedules import build, format_grid
+from parallel_lab.simulate import Costs, simulate
+
+p, m = 4, 8
+ideal = m * (2 + 4)  # m·(F+B): the work of one GPU
+one_f_one_b = simulate(build("1f1b", p, m), Costs(F=2, B=4))
+idle = [one_f_one_b.makespan - busy for busy in one_f_one_b.busy]
+print(f"1F1B, p={p}, m={m}: step {one_f_one_b.makespan:g} units, ideal m·(F+B) = {ideal}, idle per GPU {idle}")
+print(f"idle / compute = {idle[0] / ideal:.3f} = (p−1)/m; idle share of the step = {one_f_one_b.bubble_fraction:.1%}")
+figures.gantt(one_f_one_b).update_xaxes(range=[0, 68])
+
+# %% [markdown]
+# More micro-batches shrink (p−1)/m, but m is not free: the global batch size is fixed by the
+# optimisation (a larger one changes the training), so more micro-batches means smaller ones, and a
+# GPU runs small matrix products inefficiently. The idle time itself is p−1 *slots*. Two ideas
+# attack the slots:
+#
+# 1. **make every slot shorter**: give each GPU several thin pieces of the model instead of one thick
+#    one (interleaving, section 2);
+# 2. **fill the slots**: part of the backward pass is work that no other GPU waits for; do it in the
+#    gaps (zero bubble, sections 3 and 4).
+#
+# ## 2. Interleaved 1F1B: v thin chunks per GPU
+#
+# Megatron-LM (Narayanan et al. 2021, *Efficient Large-Scale Language Model Training on GPU Clusters*)
+# cuts the model into p·v **chunks** (model stages) instead of p, and places chunk s on GPU s mod p.
+# With p = 4 and v = 2, GPU 0 holds chunks 0 and 4: the first and the fifth eighth of the layers. A
+# micro-batch goes around the GPUs v times. **Predict:** which GPU sends chunk 3's output to chunk 4?
+
+# %%
+interleaved = build("interleaved-1f1b", p, m, virtual=2)
+print("model stage -> GPU:", dict(enumerate(interleaved.stage_to_rank)))
+print(format_grid(interleaved, rows=(0, 12)))
+
+# %% [markdown]
+# GPU 3 sends chunk 3's output back to GPU 0, which holds chunk 4. The grid shows Megatron's order:
+# micro-batches move through the chunks in groups of p — `0F0 … 0F3` on chunk 0, then `4F0 … 4F3` on
+# chunk 4 — so the schedule needs m divisible by p. After a longer warm-up each GPU alternates one
+# forward and one backward, as in 1F1B.
+#
+# Each chunk has half a stage's layers, so its forward takes 1 unit and its backward 2. The total
+# work per GPU is the same 48 units; the fill and drain are now made of half-size slots:
+
+# %%
+interleaved_t = simulate(interleaved, Costs(F=1, B=2))
+idle = [interleaved_t.makespan - busy for busy in interleaved_t.busy]
+print(f"interleaved 1F1B, v=2: step {interleaved_t.makespan:g} units, idle per GPU {idle}")
+print(f"idle / compute = {idle[0] / ideal:.4f} = (p−1)/(v·m) = 3/16; idle share {interleaved_t.bubble_fraction:.1%}")
+figures.gantt(interleaved_t).update_xaxes(range=[0, 68])
+
+# %% [markdown]
+# Lighter bars are a GPU's second chunk. The bubble halves: idle per GPU (p−1)·(F+B)/v. It is not
+# free:
+#
+# - **more messages**: a micro-batch now crosses p·v − 1 chunk boundaries instead of p − 1, each
+#   one an activation forward and a gradient backward — about v times the point-to-point traffic
+#   (`pipedream_figures.messages` counts the sends of one step from the schedule);
+# - **more activation memory on the first GPUs**: GPU 0 starts 11 chunk-forwards (5.5 stages' worth)
+#   before its first backward arrives, against 4 in 1F1B;
+# - m must be a multiple of p.
+
+# %%
+from parallel_lab.pipeline import pipedream_figures
+
+for name, schedule, timeline in (("1f1b", build("1f1b", p, m), one_f_one_b),
+                                 ("interleaved v=2", interleaved, interleaved_t)):
+    stash = [n / schedule.virtual for n in timeline.peak_rank_activations]
+    print(f"{name:<16} messages per step: {pipedream_figures.messages(schedule):>4}   "
+          f"peak stash per GPU (in stages): {stash}")
+
+try:
+    build("interleaved-1f1b", 4, 6, virtual=2)
+except ValueError as err:
+    print(err)
+
+# %% [markdown]
+# ## 3. Splitting the backward: B = I + W
+#
+# Look at what the backward of one linear layer `Y = X·Wᵀ + b` computes from the gradient `dY` that
+# arrives from the next stage:
+#
+# - **I**, the input gradient `dX = dY·W`: the *previous* stage is waiting for it;
+# - **W**, the weight gradient `dW = dYᵀ·X` (and `db`): nobody needs it before the optimizer step at
+#   the end of the whole pipeline step.
+#
+# Qi et al. 2023 (*Zero Bubble Pipeline Parallelism*) schedule them as separate actions: I as early
+# as possible, W whenever the GPU would otherwise wait. In `parallel_lab` a stage runs I with one
+# autograd pass to its input and to the output of every layer (no weight gradient is computed), and
+# W later from what I kept — for a Linear, one matrix product:
+
+# %%
+import inspect
+
+from parallel_lab.pipeline import stages
+
+print(inspect.getsource(stages.StageWorker.input_grad))
+print(inspect.getsource(stages.StageWorker.weight_grad))
+print(inspect.getsource(stages._weight_grads))
+
+# %% [markdown]
+# **ZB-H1** keeps 1F1B's order of forwards and input gradients, but GPU r holds back its first r
+# W passes; the deferred W's fill the cool-down, where 1F1B waits for gradients. With F = I = W
+# (here 2 units each, so B = I + W = 4 as before) each GPU idles (p−1)·(F + I − W) instead of
+# (p−1)·(F + B): the bubble is (p−1)/(3m) of the ideal time.
+
+# %%
+zb_h1 = simulate(build("zb-h1", p, m), Costs(F=2, B=4, I=2, W=2))
+idle = [zb_h1.makespan - busy for busy in zb_h1.busy]
+print(f"ZB-H1: step {zb_h1.makespan:g} units, idle per GPU {idle}")
+print(f"idle / compute = {idle[0] / ideal:.3f} = (p−1)/(3m); idle share {zb_h1.bubble_fraction:.1%}")
+print("peak stashed micro-batches per stage: ZB-H1", zb_h1.peak_activations,
+      " 1F1B", one_f_one_b.peak_activations)
+figures.gantt(zb_h1).update_xaxes(range=[0, 68])
+
+# %% [markdown]
+# Orange bars are I, purple ones W. The last GPU runs I right after each F (its gradient comes from
+# the loss), and the W's fill what used to be the tail of the step. Memory stays that of 1F1B: an
+# I ends a micro-batch's stash of activations, and a W keeps only what it needs — for a Linear its
+# input `X` and `dY` — which the paper counts separately (and bounds by deferring at most r W's).
+#
+# ## 4. ZB-V: two stages per GPU, in a V
+#
+# ZB-V (same paper, §6) cuts the model into 2p stages like interleaving with v = 2, but places them in
+# a **V**: GPU r holds stage r on the way down and stage 2p−1−r on the way back up. GPU 0 holds the
+# first *and the last* stage; GPU p−1 holds the two middle ones, so the turn at the bottom of the V
+# needs no message. **Predict:** which stages does GPU 1 hold when p = 4?
+
+# %%
+zb_v = build("zb-v", p, m)
+print("model stage -> GPU:", dict(enumerate(zb_v.stage_to_rank)))
+zb_v_t = simulate(zb_v, Costs(F=1, B=2, I=1, W=1))
+print(f"ZB-V: step {zb_v_t.makespan:g} units, idle per GPU {[zb_v_t.makespan - b for b in zb_v_t.busy]}, "
+      f"idle share {zb_v_t.bubble_fraction:.1%}")
+print("peak stash per GPU (in stages):", [n / 2 for n in zb_v_t.peak_rank_activations],
+      "  messages per step:", pipedream_figures.messages(zb_v))
+figures.gantt(zb_v_t).update_xaxes(range=[0, 68])
+
+# %% [markdown]
+# GPU 1 holds stages 1 and 6. The V gives every GPU the same memory: each holds one early stage
+# (many micro-batches in flight) and one late stage (few), 4 stages' worth in all — 1F1B's worst GPU,
+# but on every GPU, so no GPU is the memory bottleneck. It sends fewer messages than interleaving
+# (the turn is local) and, with half-size slots that W passes fill, has the smallest bubble of the
+# four. (DeepSeek-V3's DualPipe schedule, 2024, splits the backward pass the same way.)
+#
+# ## 5. Side by side
+#
+# All four with F = I = W per model stage (B = 2F), for a few pipeline shapes. *Peak stash* is the
+# most activations any one GPU holds, in whole-stage units (chunks / v); *messages* counts the
+# activations and gradients sent between GPUs in one step.
+
+# %%
+print(pipedream_figures.schedule_table(pipedream_figures.compare_schedules([(4, 8), (4, 16), (8, 16)])))
+
+# %% [markdown]
+# The idle/compute column follows the closed forms: (p−1)/m for 1F1B, (p−1)/(v·m) for interleaving,
+# (p−1)/(3m) for ZB-H1. The same bubbles against the number of micro-batches on 4 GPUs (interleaving
+# needs m a multiple of 4):
+
+# %%
+pipedream_figures.bubble_curves(stages=4)
+
+# %% [markdown]
+# ### Try it
+#
+# Pick a schedule, the number of GPUs p, micro-batches m, chunks v and the F:B:W costs. Things to
+# find:
+#
+# 1. With W = 0.5 (a cheap weight gradient) and B = 2, how much of ZB-H1's advantage over 1F1B is
+#    left? Why?
+# 2. Which schedule's bubble depends on v? What happens to interleaving when m is not a multiple of p?
+# 3. With the button, run the schedule you picked on real ranks and see its measured Gantt.
+
+# %% tags=["nbval-ignore-output"]
+figures.schedule_panel("zb-v", stages=4, microbatches=8)
+
+# %% [markdown]
+# ## 6. On real ranks
+#
+# The same four schedules now run on 4 simulated GPUs: each rank rebuilds its stages of an 8-layer
+# MLP (fp64), runs exactly the actions printed above with real send/recv, and the gradients are
+# compared with one process running the whole batch (`run_pipeline`, lessons 03-05). The measured
+# stash counts are compared with the simulator's, and `bytes_sent` is what each rank really sent.
+
+# %%
+from parallel_lab.pipeline.run import run_pipeline
+
+runs = {}
+print("running 4 schedules on 4 ranks ...")
+for name, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-v", 2)):
+    runs[name] = result = run_pipeline(name, 4, 8, virtual=v)
+    messages = sum(result["bytes_sent"]) // result["link"]["message_bytes"]
+    print(f"{pipedream_figures.label(name, v)}:\n"
+          f"  loss and gradients match one process (< 1e-10): "
+          f"{result['max_grad_diff'] < 1e-10 and result['loss_diff'] < 1e-10}\n"
+          f"  peak stash per stage measured == predicted: "
+          f"{result['peak_activations'] == result['peak_activations_predicted']} {result['peak_activations']}\n"
+          f"  bytes sent per rank {result['bytes_sent']}: {messages} messages")
+
+# %% [markdown]
+# Every schedule computes exactly the gradients of one process — a schedule changes *when* work
+# happens, never *what* is computed — and keeps the activations the simulator predicted. Interleaving
+# sends 112 messages where 1F1B sends 48 (each 4 rows × 32 values × 8 bytes), ZB-V 96.
+#
+# Now the bubbles, measured on the **virtual clock** (each action lasts its measured CPU time, a
+# message arrives after a modelled link: what 4 dedicated devices would show) against the
+# simulator fed with the measured per-stage costs. These numbers change from run to run. On this
+# tiny model an action costs a fraction of a millisecond, mostly Python; W (one matrix product per
+# Linear) is cheaper than I, so ZB-H1 fills less of the bubble than with F = I = W — the prediction,
+# which uses the measured costs, says the same.
+
+# %% tags=["nbval-ignore-output"]
+for name, result in runs.items():
+    costs = {k: round(1e6 * sum(c) / len(c)) for k, c in result["costs"].items() if c}
+    print(f"{pipedream_figures.label(name, result['virtual']):<21} bubble measured {result['bubble_measured']:.1%}, "
+          f"predicted {result['bubble_predicted']:.1%}; mean cost per action (µs of CPU): {costs}")
+figures.compare(runs["zb-v"])
+
+# %%
+from parallel_lab import launcher
+
+launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
+
+# %% [markdown]
+# ## What to remember
+#
+# - 1F1B idles (p−1)·(F+B) per GPU: a bubble of (p−1)/m of the compute time. Without raising m, you
+#   can shrink the slots or fill them.
+# - **Interleaved 1F1B** gives each GPU v chunks (chunk s on GPU s mod p): bubble (p−1)/(v·m), for
+#   about v times more point-to-point messages, more activations on the first GPUs, and m divisible
+#   by p.
+# - A backward is **I** (input gradient, on the critical path) plus **W** (weight gradient, needed only
+#   by the optimizer). **ZB-H1** defers W's into the cool-down: bubble (p−1)/(3m) with F = I = W, at
+#   1F1B's activation memory.
+# - **ZB-V** places stages r and 2p−1−r on GPU r: half-size slots filled with W's, the same memory on
+#   every GPU, and a local turn at the bottom of the V.
+# - Whatever the schedule, the gradients are exactly those of one process: schedules move work in
+#   time, they never change what is computed.
+
+# %% [markdown]
+# ## Quiz
+# Answer in the quiz below: each answer gets instant feedback with its explanation, and you can
+# retry as often as you like. Where widgets do not show (a terminal, a static view), the text form
+# under it has the same questions; answer one with `answer("06", "<question id>", <answer>)`.
+#
+# **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
+# paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
+# records the quiz for your certificate: `from parallel_lab.certificate import certificate`, then
+# `certificate("Your Name")`.
+
+# %% tags=["nbval-ignore-output"]
+from parallel_lab.quiz import quiz
+
+quiz("06")
+
+# %%
+from parallel_lab.quiz import show
+
+show("06")
+
+# %%
+my_answers = {
+    "pipeline-schedules/interleaved-fraction": None,  # a number
+    "pipeline-schedules/interleaving-cost":    None,  # one option key
+    "pipeline-schedules/zero-bubble-idea":     None,  # one option key
+    "pipeline-schedules/zb-h1-fraction":       None,  # a number
+    "pipeline-schedules/memory-per-rank":      None,  # one option key
+    "pipeline-schedules/zb-h1-memory":         None,  # a number
+    "pipeline-schedules/zb-v-placement":       None,  # one option key
+    "pipeline-schedules/interleaved-messages": None,  # a number
+}
+
+# %% tags=["check:quiz:06", "points:3"]
+from parallel_lab.quiz import check_quiz
+
+quiz_verdict = check_quiz("06", my_answers)
+
