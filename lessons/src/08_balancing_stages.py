@@ -1,0 +1,392 @@
+# %% [markdown]
+# # 08 · Balancing stages
+#
+# > *Frameworks increasingly automate the hard problem of deciding how to partition a model across
+# > devices, using profiling and search to balance compute and communication.*
+# > (框架越來越自動化地解決決定如何跨裝置劃分模型的難題，使用分析和搜尋來平衡計算和通訊。)
+#
+# **Learning goals.** By the end of this lesson you can
+#
+# - explain why the **slowest stage paces a pipeline**, and why more micro-batches cannot remove the
+#   bubble an unbalanced cut leaves: its idle share tends to `1 − mean/max` of the stage loads;
+# - **profile** a model layer by layer on the CPU — forward and backward time, parameters, activation
+#   bytes — and tell the measurements from the facts;
+# - cut layers into stages with **DeepSpeed's partition methods** (`uniform`, `parameters`,
+#   `type:regex`) and with an **exact time balance**, and write that balance yourself;
+# - run an unbalanced and a balanced cut on **real ranks**, check both against one process, and
+#   measure the difference on the virtual clock;
+# - put **data parallelism** on top of a pipeline with a bucketed gradient all-reduce.
+#
+# The pipeline lessons (03 · The assembly line and the bubble, 04 · Micro-batching and GPipe,
+# 05 · 1F1B, 06 · Interleaving and zero-bubble schedules, 07) mostly gave every stage the same work:
+# the MLP stack of identical blocks, cut evenly. Real models are not like that. A GPT's embedding is
+# a cheap lookup with many parameters; its head projects onto a vocabulary of 50 000 tokens and
+# computes the loss over all of them. Where you cut decides how fast the pipeline runs.
+
+# %%
+from parallel_lab.notebook import setup
+
+setup()
+
+# %% [markdown]
+# ## 1. The slowest stage sets the pace
+#
+# Take a model of 7 layers with made-up but typical forward costs: a cheap embedding (1), five
+# transformer blocks (2 each), a heavy head with the loss (4, two blocks' worth); every backward
+# costs twice its forward. `parallel_lab.pipeline.stages.cut` — the cut `run_pipeline` makes in the
+# pipeline lessons — pins the embedding to the first stage and the head to the last and spreads the
+# blocks evenly. On 4 stages that gives the stage loads below (`balance.stage_costs` sums each
+# stage's layers into the simulator's per-stage `Costs`). A cut is DeepSpeed's `parts` list: stage
+# *s* holds layers `parts[s]` up to `parts[s+1] − 1`.
+#
+# **Predict:** with 8 micro-batches and 1F1B, which rank sets the pace, and which ones idle most?
+
+# %%
+from parallel_lab import balance, partition
+from parallel_lab.pipeline import figures
+from parallel_lab.schedules import build
+from parallel_lab.simulate import simulate
+
+layer_f = [1, 2, 2, 2, 2, 2, 4]  # forward cost of: embed, block 0..4, head + loss
+names = ["embed", *(f"block {i}" for i in range(5)), "head"]
+even = [0, 3, 4, 5, 7]  # what stages.cut does: embed + 2 blocks | 1 block | 1 block | 1 block + head
+print(partition.describe(even, names, layer_f))
+costs = balance.stage_costs(layer_f, even)
+print("per-stage costs for the simulator: F =", costs.F, " B =", costs.B)
+unbalanced = simulate(build("1f1b", 4, 8), costs)
+figures.gantt(unbalanced, title=f"1F1B, even blocks: stage loads {costs.F}, bubble {unbalanced.bubble_fraction:.1%}")
+
+# %% [markdown]
+# Ranks 1 and 2 hold a single block each and wait most of the time; rank 3 (a block, the head and
+# the loss) is busy all the way through its steady phase, and every other rank must wait for it.
+# The exact answer to the *balancing* question is the cut that makes the heaviest stage as light as
+# possible (`partition.balanced`, below). Here it leaves the head alone on the last stage and moves
+# the blocks up:
+
+# %%
+best = partition.balanced(layer_f, 4)
+print(partition.describe(best, names, layer_f))
+balanced = simulate(build("1f1b", 4, 8), balance.stage_costs(layer_f, best))
+print(f"step time: even blocks {unbalanced.makespan:g}, balanced {balanced.makespan:g} "
+      f"({unbalanced.makespan / balanced.makespan:.2f}x faster); "
+      f"bubble {unbalanced.bubble_fraction:.1%} -> {balanced.bubble_fraction:.1%}")
+figures.gantt(balanced, title=f"1F1B, balanced: stage loads {balanced.costs.F}, bubble {balanced.bubble_fraction:.1%}")
+
+# %% [markdown]
+# ## 2. More micro-batches do not fix it
+#
+# Lesson 04's cure for the bubble was more micro-batches: the fill-and-drain idle time is fixed
+# (p − 1 slots) while the useful work grows with *m*. That cure assumes equal stages. With unequal
+# ones, once the pipeline is full every stage waits for the slowest on every micro-batch, so a step
+# takes about `m × max(load)` and the idle share tends to
+#
+# $$\text{bubble} \;\to\; 1 - \frac{\text{mean}(\text{load})}{\max(\text{load})} \qquad (m \to \infty)$$
+#
+# (`balance.limit_bubble`). Both cuts below go to their limit (dotted); the bubble of the even cut
+# stalls at 37.5 %, the balanced one goes on to 6.25 %. Equal loads (3.75 each) would tend to 0, but
+# layers cannot be split, so the balanced cut is the best this model allows.
+
+# %%
+ms = [1, 2, 4, 8, 16, 32, 64, 128]
+cuts = {"even blocks": even, "balanced": best}
+curves = balance.bubble_curves(layer_f, cuts, ms, schedule="1f1b")
+limits = {name: balance.limit_bubble(partition.stage_loads(layer_f, parts)) for name, parts in cuts.items()}
+print("m:          " + " ".join(f"{m:>6}" for m in ms))
+for name, ys in curves.items():
+    print(f"{name:<12}" + " ".join(f"{y:>6.1%}" for y in ys) + f"   limit {limits[name]:.1%}")
+balance.bubble_figure(ms, curves, limits, title="1F1B on 4 stages: bubble against micro-batches")
+
+# %% [markdown]
+# Better schedules (interleaving, zero bubble: lesson 06) attack the fill-and-drain part; none of
+# them can make a fast stage useful while it waits for a slow one. Balancing is a separate problem,
+# and it comes first.
+#
+# ## 3. Profiling the course models
+#
+# To balance a real model we need each layer's cost. `parallel_lab.profile.profile_layers` runs
+# every layer of a model forward and backward on the output of the previous one and records:
+#
+# - **time** — thread CPU time of the forward and of the backward (median of 5 runs after a
+#   warm-up), with torch on one thread: one simulated device, as on a rank. These are
+#   *measurements*: they differ between machines and between runs.
+# - **parameters** and **activation bytes** (what autograd saves for the backward pass, seen with
+#   `saved_tensors_hooks`, each storage once, parameters excluded). These are *facts* of the model
+#   and its input shapes: every run gives the same numbers.
+#
+# This lesson's GPT (`balance.LESSON_GPT`) is small — 5 blocks of width 64 on sequences of 16
+# tokens — but its vocabulary has 4096 tokens, so its embedding and head are large, as in a real
+# GPT with few blocks per stage. The facts first, on one micro-batch of 2 sequences:
+
+# %%
+from parallel_lab import profile
+
+print(balance.LESSON_GPT)
+records = profile.profile_course_model("gpt", batch=2, **balance.LESSON_GPT)
+print(f"{'layer':<8} {'type':<11} {'parameters':>10} {'activation bytes':>17}")
+for r, name in zip(records, names):
+    print(f"{name:<8} {r.type:<11} {r.params:>10,} {r.activation_bytes:>17,}")
+
+# %% [markdown]
+# The embedding and the head hold 5.3 blocks' worth of parameters each; the head saves only its
+# input for the backward pass. Now the measurements (your numbers will differ; the shape should
+# not):
+
+# %% tags=["nbval-ignore-output"]
+print(f"{'layer':<8} {'forward ms':>10} {'backward ms':>11} {'backward/forward':>16}")
+for r, name in zip(records, names):
+    print(f"{name:<8} {r.fwd_s * 1e3:>10.2f} {r.bwd_s * 1e3:>11.2f} {r.bwd_s / r.fwd_s:>16.1f}")
+
+# %% [markdown]
+# One thing is missing: the **loss**. The last stage also computes the cross-entropy, a softmax over
+# all 4096 logits of every token, and its backward. A profile of the model's layers alone does not
+# see it. `balance.profile_pieces` profiles exactly what each stage of a pipeline runs: the same
+# pieces, in the run's precision (fp64 here, for exact checks), with the loss attached to the head
+# (`balance.WithLoss`).
+
+# %% tags=["nbval-ignore-output"]
+spec = balance.spec()  # the ModelSpec of the runs below: LESSON_GPT, 8 micro-batches of 2 sequences
+pieces, _, _ = spec.pieces()
+measured = balance.profile_pieces(spec, microbatches=8)
+block_ms = sorted(r.time_s for r in measured[1:-1])[len(measured[1:-1]) // 2] * 1e3
+for r, name in zip(measured, names):
+    print(f"{name:<8} forward + backward {r.time_s * 1e3:6.2f} ms = {r.time_s * 1e3 / block_ms:4.2f} blocks")
+
+# %% [markdown]
+# On most machines the head with its loss costs two blocks or more, and the embedding a fraction of
+# one: the shape of the illustration in section 1.
+#
+# ## 4. DeepSpeed's partition methods
+#
+# DeepSpeed's `PipelineModule(layers, num_stages, partition_method=...)` cuts a list of layers
+# with one of three methods; `parallel_lab.partition.partition` implements them with the same names
+# (and refuses empty stages, which DeepSpeed allows):
+#
+# | method | weight of a layer | then |
+# |---|---|---|
+# | `uniform` | — | the same number of layers per stage |
+# | `parameters` (DeepSpeed's **default**) | its trainable parameters | balance the weights |
+# | `type:REGEX` | 1 if its class name matches, else 0 | balance the weights |
+# | `time` (ours; DeepSpeed's `profile` is unimplemented) | measured forward + backward | balance the weights |
+#
+# "Balance" means the exact min-max cut: the contiguous cut whose heaviest stage is as light as
+# possible, the quantity that paces the pipeline. On the lesson's GPT:
+
+# %%
+for method in ("uniform", "parameters", "type:block"):
+    parts = partition.partition(pieces, 4, method)
+    print(f"{method:<11} {parts}   " + " | ".join(", ".join(names[a:b]) for a, b in zip(parts[:-1], parts[1:])))
+
+# %% [markdown]
+# - `uniform` gives 2, 2, 2 and 1 pieces: with 7 pieces on 4 stages it happens to leave the head
+#   alone — the right cut here, by luck (with 6 blocks it would pair the head with a block).
+# - `parameters`, DeepSpeed's default, is the trap: the embedding has as many parameters as five
+#   blocks, so it gets a stage **alone**, and stage 1 gets four blocks of work while stage 0 idles.
+# - `type:block` counts blocks and gives the embedding and the head weight 0: it puts two blocks
+#   with the embedding and leaves one block on stage 2 — blind to the head's cost.
+#
+# And `time`, from the measured profile (your run may differ if your machine's costs do):
+
+# %% tags=["nbval-ignore-output"]
+time_cut = partition.partition(pieces, 4, "time", profile=measured)
+print(f"{'time':<11} {time_cut}   " + " | ".join(", ".join(names[a:b]) for a, b in zip(time_cut[:-1], time_cut[1:])))
+print(partition.describe(time_cut, names, [r.time_s * 1e3 for r in measured]))
+
+# %% [markdown]
+# ## 5. Exercise: the exact min-max cut
+#
+# Write `my_balanced_cut(weights, stages)`: cut the list of non-negative layer costs `weights` into
+# `stages` non-empty runs of consecutive layers so that the **heaviest run is as light as possible**;
+# return DeepSpeed's `parts`: `stages + 1` increasing boundaries from 0 to `len(weights)`.
+#
+# Two classic ways (either is fine here):
+#
+# - **dynamic programming**: `best[s][i]` = the lightest heaviest stage when the first `i` layers
+#   form `s` stages; `best[s][i] = min over j of max(best[s−1][j], sum(weights[j:i]))`. Remember the
+#   best `j` to rebuild the cut. O(n²·p).
+# - **bisection on the answer**: a bottleneck `B` is feasible if filling each stage greedily up to
+#   `B` needs at most `stages` stages; bisect over the candidate values (all contiguous sums).
+#
+# The check calls your function on 8 cases and compares the heaviest stage of your cut with the
+# optimum (any optimal cut passes).
+
+# %%
+def my_balanced_cut(weights, stages):
+    ### BEGIN SOLUTION
+    n = len(weights)
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]  # best[s][i]: first i layers in s stages
+    start = [[0] * (n + 1) for _ in range(stages + 1)]  # where the last of those s stages starts
+    best[0][0] = 0.0
+    for s in range(1, stages + 1):
+        for i in range(s, n + 1):
+            for j in range(s - 1, i):
+                load = max(best[s - 1][j], prefix[i] - prefix[j])
+                if load < best[s][i]:
+                    best[s][i], start[s][i] = load, j
+    parts = [n]
+    for s in range(stages, 0, -1):
+        parts.append(start[s][parts[-1]])
+    return parts[::-1]
+    ### END SOLUTION
+
+
+# %% tags=["check:balanced-cut", "points:2"]
+from parallel_lab.balance import check_balanced_cut
+
+verdict = check_balanced_cut(my_balanced_cut)
+
+# %% [markdown]
+# ## 6. On real ranks: unbalanced against balanced
+#
+# `run_pipeline` always cuts the GPT like `stages.cut`. To run any cut, `balance.cut_at` builds the
+# stages from `parts` over all the pieces, and `balance.run_cut` runs a schedule with them; the
+# executor, the comparison with one process and the simulator are the pipeline lessons' own:
+
+# %%
+import inspect
+
+print(inspect.getsource(balance.cut_at))
+
+# %% [markdown]
+# Three cuts of the same GPT, each run with 1F1B on 4 ranks, 8 micro-batches, in fp64: the even
+# cut of the pipeline lessons, DeepSpeed's default (`parameters`) and the time-balanced cut. Each
+# run does a warm-up step, then 3 recorded steps, and keeps the one with the median step time.
+# **Predict:** order the three by step time.
+
+# %%
+cuts = {"even blocks": balance.default_parts(spec, 4),
+        "DeepSpeed parameters": partition.partition(pieces, 4, "parameters"),
+        "time-balanced": time_cut}
+runs = {}
+for name, parts in cuts.items():
+    print(f"running 1F1B on 4 ranks with the {name} cut ...")
+    runs[name] = balance.run_cut(spec, parts, "1f1b", microbatches=8, steps=3)
+
+# %% [markdown]
+# First, correctness: whatever the cut, the loss and every gradient must be those of one process
+# running the whole batch (fp64, so only rounding differs).
+
+# %%
+for name, r in runs.items():
+    ok = r["loss_diff"] < 1e-12 and r["max_grad_diff"] < 1e-12
+    print(f"{name:<21} loss and all {len(r['grad_diffs'])} gradients match one process: {ok}")
+
+# %% [markdown]
+# Now the times. The per-stage costs are medians of measured thread CPU time; the bubble and the
+# step time are on the **virtual clock** (each action lasts its CPU time, messages carry the
+# sender's clock: what 4 dedicated devices would show; see lesson 03). `(pred.)` is the simulator fed
+# the same measured costs. Your numbers will differ; the order should not.
+
+# %% tags=["nbval-ignore-output"]
+print(balance.measured_table(runs))
+slow, fast = runs["even blocks"]["makespan_measured"], runs["time-balanced"]["makespan_measured"]
+worst = runs["DeepSpeed parameters"]["makespan_measured"]
+print(f"\ntime-balanced is {slow / fast:.2f}x faster than even blocks and {worst / fast:.2f}x faster "
+      f"than DeepSpeed's default on this model")
+
+# %% [markdown]
+# The two timelines on the same time axis: the even cut's last rank (a block, the head and the loss)
+# is the one every other rank waits for.
+
+# %% tags=["nbval-ignore-output"]
+end = max(r["makespan_measured"] for r in runs.values()) * 1e3
+for name in ("even blocks", "time-balanced"):
+    r = runs[name]
+    fig = figures.gantt(r, clock="virtual", title=f"{name} {r['parts']}: bubble {r['bubble_measured']:.1%} (virtual clock)")
+    fig.update_xaxes(range=[0, end * 1.02])
+    fig.show()
+
+# %% [markdown]
+# What the measurement shows, and its limits: on this model the balanced cut is about 1.3× faster
+# than the even one and 1.5× faster than DeepSpeed's default, with *the same hardware and the same
+# schedule*. The remaining bubble of the balanced cut is the ordinary fill-and-drain of 1F1B with 8
+# micro-batches on 4 stages (27 % with equal stages), plus the granularity of whole layers.
+# Profiles on a shared CPU are noisy, so a time-balanced cut may change from run to run when two
+# candidates are close — on GPUs too, which is why real planners profile several times and prefer
+# robust cuts.
+#
+# ## 7. Data parallelism on top
+#
+# A pipeline of *p* stages can itself be replicated: *d* copies of it train on different slices of
+# the batch and average their gradients — data parallelism, the third dimension of 3D parallelism
+# (lesson 09). The average is one all-reduce of every gradient over the *d* replicas that hold the
+# same stage. `parallel_lab.data_parallel.allreduce_gradients` packs gradients into **buckets**
+# (in reverse order, as backward produces them) so that a GPT's many small tensors cost a few
+# messages, not hundreds:
+
+# %%
+from parallel_lab import data_parallel, launcher, models
+
+print(inspect.getsource(data_parallel.allreduce_gradients))
+small = models.GPT(data_parallel.SMALL_GPT).double()  # fp64, as in the check below
+plan = data_parallel.buckets(small.parameters(), bucket_bytes=4096)
+print(f"{len(list(small.parameters()))} parameter tensors -> {len(plan)} buckets of at most 4096 bytes")
+
+# %% [markdown]
+# On the same 4 ranks, now 4 replicas of a small GPT (fp64): each trains on one of the batch's 4
+# sequences, and after the all-reduce every replica must hold the gradient of the whole batch
+# computed on one process:
+
+# %%
+dp_ranks = launcher.run(data_parallel.check_against_reference, 4, args=(4,))
+for r in dp_ranks:
+    print(f"rank {r['rank']}: {r['buckets']} buckets = {r['all_reduce_calls']} all-reduces; "
+          f"gradients equal the whole-batch reference: {r['max_grad_diff'] < 1e-12}")
+launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
+
+# %% [markdown]
+# ## What to remember
+#
+# - A pipeline runs at the pace of its **slowest stage**. With stage loads `c`, the bubble tends to
+#   `1 − mean(c)/max(c)` however many micro-batches you use: micro-batches and clever schedules fix
+#   fill-and-drain, only a **balanced cut** fixes imbalance.
+# - Balance what a stage *runs*: forward + backward time, including the **loss** on the last stage.
+#   Parameters measure memory, not time — DeepSpeed's default (`parameters`) gives a big-vocabulary
+#   embedding a stage of its own and overloads the next one.
+# - The best contiguous cut (min-max) is exact and cheap to compute (dynamic programming or bisection);
+#   its limit is the granularity of whole layers.
+# - Profiles are **measurements**: thread CPU time on one thread, medians, warm-up; parameter counts and
+#   activation bytes are facts you can check exactly.
+# - Data parallelism on top averages gradients with a **bucketed all-reduce** per replica group.
+
+# %% [markdown]
+# ## Quiz
+# Answer in the quiz below: each answer gets instant feedback with its explanation, and you can
+# retry as often as you like. Where widgets do not show (a terminal, a static view), the text form
+# under it has the same questions; answer one with `answer("08", "<question id>", <answer>)`.
+#
+# **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
+# paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
+# records the quiz for your certificate: `from parallel_lab.certificate import certificate`, then
+# `certificate("Your Name")`.
+
+# %% tags=["nbval-ignore-output"]
+from parallel_lab.quiz import quiz
+
+quiz("08")
+
+# %%
+from parallel_lab.quiz import show
+
+show("08")
+
+# %%
+my_answers = {
+    "balancing/limit":                None,  # a number
+    "balancing/min-bottleneck":       None,  # a number
+    "balancing/deepspeed-parameters": None,  # one option key
+    "balancing/more-microbatches":    None,  # one option key
+    "balancing/profile-what":         None,  # a list of option keys
+    "balancing/speedup":              None,  # a number
+    "balancing/type-regex":           None,  # one option key
+    "balancing/buckets":              None,  # one option key
+}
+
+# %% tags=["check:quiz:08", "points:3"]
+from parallel_lab.quiz import check_quiz
+
+quiz_verdict = check_quiz("08", my_answers)
+

@@ -1,0 +1,234 @@
+"""Balancing stages (parallel_lab.balance, lesson 08): cutting at any boundaries, the arithmetic of
+imbalance, the exercise check, and runs of uneven cuts on real ranks against one process. At the
+end, lesson 10's helpers (parallel_lab.planner_widgets): the memory model against the real course
+GPT, and the planner's tables."""
+
+import json
+
+import pytest
+import torch
+
+from parallel_lab import balance, launcher, partition, planner, planner_widgets
+from parallel_lab.pipeline.stages import ModelSpec, bounds, cut, reference
+from parallel_lab.schedules import build
+from parallel_lab.simulate import simulate
+
+GPT = ModelSpec("gpt", hidden=16, layers=4, heads=2, seq=6, vocab=24, batch=4)  # 6 pieces
+MLP = ModelSpec("mlp", hidden=8, layers=6, batch=8)
+
+
+# ----------------------------------------------------------------------------------------------
+# Cutting.
+
+
+@pytest.mark.parametrize("parts, message", [
+    ([0, 6], None),
+    ([0, 2, 2, 6], "stage 1 would hold pieces 2..1"),
+    ([1, 3, 6], "must run from 0 to the number of pieces 6"),
+    ([0, 3, 5], "must run from 0 to the number of pieces 6"),
+    ([0], "at least 2 integers"),
+    ([0, 2.5, 6], "at least 2 integers"),
+])
+def test_check_parts(parts, message):
+    if message is None:
+        assert balance.check_parts(parts, 6) == parts
+    else:
+        with pytest.raises(ValueError, match=message):
+            balance.check_parts(parts, 6)
+
+
+@pytest.mark.parametrize("spec, parts", [(GPT, [0, 1, 5, 6]), (GPT, [0, 4, 5, 6]), (MLP, [0, 1, 2, 6])])
+def test_cut_at_covers_every_parameter_once_with_global_names(spec, parts):
+    stages = balance.cut_at(spec, parts)
+    names = [n for st in stages for n in st.names]
+    assert sorted(names) == sorted(reference(spec)["grads"])
+    assert [(st.first, st.last) for st in stages] == list(zip(parts[:-1], parts[1:]))
+    kept = balance.cut_at(spec, parts, keep={1})
+    assert kept[0] is None and kept[2] is None and kept[1].names == stages[1].names
+
+
+@pytest.mark.parametrize("spec", [GPT, MLP])
+@pytest.mark.parametrize("n_stages", [1, 2, 3, 4])
+def test_default_parts_is_what_stages_cut_does(spec, n_stages):
+    parts = balance.default_parts(spec, n_stages)
+    assert [(st.first, st.last) for st in cut(spec, n_stages)] == list(zip(parts[:-1], parts[1:]))
+    pieces, head, tail = spec.pieces()
+    assert list(zip(parts[:-1], parts[1:])) == bounds(len(pieces), head, tail, n_stages)
+
+
+def test_piece_names_and_spec():
+    spec = balance.spec()
+    assert (spec.vocab, spec.layers, spec.batch, spec.dtype) == (4096, 5, 16, "float64")
+    assert balance.piece_names(spec) == ["embed", *(f"block {i}" for i in range(5)), "head"]
+    assert balance.piece_names(MLP) == [f"mlp {i}" for i in range(6)]
+    mlp = balance.spec("mlp", microbatches=4, rows=3, hidden=8)
+    assert (mlp.model, mlp.batch, mlp.hidden, mlp.layers) == ("mlp", 12, 8, 8)
+    with pytest.raises(ValueError, match="vocab must be a positive int"):
+        balance.spec(vocab=0)
+
+
+def test_profile_pieces_includes_the_loss():
+    records = balance.profile_pieces(GPT, microbatches=2, repeats=1)
+    assert [r.type for r in records] == ["Embeddings", "Block", "Block", "Block", "Block", "WithLoss"]
+    pieces, _, _ = GPT.pieces()
+    assert [r.params for r in records] == [sum(p.numel() for p in piece.parameters()) for piece in pieces]
+    assert all(r.fwd_s > 0 and r.bwd_s > 0 for r in records)
+    assert len(partition.partition(pieces, 3, "time", profile=records)) == 4
+
+
+# ----------------------------------------------------------------------------------------------
+# The arithmetic of imbalance.
+
+LAYER_F = [1, 2, 2, 2, 2, 2, 2, 5]  # lesson 08's illustrative model
+
+
+def test_stage_costs_sum_layers_and_backward_defaults_to_twice():
+    costs = balance.stage_costs(LAYER_F, [0, 3, 5, 6, 8])
+    assert costs.F == [5.0, 4.0, 2.0, 7.0] and costs.B == [10.0, 8.0, 4.0, 14.0]
+    custom = balance.stage_costs([1, 1], [0, 1, 2], layer_b=[3, 5])
+    assert custom.B == [3.0, 5.0]
+
+
+def test_bubble_tends_to_one_minus_mean_over_max():
+    for parts in ([0, 3, 5, 6, 8], [0, 3, 5, 7, 8], [0, 2, 4, 6, 8]):
+        loads = partition.stage_loads(LAYER_F, parts)
+        limit = balance.limit_bubble(loads)
+        curve = balance.bubble_curves(LAYER_F, {"x": parts}, [8, 64, 512])["x"]
+        assert curve[0] > curve[1] > curve[2] > limit  # shrinks towards the limit, never below
+        assert curve[2] == pytest.approx(limit, abs=0.01)
+    assert balance.limit_bubble([3, 3, 3]) == 0.0
+    assert balance.limit_bubble("3, 4, 4, 7") == pytest.approx(1 - 4.5 / 7)
+    with pytest.raises(ValueError, match="positive"):
+        balance.limit_bubble([1, 0])
+
+
+def test_equal_stages_give_the_textbook_bubble():
+    for m in (1, 4, 16):
+        assert balance.bubble_with_stage_costs([2, 2, 2, 2], m) == pytest.approx(3 / (m + 3))
+
+
+def test_quiz_helpers():
+    assert balance.min_bottleneck("3, 1, 4, 1, 5, 9, 2, 6", 3) == 14
+    assert balance.min_bottleneck([7, 7, 7], 3) == 7
+    speedup = balance.step_speedup("5, 4, 2, 7", "5, 4, 4, 5", 512)
+    assert speedup == pytest.approx(7 / 5, rel=0.01)
+    ms = simulate(build("1f1b", 4, 8), balance.stage_costs(LAYER_F, [0, 3, 5, 6, 8])).makespan
+    assert balance.step_speedup([5, 4, 2, 7], [5, 4, 4, 5], 8) == pytest.approx(
+        ms / simulate(build("1f1b", 4, 8), balance.stage_costs(LAYER_F, [0, 3, 5, 7, 8])).makespan)
+
+
+def test_bubble_figure_is_deterministic():
+    curves = balance.bubble_curves(LAYER_F, {"a": [0, 3, 5, 6, 8]}, [1, 8])
+    one = balance.bubble_figure([1, 8], curves, {"a": 0.357142857}).to_json()
+    assert one == balance.bubble_figure([1, 8], curves, {"a": 0.357142857}).to_json()
+    assert "0.3571" in one and "0.357142857" not in one
+
+
+def test_measured_table_formats_a_run():
+    run = {"parts": [0, 2, 4], "costs": {"F": [0.001, 0.002], "B": [0.002, 0.004], "I": None, "W": None},
+           "bubble_measured": 0.25, "bubble_predicted": 0.24, "makespan_measured": 0.05}
+    lines = balance.measured_table({"even": run}).splitlines()
+    assert lines[0].split()[:2] == ["cut", "parts"]
+    assert "3.00  6.00" in lines[1] and "25.0%" in lines[1] and "50.0" in lines[1] and "1.33" in lines[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# The exercise check.
+
+
+def test_exercise_check_passes_an_exact_cut(capsys):
+    assert balance.check_balanced_cut(partition.balanced).passed
+    assert capsys.readouterr().out == "balanced cut: PASSED (8/8 cases)\n"
+
+
+def test_exercise_check_explains_a_wrong_cut(capsys):
+    verdict = balance.check_balanced_cut(lambda w, s: partition.uniform(len(w), s))
+    out = capsys.readouterr().out.splitlines()
+    assert not verdict.passed and out[0].startswith("balanced cut: FAILED (")
+    assert "heaviest stage" in out[1] and "is possible" in out[1]
+
+
+def test_exercise_check_reports_exceptions_and_bad_parts(capsys):
+    def broken(weights, stages):
+        raise ZeroDivisionError("oops")
+
+    assert not balance.check_balanced_cut(broken).passed
+    assert "ZeroDivisionError: oops" in capsys.readouterr().out
+    assert not balance.check_balanced_cut(lambda w, s: [0, len(w)]).passed  # one stage only
+    assert "expected" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------
+# On real ranks.
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(180)
+def test_uneven_cuts_on_real_ranks_match_one_process():
+    results = [balance.run_cut(GPT, parts, "1f1b", microbatches=2) for parts in ([0, 5, 6], [0, 1, 6])]
+    results.append(balance.run_cut(MLP, [0, 1, 6], "zb-h1", microbatches=4, steps=2))
+    for r in results:
+        assert r["loss_diff"] < 1e-10 and r["max_grad_diff"] < 1e-10
+        assert 0 <= r["bubble_measured"] < 1 and len(r["costs"]["F"]) == 2
+    assert results[0]["parts"] == [0, 5, 6]
+    three = balance.run_cut(GPT, [0, 2, 3, 6], "gpipe", microbatches=4)
+    assert three["max_grad_diff"] < 1e-10 and three["peak_activations"] == [4, 4, 4]
+    launcher.shutdown()
+
+
+def test_run_cut_checks_before_starting():
+    with pytest.raises(ValueError, match="runs 4 model stages on 2 ranks"):
+        balance.run_cut(GPT, [0, 3, 6], "zb-v", microbatches=2)
+    with pytest.raises(ValueError, match="batch 4 is not divisible by microbatches 3"):
+        balance.run_cut(GPT, [0, 3, 6], "1f1b", microbatches=3)
+    with pytest.raises(ValueError, match="must run from 0"):
+        balance.run_cut(GPT, [0, 3, 5], "1f1b", microbatches=2)
+
+
+# ----------------------------------------------------------------------------------------------
+# Lesson 10's helpers (parallel_lab.planner_widgets).
+
+
+def test_memory_model_matches_the_real_course_gpt():
+    rows = planner_widgets.param_check()
+    assert rows and all(r["model"] == r["real"] for r in rows)
+    for r in planner_widgets.activation_check():
+        assert r["measured"] == r["formula"] + r["stats"]
+
+
+def test_planner_tables_for_gpt3():
+    result = planner.plan(planner_widgets.GPT3, planner_widgets.CLUSTER, planner_widgets.BATCH)
+    table = planner_widgets.rejections_table(result).splitlines()
+    assert table[0] == f"{result['considered']} candidates considered: {result['feasible']} fit, " \
+                       f"{len(result['rejected'])} rejected"
+    kinds = [line.split(" x ", 1)[1] for line in table[1:] if not line.startswith("       ")]
+    assert set(kinds) == {"does not fit in memory", "TP group would cross nodes",
+                          "layers do not split into pp equal stages"}
+    assert sum(int(line.split(" x ")[0]) for line in table[1:] if not line.startswith("       ")) \
+        == len(result["rejected"])
+    best4 = planner_widgets.best_plan(result["plans"], tp=4)
+    assert best4 is result["plans"][0] and planner_widgets.best_plan(result["plans"], tp=3) is None
+    lines = planner_widgets.plans_table(result["plans"][:3]).splitlines()
+    assert len(lines) == 4 and lines[1].split()[:3] == ["8", "16", "4"]
+    fig = planner_widgets.breakdown_figure({"best": best4})
+    assert json.loads(fig.to_json())["data"][0]["x"] == [round(best4["breakdown"]["compute_s"], 3)]
+
+
+def test_tp_across_nodes_runs_at_network_speed():
+    m, c = planner_widgets.GPT3, planner_widgets.CLUSTER
+    inside = planner.step_time(m, c, 1536, 4, 16, 8, 384, "zb-h1")
+    across = planner_widgets.across_nodes(m, c, 1536, 4, 16, 8, 384)
+    assert across["compute_s"] == inside["compute_s"]
+    assert across["tp_comm_s"] > 8 * inside["tp_comm_s"]  # 300 vs 25 GB/s; the latency is the same
+    table = planner_widgets.tp_link_table().splitlines()
+    assert [line.split()[0] for line in table[1:]] == ["2", "4", "8", "16"]
+
+
+def test_cost_helpers():
+    row = {"global_batch": 1536, "seq": 2048, "step_s": 40.0, "world_size": 512, "dp": 8, "pp": 16, "tp": 4,
+           "schedule": "zb-h1", "virtual": 1, "microbatches": 192, "recompute": "none"}
+    hours = planner_widgets.gpu_hours(40.0, 512, 1536 * 2048 * 900 / 1e9, 1536, 2048)
+    assert hours == pytest.approx(900 * 40 * 512 / 3600)
+    text = planner_widgets.cost_table(row, prices=(2.0,), tokens=1536 * 2048 * 900)
+    assert "900 steps of 40.00 s on 512 GPUs" in text and f"${2 * hours:,.0f}" in text
+    assert planner_widgets.tp_per_device_ratio(4, 8) == pytest.approx(7 / 3)
