@@ -223,19 +223,20 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 # %% [markdown]
 # Lesson 01 looks at ranks, collectives and failures (hangs, crashes) closely.
 #
-# ## 4. The course map (planned)
+# ## 4. The course map
 #
 # - **00 Why split a model at all** — memory arithmetic, the two flavours *(this lesson)*
-# - **01 Ranks and collectives** — processes, all-reduce, all-gather, send/recv, what a hang looks like
+# - **01 Ranks and collectives** — processes, send/recv, all-reduce, all-gather, reduce-scatter, α–β
 # - **02 Tensor parallelism** — column and row splits, the f/g conjugate pair, a tensor-parallel GPT block
-# - **03 The pipeline bubble** — stages, micro-batches, measuring idle time
-# - **04 GPipe and 1F1B** — schedules as data, activation memory
-# - **05 Interleaving and zero-bubble** — virtual stages, splitting the backward pass (B = I + W)
-# - **06 Recomputation and PipeDream** — trading compute for memory, asynchronous weight versions
-# - **07 Balancing stages** — profiling and partitioning layers
-# - **08 3D parallelism** — data × pipeline × tensor on one rank grid
-# - **09 The planner** — choosing a plan with a cost and memory model
-# - **10 Capstone** — train a small GPT with a plan of your own
+# - **03 The assembly line and the bubble** — stages, the naive split, measuring idle time
+# - **04 Micro-batching and GPipe** — predict the bubble, then run it
+# - **05 1F1B and why it saves memory** — activations in flight; write a 1F1B schedule yourself
+# - **06 Interleaving and zero-bubble** — virtual stages, splitting the backward pass (B = I + W), the V shape
+# - **07 Recomputation and PipeDream** — trading compute for memory, asynchronous weight versions
+# - **08 Balancing stages** — profiling and partitioning layers
+# - **09 3D parallelism** — data × pipeline × tensor on one device mesh
+# - **10 The planner** — choosing a plan with a cost and memory model, and its budget
+# - **11 Capstone** — train a small GPT with a plan of your own
 #
 # ## What to remember
 #
