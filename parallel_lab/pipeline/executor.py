@@ -157,11 +157,14 @@ class Executor:
     check:   validate the schedule first (False only to demonstrate a hang)
     prefetch: receives posted ahead (each holds one boundary-sized buffer until its action runs)
     fuse:    accumulate Linear weight gradients with one addmm_ (see StageWorker)
+    peers:   global rank of each pipeline rank (default: the same number). Inside a device mesh the
+             schedule's rank r is ``Groups.pp_ranks[r]`` (parallel_lab.train3d); ``rank`` stays the
+             pipeline rank
     """
 
     def __init__(self, schedule: Schedule, stages: dict, spec, rank: int, *, recompute: bool = False,
                  record: bool = False, link: Link = Link(), check: bool = True, prefetch: int = 4,
-                 fuse: bool = True):
+                 fuse: bool = True, peers=None):
         self.schedule, self.spec, self.rank = schedule, spec, rank
         self.m, self.n_stages = schedule.n_microbatches, schedule.n_stages
         self.program = program(schedule, rank, check)
@@ -174,7 +177,10 @@ class Executor:
                      for op in self.program]
         # buffers live where the weights do (the CPU here)
         self.device = next(p.device for w in self.workers.values() for p in w.params)
-        self.recv_plan = [(op.recv.peer, tag) for op, (tag, _) in zip(self.program, self.tags) if op.recv]
+        self.peers = list(range(schedule.n_ranks)) if peers is None else list(peers)
+        if len(self.peers) != schedule.n_ranks:
+            raise ValueError(f"peers lists {len(self.peers)} global ranks for {schedule.n_ranks} pipeline ranks")
+        self.recv_plan = [(self.peers[op.recv.peer], tag) for op, (tag, _) in zip(self.program, self.tags) if op.recv]
         self.record, self.link, self.prefetch = record, link, prefetch
         self.records: list[dict] = []
         self.loss = 0.0
@@ -236,7 +242,7 @@ class Executor:
                     continue
                 key = (s - 1, j)
             if send is not None:  # the list keeps `out` alive until the send completes
-                sends.append((dist.isend(out, send.peer, tag=stag), out))
+                sends.append((dist.isend(out, self.peers[send.peer], tag=stag), out))
             else:
                 local[key] = out.detach()
         for work, _ in sends:
@@ -270,8 +276,8 @@ class Executor:
                 continue
             if send is not None:
                 stamp = torch.tensor([vclock], dtype=torch.float64, device=self.device)
-                sends.append((dist.isend(out, send.peer, tag=stag), out))
-                sends.append((dist.isend(stamp, send.peer, tag=stag + 1), stamp))
+                sends.append((dist.isend(out, self.peers[send.peer], tag=stag), out))
+                sends.append((dist.isend(stamp, self.peers[send.peer], tag=stag + 1), stamp))
                 self.bytes_sent += self.message_bytes
             else:
                 local[(s + 1, j) if kind == "F" else (s - 1, j)] = (out.detach(), vclock)

@@ -1,0 +1,195 @@
+"""3D parallelism (parallel_lab.train3d): dp x pp x tp training of the tiny GPT against one process.
+
+In fp64 every step's loss and the final weights of every rank equal single-process training with
+the same optimiser (1e-9; they agree to ~1e-11 after Adam). The 4-rank cases share one pool; the
+8-rank case (2 x 2 x 2) and the torchrun run each start their own processes. Bad plans fail before
+any process starts, with the broken invariant in the message. The grid runner that checks the
+planner's predictions is tested for its machinery only (timing is not a test).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from parallel_lab import launcher, planner, train3d, validate_plans
+from parallel_lab.schedules import ScheduleError
+
+TINY = train3d.Config(steps=2, layers=4, hidden=16, heads=4, vocab=32, seq=8, batch=8)
+
+# (dp, pp, tp, changes): 4 ranks, one pool
+FOUR = [
+    (1, 2, 2, {}),
+    (1, 2, 2, {"schedule": "gpipe", "optimizer": "sgd", "lr": 0.1}),
+    (1, 2, 2, {"schedule": "zb-h1", "microbatches": 4, "sequence_parallel": True}),
+    (1, 2, 2, {"schedule": "interleaved-1f1b", "virtual": 2, "recompute": True}),
+    (2, 1, 2, {}),
+    (2, 2, 1, {"steps": 3}),
+]
+
+
+def _run(dp, pp, tp, **changes):
+    return train3d.train(TINY, dp=dp, pp=pp, tp=tp, progress=None, timeout=120, **changes)
+
+
+def _assert_equal(result):
+    assert result["losses_equal"] and result["weights_equal"], (result["max_loss_diff"], result["max_weight_diff"])
+    assert result["max_loss_diff"] < train3d.TOLERANCE and result["max_weight_diff"] < train3d.TOLERANCE
+    assert len(result["losses"]) == result["config"]["steps"]
+    assert abs(result["checksum"] - result["reference_checksum"]) < 1e-8
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("dp,pp,tp,changes", FOUR, ids=[f"{d}x{p}x{t}-{'-'.join(map(str, c.values())) or 'default'}"
+                                                       for d, p, t, c in FOUR])
+def test_four_ranks_train_exactly_like_one_process(dp, pp, tp, changes):
+    _assert_equal(_run(dp, pp, tp, **changes))
+
+
+def test_progress_lines_are_deterministic_text(monkeypatch):
+    lines = []
+    fake = [{"rank": 0, "coords": (0, 0, 0), "losses": [1.0, 0.5], "step_s": [0.1, 0.1], "cpu_s": [0.1, 0.1],
+             "checksum": 0.0,
+             "max_weight_diff": 0.0}]
+    monkeypatch.setattr(train3d.launcher, "run", lambda *a, **k: fake)
+    monkeypatch.setattr(train3d, "reference", lambda cfg: {"losses": [1.0, 0.5], "state": {}})
+    result = train3d.train(TINY.replace(dp=1, pp=1, tp=1), progress=lines.append)
+    assert lines[0].startswith("training the tiny GPT (4 layers, hidden 16) on dp 1 x pp 1 x tp 1 = 1 ranks")
+    assert lines[1:] == ["step 1/2 loss 1.000000 (one process: 1.000000)",
+                         "step 2/2 loss 0.500000 (one process: 0.500000)"]
+    assert train3d.format_result(result).endswith("losses equal the single process: True; final weights "
+                                                  "equal: True (tolerance 1e-09)")
+    fig = train3d.loss_figure(result)
+    assert [t.name for t in fig.data] == ["one process", "dp 1 x pp 1 x tp 1 (1f1b)"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad plans: clear errors before launch.
+
+BAD = [
+    (dict(dp=3, pp=2, tp=2), 8, ValueError, "world_size 8 != dp 3 x pp 2 x tp 2"),
+    (dict(pp=2, layers=1), None, ValueError, "stages 2 > layers 1"),
+    (dict(pp=2, schedule="interleaved-1f1b", virtual=2, layers=3), None, ValueError, "stages 4 > layers 3"),
+    (dict(microbatches=3), None, ValueError, "not divisible by microbatches 3"),
+    (dict(dp=2, pp=1, batch=5), None, ValueError, "batch 5 is not divisible by dp 2"),
+    (dict(tp=2, heads=3, hidden=12), None, ValueError, "heads 3 is not divisible by tp 2"),
+    (dict(tp=4, pp=1, hidden=18, heads=6), None, ValueError, "hidden 18 is not divisible by tp 4"),
+    (dict(tp=2, vocab=33), None, ValueError, "vocab 33 is not divisible by tp 2"),
+    (dict(tp=2, seq=7, sequence_parallel=True), None, ValueError, "sequence length 7 is not divisible by tp 2"),
+    (dict(dp=1, pp=1, tp=2, nodes=2), None, ValueError, "tensor parallel groups would cross nodes"),
+    (dict(schedule="interleaved-1f1b", virtual=2, microbatches=3, batch=6), None, ScheduleError,
+     "microbatches % stages == 0"),
+    (dict(schedule="nope"), None, ScheduleError, "unknown schedule 'nope'"),
+    (dict(optimizer="lamb"), None, ValueError, "optimizer must be one of"),
+]
+
+
+@pytest.mark.parametrize("changes,world,error,message", BAD, ids=[m for *_, m in BAD])
+def test_bad_plans_fail_before_launch_naming_the_invariant(changes, world, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        train3d.check(TINY.replace(**changes), world_size=world)
+
+
+def test_a_plan_that_does_not_fit_the_memory_limit_is_refused():
+    cfg = TINY.replace(hidden=64, batch=64)
+    need = train3d.predicted_memory(cfg)["total"]
+    train3d.check(cfg, memory_limit_gb=2 * need / 1e9)
+    with pytest.raises(ValueError, match=r"plan does not fit: stage \d needs .* > memory limit"):
+        train3d.check(cfg, memory_limit_gb=need / 2e9)
+
+
+def test_train_refuses_before_any_process_starts(monkeypatch):
+    monkeypatch.setattr(train3d.launcher, "run", lambda *a, **k: pytest.fail("ranks were started"))
+    with pytest.raises(ValueError, match="world_size must be in 1..8"):
+        train3d.train(TINY, dp=3, pp=2, tp=2, batch=12)
+    with pytest.raises(ValueError, match="heads 3 is not divisible by tp 2"):
+        train3d.train(TINY, heads=3, hidden=12)
+
+
+# ----------------------------------------------------------------------------------------------
+# torchrun: the same rank function, one process per rank, JSON on stdout.
+
+
+def _torchrun(n, *args):
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([torchrun, "--standalone", "--nproc-per-node", str(n), "-m", "parallel_lab.train3d",
+                           *args], capture_output=True, text=True, timeout=150, env=env)
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(180)
+def test_torchrun_4_processes_print_losses_equal_to_one_process():
+    out = _torchrun(4, "--dp", "1", "--pp", "2", "--tp", "2", "--steps", "2")
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    reference = train3d.reference(TINY.replace(dp=1, pp=2, tp=2))
+    assert result["world_size"] == 4 and result["losses_equal"] and result["weights_equal"]
+    assert max(abs(a - b) for a, b in zip(result["losses"], reference["losses"])) < train3d.TOLERANCE
+    assert "step 2/2 loss" in out.stderr
+
+
+def test_command_line_refuses_a_bad_mesh_with_one_line():
+    out = subprocess.run([sys.executable, "-m", "parallel_lab.train3d", "--dp", "1", "--pp", "2", "--tp", "2",
+                          "--heads", "3", "--hidden", "12"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.strip().splitlines()[-1] == ("train3d: heads 3 is not divisible by tp 2 (each rank holds "
+                                                   "heads/tp whole heads)")
+
+
+# ----------------------------------------------------------------------------------------------
+# Predictions against real runs: the machinery (not the accuracy).
+
+
+def test_prediction_adds_the_shared_cores_bound_only_when_ranks_outnumber_cores():
+    cal = {"tflops": 0.02, "latency_us": 100.0, "intra_gbps": 1.0}
+    cluster = validate_plans.cluster_from(cal, 4)
+    assert cluster.intra_gbps == 0.5  # fp32 values: twice the planner's 2-byte volume
+    assert validate_plans.cluster_from(cal, 4, tflops=0.5).tflops == 0.5
+    cfg = TINY.replace(dp=1, pp=2, tp=2, layers=4)
+    many = validate_plans.predict(cfg, cluster, n_cores=16)
+    few = validate_plans.predict(cfg, cluster, n_cores=2)
+    assert many["shared_s"] == 0 and many["step_s"] == many["planner_s"]
+    assert few["planner_s"] == many["planner_s"]
+    comm = few["tp_comm_s"] + few["pp_comm_s"] + few["dp_comm_s"]
+    assert few["shared_s"] == pytest.approx(2 * few["compute_s"] + comm)
+    assert few["step_s"] == max(few["planner_s"], few["shared_s"])
+
+
+def test_validate_runs_a_grid_and_reports_errors(monkeypatch):
+    monkeypatch.setattr(validate_plans, "measure",
+                        lambda cfg: {"steps_s": [2.0, 1.0], "step_s": 1.0, "cores_used": 2.0})
+    cal = {"tflops": 0.02, "latency_us": 100.0, "intra_gbps": 1.0}
+    sizes = {"tiny": dict(layers=4, hidden=16, heads=4, vocab=32, seq=8)}
+    result = validate_plans.validate(grid=((1, 2, 2), (4, 1, 1)), sizes=sizes, steps=2, calibration=cal,
+                                     progress=None)
+    assert [(r["dp"], r["pp"], r["tp"]) for r in result["rows"]] == [(1, 2, 2), (4, 1, 1)]
+    for r in result["rows"]:
+        assert r["rel_error"] == pytest.approx(abs(r["predicted_s"] - 1.0))
+    assert "median relative error" in validate_plans.format_table(result)
+    with pytest.raises(ValueError, match="!= world_size 4"):
+        validate_plans.validate(grid=((1, 2, 1),), sizes=sizes, calibration=cal, progress=None)
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(60)
+def test_measure_times_every_step_of_a_real_run():
+    cfg = TINY.replace(dp=2, pp=2, tp=1, dtype="float32", optimizer="sgd", steps=2)
+    timed = validate_plans.measure(cfg)
+    assert len(timed["steps_s"]) == 2 and all(t > 0 for t in timed["steps_s"])
+    assert timed["step_s"] == timed["steps_s"][1] and timed["cores_used"] > 0
+    assert isinstance(validate_plans.cluster_from({"tflops": 1.0, "latency_us": 1.0, "intra_gbps": 1.0}, 4),
+                      planner.Cluster)
+    assert launcher.MAX_WORLD_SIZE == 8
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(150)
+def test_eight_ranks_2x2x2_train_exactly_like_one_process():
+    result = _run(2, 2, 2)
+    _assert_equal(result)
+    assert result["world_size"] == 8
