@@ -322,19 +322,21 @@ def _nothing():
 @contextmanager
 def _saved_bytes(w: StageWorker, j: int):
     """Count the bytes of activations microbatch j's graph keeps on stage ``w`` (its input and every
-    tensor autograd saves, each storage once, parameters excluded) into ``w.saved_bytes[j]``."""
+    tensor autograd saves, parameters excluded) into ``w.saved_bytes[j]``. A tensor counts its own
+    size, not its storage's: a micro-batch that is a slice of the whole batch (stage 0's input, the
+    last stage's targets) holds only its slice; views of one storage count the largest once."""
     params = {p.untyped_storage().data_ptr() for p in w.params}
     seen: dict[int, int] = {}
 
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            seen[storage.data_ptr()] = storage.nbytes()
+    def count(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = max(seen.get(ptr, 0), t.numel() * t.element_size())
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
         yield
     x = w.stash.get(j, (None,))[0]
     if isinstance(x, torch.Tensor):
-        seen[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+        count(x)
     w.saved_bytes[j] = sum(seen.values())

@@ -335,5 +335,11 @@ def _weight_grads(taps: list[Tap], grads) -> None:
 
 
 def _storage_bytes(tensors) -> int:
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t is not None}
-    return sum(storages.values())
+    """Bytes the tensors hold: each its own size (a micro-batch slice counts its slice, not the whole
+    batch's storage), views of one storage counted once at the largest."""
+    sizes: dict[int, int] = {}
+    for t in tensors:
+        if t is not None:
+            ptr = t.untyped_storage().data_ptr()
+            sizes[ptr] = max(sizes.get(ptr, 0), t.numel() * t.element_size())
+    return sum(sizes.values())
