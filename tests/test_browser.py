@@ -171,8 +171,9 @@ def _open(request, prefix: str, hook: str):
 
 def test_pipeline_slider_redraws_the_schedule(request):
     lab = _open(request, "03", "pipeline_controls")
-    controls = lab.panel.locator(f".{HOOKS['pipeline_controls']}").first
-    cell = lab.panel.locator(".jp-CodeCell", has=controls).first
+    # has= takes a locator relative to the cell: a page-level one, not one scoped to the panel
+    cell = lab.panel.locator(".jp-CodeCell", has=lab.page.locator(f".{HOOKS['pipeline_controls']}")).first
+    controls = cell.locator(f".{HOOKS['pipeline_controls']}").first
     chart = lab.plotly_figures(cell).first
     drawing = _svg(chart)
     lab.screenshot("03-pipeline-before", cell)
@@ -198,8 +199,9 @@ def test_quiz_answer_shows_feedback(request):
 
 def test_run_on_real_ranks_adds_the_measured_timeline(request):
     lab = _open(request, "03", "run_real")
-    button = lab.panel.locator(f"button.{HOOKS['run_real']}, .{HOOKS['run_real']} button").first
-    cell = lab.panel.locator(".jp-CodeCell", has=button).first
+    selector = f"button.{HOOKS['run_real']}, .{HOOKS['run_real']} button"
+    cell = lab.panel.locator(".jp-CodeCell", has=lab.page.locator(selector)).first
+    button = cell.locator(selector).first
     legend = lambda: " ".join(cell.locator(".legendtext").all_text_contents())  # noqa: E731
     assert "measured" not in legend()
     button.click()

@@ -52,10 +52,12 @@ def _num(x: float):
     return int(x) if float(x).is_integer() else round(float(x), 4)
 
 
-def _bars(timed: list[list], outline: bool = False, width: float = 0.6, legend: bool = True) -> list:
+def _bars(timed: list[list], outline: bool = False, width: float = 0.6, legend: bool = True,
+          group: str | None = None) -> list:
     """One horizontal bar trace per kind of action: bar from start to end on the rank's row, the
     microbatch number written inside. Idle time is simply where no bar is. Where a rank holds
-    several stages (interleaved, ZB-V), its later stages are drawn lighter."""
+    several stages (interleaved, ZB-V), its later stages are drawn lighter. ``group`` gathers the
+    traces under that title in the legend."""
     import plotly.graph_objects as go
 
     parsed = [(r, Action.parse(a), s, e) for r, actions in enumerate(timed) for a, s, e in actions]
@@ -82,6 +84,10 @@ def _bars(timed: list[list], outline: bool = False, width: float = 0.6, legend: 
             customdata=[str(a) for _, a, _, _ in rows], textposition="inside", insidetextanchor="middle",
             hovertemplate="%{customdata}: start %{base}, lasts %{x}<extra></extra>", showlegend=legend,
         ))
+    if group and traces:
+        for trace in traces:
+            trace.legendgroup = group
+        traces[0].legendgrouptitle.text = group
     return traces
 
 
@@ -119,8 +125,12 @@ def compare(result: dict, title: str | None = None):
 
     measured, _ = _timed(result, "virtual")
     predicted, _ = _timed(result, "predicted")
-    fig = go.Figure(_bars(measured, width=0.5) + _bars(predicted, outline=True, width=0.8))
-    fig.update_layout(**_LAYOUT, height=150 + 50 * len(measured), xaxis_title=AXIS["virtual"],
+    fig = go.Figure(_bars(measured, width=0.5, group="measured (filled)")
+                    + _bars(predicted, outline=True, width=0.8, group="predicted (outlined)"))
+    # two legend groups: beside the chart, where they cannot cover the title
+    layout = dict(_LAYOUT, legend=dict(x=1.02, xanchor="left", y=1, yanchor="top", groupclick="toggleitem"),
+                  margin=dict(_LAYOUT["margin"], r=170))
+    fig.update_layout(**layout, height=150 + 50 * len(measured), xaxis_title=AXIS["virtual"],
                       title=title or f"{result['schedule']}, p={result['stages']}, m={result['microbatches']}: "
                                      f"bubble measured {result['bubble_measured']:.1%} (filled) vs "
                                      f"predicted {result['bubble_predicted']:.1%} (outlined)")

@@ -1,0 +1,253 @@
+# %% [markdown]
+# # 04 · Micro-batching and GPipe
+#
+# > *Pipeline parallelism (GPipe, PipeDream) divides the batch into micro-batches that flow through
+# > the stages on an interleaved timetable, which shortens the idle "bubble".*
+# > (管道並行性（GPipe、PipeDream）將批次劃分為微批處理，這些微批處理以交錯的時間表流經各個階段，從而縮短了空閒「泡沫」時間。)
+#
+# **Learning goals.** By the end of this lesson you can
+#
+# - split a batch into m **micro-batches** and read the GPipe schedule: every stage runs all m
+#   forwards, then all m backwards (Huang et al. 2019, *GPipe*);
+# - predict GPipe's bubble, **(p−1)/(m+p−1)**, check it with the simulator, and measure it on real
+#   ranks (FAQ 5: how micro-batching reduces the bubble);
+# - name the price: every stage keeps the activations of all m micro-batches — of the whole batch —
+#   until its backward passes begin;
+# - export a real run as a Chrome/Perfetto trace and explore it.
+#
+# Lesson 03 left us with a pipeline in which only one of p ranks works at a time. The fix is the
+# assembly line's own trick: don't wait for one car to leave the line before starting the next.
+
+# %%
+from parallel_lab.notebook import setup
+
+setup()
+
+# %% [markdown]
+# ## 1. Cut the batch into micro-batches
+#
+# Split the batch of B rows into m micro-batches of B/m rows. Stage 0 starts micro-batch 1 as soon
+# as it has handed micro-batch 0 to stage 1, so several micro-batches occupy different stages at
+# once. Each micro-batch's loss is scaled by 1/m, so the gradients summed over the micro-batches
+# are exactly those of the whole batch: the optimizer steps once per batch, as before.
+#
+# GPipe's schedule (`schedules.build("gpipe", p, m)`) is the simplest one that does this: each
+# rank runs all its forwards, then all its backwards.
+
+# %%
+from parallel_lab.schedules import build, format_grid
+
+gpipe = build("gpipe", 4, 4)
+print(gpipe.to_text())
+
+# %% [markdown]
+# **Predict before you run the next cell.** With p = 4 stages, m = 4 micro-batches, a forward of 1
+# time unit and a backward of 2 (per micro-batch and stage), and free links:
+#
+# 1. when does the last stage start its first forward?
+# 2. how long is the whole step?
+# 3. what fraction of the device time is idle?
+#
+# Write your three numbers down, then let the simulator answer.
+
+# %%
+from parallel_lab.simulate import Costs, simulate, unit_grid
+
+costs = Costs(F=1, B=2)
+timeline = simulate(gpipe, costs)
+print(format_grid(unit_grid(timeline)))
+print(f"\nstep {timeline.makespan:g} units, each rank busy {timeline.busy[0]:g}, bubble {timeline.bubble_fraction:.3f}")
+
+# %% [markdown]
+# Read the grid diagonally. The forward phase is a staircase: micro-batch j reaches stage s at
+# time j + s, so the last stage starts at p − 1 = 3 and the forwards end after m + p − 1 = 7 slots.
+# The backward phase is the same staircase upside down, with slots of B = 2 units. Every stage is
+# busy m (F + B) and the step lasts (m + p − 1)(F + B), so the idle share is
+#
+# $$\text{bubble} = 1 - \frac{m\,(F+B)}{(m+p-1)\,(F+B)} = \frac{p-1}{m+p-1}$$
+#
+# For p = 4, m = 4 that is 3/7 ≈ 0.429, down from 0.75 with the whole batch in one piece. The costs
+# cancel: the bubble depends only on p and m (as long as the stages are equally fast).
+
+# %%
+from parallel_lab.pipeline import figures
+
+figures.gantt(timeline)
+
+# %% [markdown]
+# ### How does pipeline parallelism reduce the bubble? (FAQ 5)
+#
+# > Dividing the batch into micro-batches lets several micro-batches occupy different stages at
+# > once, keeping all GPUs busy and reducing idle time.
+# > (將批次劃分為微批次可以讓多個微批次同時佔據不同的階段，從而保持所有 GPU 繁忙並減少空閒時間。)
+#
+# The fill (p − 1 slots before the last stage starts) and the drain (p − 1 slots while the last
+# gradients travel back) do not go away; micro-batches make them *short compared with the work*.
+# Papers often quote the ratio idle / compute instead, **(p − 1)/m** (GPipe: "negligible when
+# m ≥ 4p"); both say the same thing.
+#
+# **Predict:** how many micro-batches does a 4-stage GPipe need to bring the bubble under 10 %?
+
+# %%
+p = 4
+print(" m   bubble (simulated)   (p−1)/(m+p−1)   idle/compute (p−1)/m")
+for m in (1, 2, 4, 8, 16, 32):
+    t = simulate(build("gpipe", p, m), costs)
+    print(f"{m:>2}   {t.bubble_fraction:>18.3f}   {(p - 1) / (m + p - 1):>13.3f}   {(p - 1) / m:>20.3f}")
+
+# %% [markdown]
+# 27 micro-batches are needed for 10 % (3/30): the bubble shrinks like 1/m, quickly at first and then
+# slowly. The same curves for 2, 4 and 8 stages — the more stages, the more micro-batches it takes
+# (every point is a simulation):
+
+# %%
+import plotly.graph_objects as go
+
+ms = list(range(1, 33))
+curves = [go.Scatter(x=ms, y=[round(simulate(build("gpipe", p, m), costs).bubble_fraction, 4) for m in ms],
+                     mode="lines+markers", marker_size=4, name=f"p = {p} stages") for p in (2, 4, 8)]
+go.Figure(curves).update_layout(
+    template="none", height=330, margin=dict(l=60, r=20, t=50, b=50), title="GPipe: bubble (p−1)/(m+p−1), simulated",
+    xaxis_title="micro-batches m", yaxis_title="bubble (idle share of the step)", yaxis_range=[0, 1])
+
+# %% [markdown]
+# ## 2. GPipe on real ranks
+#
+# Now GPipe runs on 4 real ranks with the same batch of 32 rows cut into m = 1, 2, 4 and 8
+# micro-batches (32, 16, 8 and 4 rows each). Every run is checked against one process running the
+# whole batch, and the executor reports how many micro-batches each stage kept at once.
+
+# %%
+from parallel_lab.pipeline.run import run_pipeline
+
+runs = {}
+for m in (1, 2, 4, 8):
+    print(f"GPipe, 4 ranks, m = {m} ...", end=" ")
+    runs[m] = run_pipeline("gpipe", 4, m, batch=32)
+    r = runs[m]
+    print(f"gradients equal the single-process model: {r['max_grad_diff'] < 1e-10}; "
+          f"stashed at once per stage: {r['peak_activations']}")
+
+# %% [markdown]
+# The bubbles, measured on the **virtual clock** (each action lasts the CPU time its rank spent on
+# it, messages cost a modelled 10 µs + bytes / 25 GB/s: the timeline of 4 dedicated devices, see
+# lesson 03), next to the formula, the simulator fed the costs this run measured, and this
+# machine's **wall clock**, where 4 ranks share its cores. Your numbers will differ from the ones
+# stored here.
+
+# %% tags=["nbval-ignore-output"]
+import os
+
+print(f" m   (p−1)/(m+p−1)   predicted (measured costs)   measured (virtual clock)   wall clock ({os.cpu_count()} cores)")
+for m, r in runs.items():
+    print(f"{m:>2}   {3 / (m + 3):>13.3f}   {r['bubble_predicted']:>26.3f}   {r['bubble_measured']:>24.3f}"
+          f"   {r['bubble_wall']:>17.3f}")
+figures.compare(runs[8])
+
+# %% [markdown]
+# The measured bubble falls with m as predicted, and the simulator fed the measured costs follows
+# it closely. It does not sit exactly on (p−1)/(m+p−1), and the reasons are worth knowing because
+# real pipelines have them too: the stages are not equally fast (the last one also computes the
+# loss), so the others wait for the slowest; each message adds link time to the fill and the drain;
+# and this tiny model's actions are so short that fixed per-action overheads weigh in. The wall
+# clock adds what this laptop does that dedicated devices would not: ranks taking turns on the cores.
+#
+# ## 3. The price: activation memory
+#
+# A stage must keep what its forward computed for a micro-batch (the activations) until that
+# micro-batch's backward has run. GPipe runs *every* forward before the first backward, so at the
+# turn each stage holds **all m micro-batches** (the simulated stash over time, per stage):
+
+# %%
+figures.memory(simulate(build("gpipe", 4, 8), costs), title="GPipe, p = 4, m = 8: stashed micro-batches per stage")
+
+# %% [markdown]
+# The real runs agree: the executor counts the micro-batches whose activations are held, after
+# every action, and its peaks are exactly m on every stage. Counted in bytes, a middle stage (whose
+# memory holds nothing but activations) keeps the same amount whatever m is: m micro-batches of
+# B/m rows are the whole batch.
+
+# %%
+for m, r in runs.items():
+    print(f"m = {m}: peak stash is m on every stage: {r['peak_activations'] == [m] * 4}; "
+          f"stage 1 keeps {r['peak_bytes'][1]:,} bytes of activations")
+
+# %% [markdown]
+# So micro-batching fixes the bubble but not the memory: GPipe needs as much activation memory as
+# the whole batch, which is why the GPipe paper pairs it with **recomputation** (keep only each
+# stage's input, run the forward again during the backward). Lesson 05 shows a schedule that does
+# the same work in another order and needs far less.
+#
+# ## 4. Look inside a run: a Chrome/Perfetto trace
+#
+# `run_pipeline(..., trace=path)` writes the run as a Chrome trace: one process per rank, with one
+# track per clock (virtual, wall, and the simulator's prediction) and a counter of stashed
+# activations per stage. Open it at **https://ui.perfetto.dev** ("Open trace file", or drag the
+# file onto the page; it stays in your browser) or in Chrome's `chrome://tracing`: zoom in with
+# W/S, pan with A/D, click an action to see its stage, kind and micro-batch. Here it goes to a
+# temporary folder; pass `trace="gpipe.json"` to write it beside this notebook and download it from
+# JupyterLab's file browser.
+
+# %%
+import collections
+import json
+import tempfile
+from pathlib import Path
+
+folder = Path(tempfile.mkdtemp())
+traced = run_pipeline("gpipe", 4, 8, batch=32, trace=folder / "gpipe.json")
+events = json.loads(Path(traced["trace"]).read_text())["traceEvents"]
+kinds = collections.Counter(e["ph"] for e in events)
+print(f"{Path(traced['trace']).name}: {len(events)} events")
+print(f"  {kinds['X']} action slices: 4 ranks × 16 actions × 3 clocks")
+print(f"  {kinds['C']} activation-counter samples, {kinds['M']} names of processes and tracks")
+print("gradients equal the single-process model:", traced["max_grad_diff"] < 1e-10)
+
+# %% [markdown]
+# ## What to remember
+#
+# - Micro-batches let several pieces of the batch occupy different stages at once (FAQ 5); the
+#   gradients summed over them are exactly those of the whole batch.
+# - GPipe: all forwards, then all backwards. Its bubble is (p−1)/(m+p−1) of the step, or (p−1)/m of
+#   the compute: it shrinks like 1/m, and more stages need more micro-batches.
+# - The fill and the drain never vanish in GPipe; measured bubbles also pay for unequal stages and
+#   for links.
+# - The price: each stage keeps all m micro-batches' activations until its backwards start — the
+#   whole batch's worth, however finely it is cut. Lesson 05 (1F1B) removes most of it; lessons
+#   06-07 shrink the bubble itself further.
+
+# %% [markdown]
+# ## Quiz
+# Answer in the quiz below: each answer gets instant feedback with its explanation, and you can
+# retry as often as you like. Where widgets do not show (a terminal, a static view), the text form
+# under it has the same questions; answer one with `answer("04", "<question id>", <answer>)`.
+#
+# **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
+# paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
+# records the quiz for your certificate: `from parallel_lab.certificate import certificate`, then
+# `certificate("Your Name")`.
+
+# %% tags=["nbval-ignore-output"]
+from parallel_lab.quiz import quiz
+
+quiz("04")
+
+# %%
+from parallel_lab.quiz import show
+
+show("04")
+
+# %%
+my_answers = {
+    "pipeline-bubble/gpipe-fraction":        None,  # a number
+    "pipeline-bubble/why-microbatches":      None,  # one option key
+    "pipeline-bubble/bubble-ratio":          None,  # a number
+    "pipeline-bubble/how-many-microbatches": None,  # a number
+    "pipeline-bubble/gpipe-memory":          None,  # a number
+    "pipeline-bubble/too-many-microbatches": None,  # one option key
+}
+
+# %% tags=["check:quiz:04", "points:3"]
+from parallel_lab.quiz import check_quiz
+
+quiz_verdict = check_quiz("04", my_answers)

@@ -1,0 +1,253 @@
+# %% [markdown]
+# # 05 · 1F1B and why it saves memory
+#
+# **Learning goals.** By the end of this lesson you can
+#
+# - read the **1F1B** schedule (one forward, one backward; PipeDream-Flush, Narayanan et al. 2021,
+#   *Memory-Efficient Pipeline-Parallel DNN Training*): warm-up forwards, a steady state that
+#   alternates, a cool-down;
+# - explain why it has exactly GPipe's bubble, (p−1)/(m+p−1), although it does the work in another
+#   order;
+# - predict and measure the activations stage r keeps at once: at most **min(m, p−r)**
+#   micro-batches, instead of GPipe's m;
+# - trade compute for memory with **recomputation**;
+# - write the 1F1B schedule yourself, and have it validated, simulated and run on real ranks.
+#
+# Lesson 04 ended with GPipe's price: every stage keeps all m micro-batches' activations, the whole
+# batch's worth, until its backwards begin. The bubble asks for many micro-batches; the memory
+# forbids them. 1F1B resolves this.
+
+# %%
+from parallel_lab.notebook import setup
+
+setup()
+
+# %% [markdown]
+# ## 1. Same work, another order
+#
+# A micro-batch's activations on a stage can be freed as soon as its backward has run there. GPipe
+# postpones every backward until all forwards are done; 1F1B starts each backward **as early as its
+# gradient can arrive**. Stage r first runs p − r − 1 *warm-up* forwards (the time it takes the
+# first micro-batch to reach the last stage and its gradient to come back), then alternates one
+# forward and one backward, then runs the remaining backwards (*cool-down*). Both schedules for
+# p = 4, m = 8:
+
+# %%
+from parallel_lab.schedules import build
+
+for name in ("gpipe", "1f1b"):
+    print(f"{name}:\n{build(name, 4, 8).to_text()}\n")
+
+# %% [markdown]
+# **Predict:** which schedule finishes the step first, with a forward of 1 unit and a backward of 2?
+
+# %%
+from parallel_lab.pipeline import figures
+from parallel_lab.simulate import Costs, simulate
+
+costs = Costs(F=1, B=2)
+timelines = {name: simulate(build(name, 4, 8), costs) for name in ("gpipe", "1f1b")}
+for name, t in timelines.items():
+    print(f"{name:>5}: step {t.makespan:g} units, bubble {t.bubble_fraction:.3f}  "
+          f"((p−1)/(m+p−1) = {3 / 11:.3f})")
+figures.gantt(timelines["1f1b"])
+
+# %% [markdown]
+# A tie. The bubble is set by the **critical path**, and the reordering does not touch it: the
+# first micro-batch still needs p − 1 forwards before the last stage can start, and the last
+# gradient still needs p − 1 backwards to get back to stage 0. In between, the last stage works
+# without a gap in both schedules. So 1F1B's bubble is GPipe's, (p−1)/(m+p−1): it does not shrink
+# the bubble (lessons 06-07 do). What it changes is memory.
+#
+# ## 2. Activations in flight
+#
+# **Predict:** in 1F1B, which stage keeps the most micro-batches at once, and how many?
+#
+# A micro-batch is *stashed* on a stage from the start of its forward to the end of its backward.
+# The simulator follows the stash of every stage over time (`figures.memory`):
+
+# %%
+figures.memory(timelines["1f1b"], title="1F1B, p = 4, m = 8: stashed micro-batches per stage")
+
+# %% [markdown]
+# Stage r runs p − r − 1 warm-up forwards and one more before its first backward, then frees one
+# micro-batch for every one it starts: it never holds more than **p − r** (or m, when there are fewer
+# micro-batches). Stage 0 holds the most, p. GPipe holds m everywhere, so the saving grows with m:
+
+# %%
+print(" m   GPipe peaks            1F1B peaks        min(m, p−r)")
+for m in (2, 4, 8, 32):
+    peaks = {name: simulate(build(name, 4, m), costs).peak_activations for name in ("gpipe", "1f1b")}
+    print(f"{m:>2}   {str(peaks['gpipe']):<20}   {str(peaks['1f1b']):<15}   {[min(m, 4 - r) for r in range(4)]}")
+
+# %% [markdown]
+# With 1F1B the activation memory no longer grows with m, so the bubble can be made small by using
+# many micro-batches. This is the schedule of Megatron-LM and of DeepSpeed's pipeline engine, and
+# `torch.distributed.pipelining`'s `Schedule1F1B`.
+#
+# ## 3. Measured on real ranks
+#
+# Both schedules now run on 4 ranks with the same batch of 32 rows in 8 micro-batches. The executor
+# counts, after every action, the micro-batches whose activations each stage holds, and the bytes
+# those activations take; its peaks are exact, so they can be compared with the prediction as
+# numbers, not as timings.
+
+# %%
+from parallel_lab.pipeline.run import run_pipeline
+
+predicted = [min(8, 4 - r) for r in range(4)]
+runs = {}
+for name in ("gpipe", "1f1b"):
+    print(f"{name} on 4 ranks, m = 8 ...")
+    runs[name] = run_pipeline(name, 4, 8, batch=32)
+one = runs["1f1b"]
+print("1F1B gradients equal the single-process model:", one["max_grad_diff"] < 1e-10)
+print("1F1B measured peak stash == predicted min(m, p−r):", one["peak_activations"] == predicted, one["peak_activations"])
+print("GPipe measured peak stash == m on every stage:", runs["gpipe"]["peak_activations"] == [8] * 4)
+print(f"stage 1 (a middle stage: all it keeps is activations) at its peak: GPipe {runs['gpipe']['peak_bytes'][1]:,} "
+      f"bytes, 1F1B {one['peak_bytes'][1]:,} bytes")
+
+# %% [markdown]
+# Stage 1 keeps 3 micro-batches of 4 rows instead of 8: 3/8 of the bytes. The measured stash over
+# time, on the virtual clock (the timeline of 4 dedicated devices; your times will differ, the
+# heights will not):
+
+# %% tags=["nbval-ignore-output"]
+figures.memory(one, title="1F1B on 4 real ranks, m = 8: stashed micro-batches (virtual clock)")
+
+# %% [markdown]
+# And the bubbles, measured on the virtual clock and on this machine's wall clock (lesson 03):
+# equal for the two schedules, up to the noise of a real run.
+
+# %% tags=["nbval-ignore-output"]
+for name, r in runs.items():
+    print(f"{name:>5}: bubble {r['bubble_measured']:.3f} virtual clock (predicted {r['bubble_predicted']:.3f}), "
+          f"{r['bubble_wall']:.3f} wall clock")
+figures.compare(one)
+
+# %% [markdown]
+# ## 4. Trading compute for memory: recomputation
+#
+# A stage can keep even less: only the *input* of each micro-batch, and run the forward again
+# during the backward to rebuild the rest (activation **recomputation**, or checkpointing; GPipe
+# uses it, Megatron-LM makes it selective). The stash still counts micro-batches in flight, but each
+# one is much smaller; the price is one more forward per backward.
+#
+# **Predict:** with a backward twice as long as a forward, how much more compute does a step need?
+
+# %%
+print("1F1B with recomputation on 4 ranks, m = 8 ...")
+rec = run_pipeline("1f1b", 4, 8, batch=32, recompute=True)
+print("gradients equal the single-process model:", rec["max_grad_diff"] < 1e-10)
+print("same micro-batches in flight:", rec["peak_activations"] == one["peak_activations"])
+print(f"stage 1 at its peak: {one['peak_bytes'][1]:,} bytes without, {rec['peak_bytes'][1]:,} bytes with recomputation")
+
+# %% [markdown]
+# Stage 1 now keeps only the 32-value input rows of its micro-batches, not the intermediate results
+# of its two blocks. The extra compute shows in the measured backward times (your numbers will
+# differ; on a GPU the forward is about a third of F + B, so the step costs about 4/3 as much):
+
+# %% tags=["nbval-ignore-output"]
+b_plain, b_rec = (sum(r["costs"]["B"]) / 4 for r in (one, rec))
+print(f"mean backward per micro-batch and stage: {b_plain * 1e3:.2f} ms without, {b_rec * 1e3:.2f} ms with "
+      f"recomputation ({b_rec / b_plain:.2f}×)")
+
+# %% [markdown]
+# ## 5. Exercise: write 1F1B yourself
+#
+# Write `my_one_f_one_b(p, m)`: it returns, for each rank r = 0 … p−1, the ordered list of actions
+# of the 1F1B schedule, as strings `"{stage}{F|B}{micro-batch}"` (rank r holds stage r; `"2F5"` is
+# stage 2's forward of micro-batch 5). For rank r:
+#
+# 1. **warm-up**: the forwards of micro-batches 0, 1, … — p − r − 1 of them, but never more than m;
+# 2. **steady state**: while forwards are left, one forward (the next micro-batch) then one
+#    backward (the oldest micro-batch not yet backwarded);
+# 3. **cool-down**: the remaining backwards, in micro-batch order.
+#
+# Make sure it works when m < p too (then some ranks have no steady state). The check calls your
+# function for (p, m) = (2, 3), (4, 8) and (4, 2). For each, it
+#
+# - validates the schedule (a broken one is rejected with its first offending action marked in the
+#   grid, like `>1B0<`, before any process starts);
+# - simulates it: no stage may stash more than min(m, p − r) micro-batches, and the step must be as
+#   short as 1F1B's (so GPipe's order fails, and so does running each micro-batch's F and B back to
+#   back);
+# - runs it on 2 or 4 real ranks, compares every gradient with the single-process model, and checks
+#   that the measured peak stash is the simulated one.
+
+# %%
+def my_one_f_one_b(p, m):
+    ranks = []
+    for r in range(p):
+        ### BEGIN SOLUTION
+        warmup = min(p - r - 1, m)
+        actions = [f"{r}F{j}" for j in range(warmup)]
+        for k in range(m - warmup):
+            actions += [f"{r}F{warmup + k}", f"{r}B{k}"]
+        actions += [f"{r}B{j}" for j in range(m - warmup, m)]
+        ### END SOLUTION
+        ranks.append(actions)
+    return ranks
+
+
+# %% [markdown]
+# Look at what your function returns before checking it (`as_schedule` turns the lists into a
+# schedule; its grid lists each rank's actions in order):
+
+# %%
+from parallel_lab.pipeline.exercise import as_schedule
+
+print(as_schedule(my_one_f_one_b(4, 6), p=4, m=6, name="my_one_f_one_b"))
+
+# %% tags=["check:one-f-one-b", "points:3"]
+from parallel_lab.pipeline.exercise import check_one_f_one_b
+
+verdict = check_one_f_one_b(my_one_f_one_b)
+
+# %% [markdown]
+# ## What to remember
+#
+# - 1F1B runs p − r − 1 warm-up forwards on stage r, then alternates one forward and one backward,
+#   then drains the backwards.
+# - Its bubble is GPipe's, (p−1)/(m+p−1): the fill and the drain are on the critical path, and the
+#   reordering does not shorten it.
+# - Stage r keeps at most min(m, p−r) micro-batches of activations instead of m, so activation
+#   memory no longer grows with m — many micro-batches (a small bubble) become affordable.
+# - Recomputation keeps only each stage's input and runs the forward again in the backward: much less
+#   memory for about a third more compute.
+
+# %% [markdown]
+# ## Quiz
+# Answer in the quiz below: each answer gets instant feedback with its explanation, and you can
+# retry as often as you like. Where widgets do not show (a terminal, a static view), the text form
+# under it has the same questions; answer one with `answer("05", "<question id>", <answer>)`.
+#
+# **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
+# paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
+# records the quiz for your certificate: `from parallel_lab.certificate import certificate`, then
+# `certificate("Your Name")`.
+
+# %% tags=["nbval-ignore-output"]
+from parallel_lab.quiz import quiz
+
+quiz("05")
+
+# %%
+from parallel_lab.quiz import show
+
+show("05")
+
+# %%
+my_answers = {
+    "pipeline-1f1b/same-bubble":     None,  # a number
+    "pipeline-1f1b/stage-memory":    None,  # a number
+    "pipeline-1f1b/warm-up":         None,  # one option key
+    "pipeline-1f1b/memory-saving":   None,  # a number
+    "pipeline-1f1b/recompute":       None,  # one option key
+    "pipeline-1f1b/what-shrinks-it": None,  # a list of option keys
+}
+
+# %% tags=["check:quiz:05", "points:3"]
+from parallel_lab.quiz import check_quiz
+
+quiz_verdict = check_quiz("05", my_answers)
