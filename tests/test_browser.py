@@ -20,7 +20,7 @@ import pytest
 from browser_support import (HOOKS, ROOT, Browser, JupyterServer, chromium_path, in_ci, lesson, library_has,
                              wait_for)
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
 PLOTLY = "application/vnd.plotly.v1+json"
 LESSON_00 = "lessons/00_why_split_a_model.ipynb"
@@ -180,7 +180,7 @@ def test_pipeline_slider_redraws_the_schedule(request):
     handle = controls.locator(".noUi-handle").first  # e.g. micro-batches
     handle.focus()
     handle.press("ArrowRight")
-    wait_for(lambda: _svg(chart) != drawing, 30, 0.2, "the schedule chart redrawn")
+    wait_for(lambda: _svg(chart) != drawing, 90, 0.2, "the schedule chart redrawn")
     lab.screenshot("03-pipeline-after", cell)
 
 
@@ -193,7 +193,7 @@ def test_quiz_answer_shows_feedback(request):
     assert not feedback.inner_text().strip()
     quiz.locator("input[type=radio]").first.check()
     quiz.locator("button", has_text=re.compile(r"^\s*(check|檢查)\s*$", re.I)).first.click()
-    wait_for(lambda: feedback.inner_text().strip(), 30, 0.2, "quiz feedback shown")
+    wait_for(lambda: feedback.inner_text().strip(), 60, 0.2, "quiz feedback shown")
     lab.screenshot("00-quiz-feedback", quiz)
 
 
@@ -205,5 +205,5 @@ def test_run_on_real_ranks_adds_the_measured_timeline(request):
     legend = lambda: " ".join(cell.locator(".legendtext").all_text_contents())  # noqa: E731
     assert "measured" not in legend()
     button.click()
-    wait_for(lambda: "measured" in legend(), 180, 0.5, "the measured timeline drawn over the prediction")
+    wait_for(lambda: "measured" in legend(), 300, 0.5, "the measured timeline drawn over the prediction")
     lab.screenshot("03-run-on-real-ranks", cell)
