@@ -259,8 +259,10 @@ class Browser:
         page.set_default_timeout(60_000)
         lab = Lab(page, server, notebook)
         page.on("console", lambda m: lab.console.append(f"{m.type}: {m.text}") if m.type == "error" else None)
-        page.goto(f"{server.url}/lab/tree/{notebook}?token={server.token}", timeout=timeout * 1000)
-        page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell").first.wait_for(timeout=timeout * 1000)
+        # ?reset: a fresh workspace, or JupyterLab reopens the notebooks of earlier tests as hidden tabs
+        page.goto(f"{server.url}/lab/tree/{notebook}?reset&token={server.token}", timeout=timeout * 1000)
+        page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").first.wait_for(
+            timeout=timeout * 1000)
         lab.wait_kernel_ready(timeout)
         page.keyboard.press("Control+b")  # hide the file browser: more room for the notebook
         return lab
