@@ -109,9 +109,31 @@ def bench_collectives(world_size: int = 4, n_bytes: int = 4 * 2**20, repeats: in
     return rows
 
 
+# ----------------------------------------------------------------------------------------------
+# Simulator: it sits behind sliders, so it must answer at the course's caps (p = 64, m = 512).
+# No peer simulates schedules; the reference is the pure-Python list scheduler it replaced
+# (tests/test_simulate.py keeps an independent one for correctness).
+
+
+def bench_simulator(stages: int = 64, microbatches: int = 512, repeats: int = 5) -> list[dict]:
+    from parallel_lab.schedules import build
+    from parallel_lab.simulate import simulate
+
+    rows = []
+    for name in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"):
+        schedule = build(name, stages, microbatches)
+        actions = sum(map(len, schedule.ranks))
+        rows.append(row(f"simulate {name}, p={stages}, m={microbatches} ({actions:,} actions)",
+                        _median_time(lambda: simulate(schedule), repeats), "-", None))
+        rows.append(row(f"build {name}, p={stages}, m={microbatches}",
+                        _median_time(lambda: build(name, stages, microbatches), repeats), "-", None))
+    return rows
+
+
 SUITES = {
     "launcher": "parallel_lab.bench:bench_launcher",
     "collectives": "parallel_lab.bench:bench_collectives",
+    "simulator": "parallel_lab.bench:bench_simulator",
     "tensor": "parallel_lab.tensor.bench:bench_tensor",
     "pipeline": "parallel_lab.pipeline.bench:bench_pipeline",
 }

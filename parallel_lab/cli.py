@@ -29,7 +29,7 @@ def _bench(args):
 
 def _bench_arguments(parser):
     parser.add_argument("suites", nargs="*", metavar="SUITE",
-                        help="launcher, collectives, tensor, pipeline (default: all)")
+                        help="launcher, collectives, simulator, tensor, pipeline (default: all)")
 
 
 def _schedule(args):

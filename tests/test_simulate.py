@@ -1,11 +1,10 @@
 """Pure tests of the cost model and simulator: closed forms from the papers, an independent
-reference, memory, the unit grid, the CLI summary, and speed."""
+reference, memory, the unit grid, the CLI summary, and invalid schedules."""
 
 import functools
 import json
 import random
 import sys
-import time
 from dataclasses import replace
 
 import pytest
@@ -18,6 +17,7 @@ from parallel_lab.schedules import (
     naive,
     one_f_one_b,
     parse_actions,
+    validate,
     zb_h1,
     zb_v,
 )
@@ -245,11 +245,55 @@ def test_summary_is_the_cli_contract():
     assert abs(out["bubble_fraction"] - (1 - busy / (2 * out["makespan"]))) < EXACT
 
 
-def test_simulation_is_fast_at_the_caps():
+def test_closed_forms_hold_at_the_caps():
+    """p = 64 ranks, m = 512 microbatches (the course's caps): the same closed forms as on small grids."""
+    p, m = 64, 512
     for name in ("gpipe", "1f1b"):
-        schedule = build(name, 64, 512)
-        start = time.perf_counter()
+        t = simulate(build(name, p, m))
+        assert abs(t.bubble_fraction - (p - 1) / (m + p - 1)) < EXACT
+    assert simulate(build("1f1b", p, m)).peak_activations == [p - r for r in range(p)]
+    costs = Costs(F=1, B=2, I=1, W=1)
+    assert simulate(build("zb-h1", p, m), costs).makespan == 3 * m + p - 1
+    assert simulate(build("zb-v", p, m), costs).makespan == 6 * m + p - 1
+
+
+def test_a_schedule_that_settles_slowly_is_validated_then_finished(monkeypatch):
+    """After SWEEPS_BEFORE_VALIDATE sweeps the simulator asks validate() whether it is looking at a
+    deadlock; a valid schedule then keeps sweeping to the exact answer."""
+    import parallel_lab.simulate as sim
+
+    checked = []
+    monkeypatch.setattr(sim, "SWEEPS_BEFORE_VALIDATE", 1)
+    monkeypatch.setattr(sim, "validate", lambda schedule: checked.append(schedule) or schedule)
+    schedule = one_f_one_b(4, 6)
+    costs = Costs(F=[1, 3, 1, 2], B=[2, 5, 2, 3], latency=0.5)
+    assert abs(simulate(schedule, costs).makespan - reference_makespan(schedule, costs)) < EXACT
+    assert checked == [schedule]
+
+
+def _rows(schedule, *rows):
+    return replace(schedule, ranks=[parse_actions(row) for row in rows])
+
+
+@pytest.mark.parametrize("schedule", [
+    _rows(one_f_one_b(2, 2), "0F0 0F1 0B0", "1F0 1B0 1F1 1B1"),  # missing
+    _rows(one_f_one_b(2, 2), "0F0 0F1 0B0 0B1 0B1", "1F0 1B0 1F1 1B1"),  # repeated
+    _rows(zb_h1(1, 2), "0F0 0I0 0W0 0F1 0I1"),  # missing W
+    _rows(zb_h1(1, 1), "0F0 0I0 0B0"),  # B mixed with I/W
+    _rows(zb_h1(1, 1), "0F0 0B0 0W0"),
+    _rows(one_f_one_b(2, 2), "0F0 0B0 0F1 0B1", "1B0 1F0 1F1 1B1"),  # B before its F
+    _rows(zb_h1(1, 2), "0F0 0W0 0I0 0F1 0I1 0W1"),  # W before its I
+    _rows(zb_v(2, 1), "0F0 3F0 3I0 0I0 0W0 3W0", "1F0 2I0 2F0 1I0 1W0 2W0"),  # across stages, one rank
+    _rows(one_f_one_b(2, 2), "0F0 0F1 0B0 0B1", "1F0 1B0 0F1 1B1"),  # wrong rank
+    _rows(one_f_one_b(1, 1), "0F0 0B0 0F1"),  # out of range
+    _rows(one_f_one_b(2, 1), "0F0 0B0"),  # a rank list short
+    _rows(one_f_one_b(2, 2), "0F0 0B0 0F1 0B1", "1F0 1F1 1B0 1B1"),  # deadlock
+    replace(one_f_one_b(1, 1), ranks=[[(0, "F", 0), (0, "X", 0)]]),  # not an action
+    replace(one_f_one_b(1, 1), ranks=[[(0, "F", 0), (0, "BB", 0)]]),
+])
+def test_every_invalid_schedule_raises_validates_error(schedule):
+    with pytest.raises(ScheduleError) as expected:
+        validate(schedule)
+    with pytest.raises(ScheduleError) as got:
         simulate(schedule)
-        elapsed = time.perf_counter() - start
-        print(f"{name} p=64 m=512 ({sum(map(len, schedule.ranks))} actions): {elapsed:.3f} s")
-        assert elapsed < 1.0
+    assert str(got.value) == str(expected.value)
