@@ -69,25 +69,43 @@ def _pss_bytes(pids) -> int:
     return total
 
 
+def _fresh_import_torch() -> float:
+    """Seconds for a new interpreter to import torch: what any first rank start pays somewhere."""
+    import subprocess
+
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch, torch.distributed"], check=True)
+    return time.perf_counter() - start
+
+
 def bench_launcher(world_size: int = 4, repeats: int = 3) -> list[dict]:
     from parallel_lab import demos, launcher
 
-    launcher.shutdown()
-    cold = []
+    cold, first = [], []
     for _ in range(repeats):
+        launcher.shutdown()  # no ranks and no forkserver: a fresh kernel
+        start = time.perf_counter()
+        launcher.run(demos.hello, world_size)
+        first.append(time.perf_counter() - start)
         launcher.shutdown()
+        launcher.warm(wait=True)  # what notebook.setup() starts while the student reads
         start = time.perf_counter()
         launcher.run(demos.hello, world_size)
         cold.append(time.perf_counter() - start)
     warm = _median_time(lambda: launcher.run(demos.rank_id, world_size), 30)
     me = psutil.Process()
     pss = _pss_bytes([me.pid] + [p.pid for p in me.children(recursive=True)])
+    torch_import = statistics.median(_fresh_import_torch() for _ in range(repeats))
     spawn = _median_time(lambda: _spawn_once(world_size), max(1, repeats - 1))
     peer = "torch.multiprocessing.spawn + init_process_group"
     return [
-        row(f"pool cold start, {world_size} ranks", statistics.median(cold), peer, spawn),
+        row(f"pool cold start, {world_size} ranks (forkserver started by setup())", statistics.median(cold),
+            peer, spawn),
+        row(f"first run in a fresh kernel, {world_size} ranks (forkserver imports torch first)",
+            statistics.median(first), peer, spawn),
+        row("import torch in a new interpreter (part of either)", torch_import, "-", None),
         row(f"warm re-run of a trivial function, {world_size} ranks", warm, peer, spawn),
-        row(f"memory: this process + {world_size} ready ranks (PSS, GB)", pss / 1e9, "-", None,
+        row(f"memory: this process + forkserver + {world_size} ready ranks (PSS, GB)", pss / 1e9, "-", None,
             unit="GB"),
     ]
 

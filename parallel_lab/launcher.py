@@ -169,6 +169,15 @@ def start_method() -> str:
     return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
+def _context():
+    """The multiprocessing context ranks start from; a forkserver imports torch once, up front, so
+    that every rank it forks starts with torch already loaded."""
+    ctx = mp.get_context(start_method())
+    if ctx.get_start_method() == "forkserver":
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "parallel_lab.launcher"])
+    return ctx
+
+
 @contextmanager
 def _main_not_rerun():
     """Ranks import ``fn`` by module name and never need ``__main__``, but multiprocessing re-runs the
@@ -192,9 +201,7 @@ class Pool:
     """``world_size`` rank processes with a gloo process group, kept between calls."""
 
     def __init__(self, world_size: int, timeout: float = DEFAULT_TIMEOUT):
-        ctx = mp.get_context(start_method())
-        if ctx.get_start_method() == "forkserver":
-            ctx.set_forkserver_preload(["torch", "torch.distributed", "parallel_lab.launcher"])
+        ctx = _context()
         self.world_size = world_size
         self.procs, self.conns, self.statuses = [], [], []
         try:
@@ -382,6 +389,27 @@ def run(fn, world_size: int = 4, args: tuple = (), kwargs: dict | None = None, *
                 _pool.kill()
             _pool = None
             raise
+
+
+def warm(wait: bool = False) -> None:
+    """Start the forkserver now, in the background (``parallel_lab.notebook.setup`` does).
+
+    Most of a pool's cold start is the forkserver importing torch, seconds on a small machine.
+    Started early, it does that while the student reads (or while the kernel imports torch itself,
+    on the other core); the first ``run`` then only forks ranks from it. ``wait=True`` returns once
+    it is ready. Does nothing with the ``spawn`` start method. ``shutdown`` stops it."""
+    ctx = _context()
+    if ctx.get_start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    with _lock, _main_not_rerun():
+        _note_helpers()
+        forkserver.ensure_running()  # returns at once; the server imports torch before it forks
+        if wait:  # the first fork is served only after the preload
+            probe = ctx.Process(target=os.getpid, name="parallel-lab forkserver probe", daemon=True)
+            probe.start()
+            probe.join()
 
 
 def shutdown() -> None:

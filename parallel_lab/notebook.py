@@ -11,8 +11,13 @@ import warnings
 
 def setup(seed: int = 0) -> None:
     """Seed every generator, one thread per process, plotly as JSON (no embedded plotly.js, so
-    notebooks stay small and nbval compares figure data), no stray warnings on stderr."""
+    notebooks stay small and nbval compares figure data), no stray warnings on stderr; and start
+    the ranks' forkserver in the background, so that the first cell that runs ranks does not wait
+    for it to import torch (see ``parallel_lab.launcher.warm``)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from parallel_lab import launcher
+
+    launcher.warm()
     import numpy as np
     import plotly.io as pio
     import torch

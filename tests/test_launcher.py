@@ -171,6 +171,20 @@ def test_fifty_launches_leave_nothing_behind():
     assert after[2] == set(), f"listening ports left: {after[2]}"
 
 
+def test_warm_starts_the_forkserver_ahead_and_shutdown_stops_it():
+    """notebook.setup() calls warm(): the forkserver imports torch before the first run needs it."""
+    launcher.shutdown()
+    me = psutil.Process()
+    assert me.children(recursive=True) == []
+    launcher.warm(wait=True)
+    helpers = {p.pid for p in me.children(recursive=True)}
+    assert len(helpers) == 2 and launcher.pool_pids() == []  # forkserver, resource tracker; no rank yet
+    assert launcher.run(demos.rank_id, 4) == [0, 1, 2, 3]
+    assert {p.pid for p in me.children(recursive=True)} == helpers | set(launcher.pool_pids())
+    launcher.shutdown()
+    assert me.children(recursive=True) == []
+
+
 KERNEL_LIKE = textwrap.dedent("""
     import json, sys, torch
     torch.ones(256, 256) @ torch.ones(256, 256)
