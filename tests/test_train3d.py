@@ -2,7 +2,7 @@
 
 In fp64 every step's loss and the final weights of every rank equal single-process training with
 the same optimiser (1e-9; they agree to ~1e-11 after Adam). The 4-rank cases share one pool; the
-8-rank case (2 x 2 x 2) and the torchrun run each start their own processes. Bad plans fail before
+8-rank case (2 x 2 x 2) and the torchrun runs (4 and 8 processes) each start their own processes. Bad plans fail before
 any process starts, with the broken invariant in the message. The grid runner that checks the
 planner's predictions is tested for its machinery only (timing is not a test).
 """
@@ -118,7 +118,7 @@ def _torchrun(n, *args):
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run([torchrun, "--standalone", "--nproc-per-node", str(n), "-m", "parallel_lab.train3d",
-                           *args], capture_output=True, text=True, timeout=150, env=env)
+                           *args], capture_output=True, text=True, timeout=270, env=env)
 
 
 @pytest.mark.ranks
@@ -131,6 +131,17 @@ def test_torchrun_4_processes_print_losses_equal_to_one_process():
     assert result["world_size"] == 4 and result["losses_equal"] and result["weights_equal"]
     assert max(abs(a - b) for a, b in zip(result["losses"], reference["losses"])) < train3d.TOLERANCE
     assert "step 2/2 loss" in out.stderr
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(300)
+def test_torchrun_8_processes_2x2x2_print_losses_equal_to_one_process():
+    out = _torchrun(8, "--dp", "2", "--pp", "2", "--tp", "2", "--steps", "2")
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    reference = train3d.reference(TINY.replace(dp=2, pp=2, tp=2))
+    assert result["world_size"] == 8 and result["losses_equal"] and result["weights_equal"]
+    assert max(abs(a - b) for a, b in zip(result["losses"], reference["losses"])) < train3d.TOLERANCE
 
 
 def test_command_line_refuses_a_bad_mesh_with_one_line():
