@@ -3,7 +3,8 @@
 Every schedule on 2 and 4 gloo ranks (m < p where the schedule allows it), for an MLP stack in fp64
 with and without recomputation, and the tiny GPT on 1F1B and ZB-H1: after one step, the loss and
 every parameter gradient equal the whole-batch single-process reference to 1e-10 (also with the
-plain autograd backward instead of the fused weight gradients), and the stashed
+plain autograd backward instead of the fused weight gradients, and without message tags: matched in
+order per pair of ranks as on NCCL), and the stashed
 activations peak exactly where the simulator says. All jobs of one world size run in one launch
 (the pool starts once per size). Checks made before launch, the trace file and the prediction of
 the bubble from measured costs follow; the hang goes last (it restarts the pool).
@@ -38,12 +39,14 @@ SCHEDULES = {
 
 
 def _jobs(p):
-    """(schedule, m, v, model, variant): variant "" (default), "recompute", or "unfused" (plain
-    autograd backward, autograd for W too)."""
+    """(schedule, m, v, model, variant): variant "" (default), "recompute", "unfused" (plain
+    autograd backward, autograd for W too) or "untagged" (no message tags: a pair's messages match
+    in the order they are posted, as on NCCL; ZB-V receives in another order than it sends)."""
     jobs = [(name, m, v, "mlp", variant) for name, m, v in SCHEDULES[p] for variant in ("", "recompute")]
     for name in ("1f1b", "zb-h1"):
         jobs += [(name, 3, 1, "gpt", variant) for variant in ("", "recompute", "unfused")]
         jobs.append((name, 3, 1, "mlp", "unfused"))
+    jobs += [(name, m, v, "mlp", "untagged") for name, m, v in SCHEDULES[p] if m > 1]
     return jobs
 
 
@@ -56,7 +59,7 @@ def results(p):
         spec = base.replace(batch=m * (3 if model == "mlp" else 2))
         sched = build(name, p, m, v)
         calls.append(dict(spec=spec, schedule=sched, recompute=variant == "recompute",
-                          fuse=variant != "unfused", warmup=0))
+                          fuse=variant != "unfused", warmup=0, tags=variant != "untagged"))
     per_rank = launcher.run(prun.pipeline_jobs, p, args=(calls,), timeout=120)
     return {job: prun.report(call["schedule"], call["spec"], [r[i] for r in per_rank],
                              recompute=call["recompute"])

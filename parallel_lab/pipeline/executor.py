@@ -7,9 +7,12 @@
 The rank runs exactly the op list that ``schedules.communication(schedule)[rank]`` prints: before an
 action it waits for the receive the action needs (as the validator assumes), then runs the action,
 then sends (``isend``: sends never block, again as validated). Receives are posted a few ops ahead
-(``Inbox``) so the data can land while the rank computes; messages carry a unique tag per (tensor,
-stage, microbatch), so a receive can never pick up another microbatch's tensor. A stage's output
-that feeds a stage on the same rank (ZB-V's turn at the bottom of the V) is handed over in memory.
+(``Inbox``) so the data can land while the rank computes, and from each peer in the order that peer
+sends: NCCL ignores tags and matches a pair's sends and receives in the order they are issued (ZB-V
+receives in another order than its neighbours send). Under gloo messages also carry a unique tag
+per (tensor, stage, microbatch), so a mix-up would fail loudly rather than swap two microbatches.
+A stage's output that feeds a stage on the same rank (ZB-V's turn at the bottom of the V) is handed
+over in memory.
 
 Actions (GPipe, Huang et al. 2019; PipeDream-Flush / 1F1B, Narayanan et al. 2021; Zero Bubble,
 Qi et al. 2023):
@@ -71,13 +74,14 @@ class Op(NamedTuple):
     label: str
 
 
-def program(schedule: Schedule, rank: int, check: bool = True) -> list[Op]:
+def program(schedule: Schedule, rank: int, check: bool = True, comms=None) -> list[Op]:
     """This rank's ops in ``communication(schedule)`` order, grouped per action.
 
     ``check=False`` skips validation so that a broken schedule can be run to show how it hangs
     (the hang test and the lesson's "what if" cell); it uses the same per-action send/recv rules.
+    ``comms``: ``communication(schedule, check)`` when the caller has it already.
     """
-    flat = communication(schedule, check=check)[rank]
+    flat = (communication(schedule, check=check) if comms is None else comms)[rank]
     ops, recv = [], None
     for item in flat:
         if isinstance(item, Action):
@@ -90,6 +94,22 @@ def program(schedule: Schedule, rank: int, check: bool = True) -> list[Op]:
     return ops
 
 
+def send_order(comms, rank: int) -> dict[int, list[tuple[int, str, int]]]:
+    """peer -> the messages it sends to ``rank``, ``(sending stage, tensor, microbatch)`` in the
+    order it sends them (what NCCL matches receives against)."""
+    order: dict[int, list] = {}
+    for peer, items in comms.items():
+        for c in items:
+            if isinstance(c, Comm) and c.op == "send" and c.peer == rank:
+                order.setdefault(peer, []).append(message(c))
+    return order
+
+
+def message(comm: Comm) -> tuple[int, str, int]:
+    """The message a send or a receive moves, named by its sender: (sending stage, tensor, microbatch)."""
+    return comm.stage if comm.op == "send" else comm.peer_stage, comm.tensor, comm.microbatch
+
+
 def _label(a: Action, recv: Comm | None) -> str:
     what = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad"}[a.kind]
     source = "" if recv is None else f", needs {'activation' if recv.tensor == 'act' else 'gradient'} " \
@@ -97,11 +117,11 @@ def _label(a: Action, recv: Comm | None) -> str:
     return f"pipeline action {a} ({what} of stage {a.stage}, microbatch {a.microbatch}{source})"
 
 
-def _tag(comm: Comm, m: int) -> int:
-    """Unique per message: the sending stage, the microbatch, activation or gradient (x2 + 1 is the
-    timestamp that travels beside it)."""
-    sender = comm.stage if comm.op == "send" else comm.peer_stage
-    return ((sender * m + comm.microbatch) * 2 + (comm.tensor == "grad")) * 2
+def _tag(message: tuple[int, str, int], m: int) -> tuple[int, int]:
+    """Unique per message (sending stage, tensor, microbatch): the tensor's tag and its timestamp's."""
+    stage, tensor, microbatch = message
+    tag = ((stage * m + microbatch) * 2 + (tensor == "grad")) * 2
+    return tag, tag + 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -109,35 +129,46 @@ def _tag(comm: Comm, m: int) -> int:
 
 
 class Inbox:
-    """This rank's receives of one step, in program order, each posted ``depth`` receives ahead.
+    """This rank's receives of one step: handed out in program order, posted in each sender's order.
 
     A gloo receive that is posted only when its action comes up costs a round trip: the sender's
-    data waits until the receiver says it is ready. Posting the next receives while the current
-    action computes hides that (each has its own buffer and unique tag, so the order they arrive
-    in does not matter). With ``stamps`` every tensor has a one-number virtual timestamp beside it.
+    data waits until the receiver says it is ready. So ``take`` first posts the receives of the next
+    ``depth`` needs. A need is posted together with every message its sender sends to this rank
+    before it (NCCL matches a pair's messages in order), each into its own buffer until it is taken.
+    With ``stamps`` every tensor has a one-number virtual timestamp beside it.
+
+    needs:   ``(peer, message)`` per receive, in program order (peer: pipeline rank)
+    arrive:  peer -> its messages to this rank in send order (``send_order``)
+    tag:     message -> (tag of the tensor, tag of its timestamp); all 0 where tags are not used
+    peers:   global rank of each pipeline rank
     """
 
-    def __init__(self, plan: list[tuple[int, int]], shape, dtype, device, stamps: bool, depth: int):
-        self.plan, self.shape, self.stamps, self.depth = plan, shape, stamps, depth
+    def __init__(self, needs: list, arrive: dict, tag, peers, shape, dtype, device, stamps: bool, depth: int):
+        self.needs, self.tag, self.peers, self.depth = needs, tag, peers, depth
+        self.shape, self.stamps = shape, stamps
         self.like = dict(dtype=dtype, device=device)
-        self.next, self.posted = 0, []
+        self.arrive = {peer: iter(messages) for peer, messages in arrive.items()}
+        self.next, self.posted = 0, {}  # (peer, message) -> (works, data, stamp)
 
-    def _post(self) -> None:
-        peer, tag = self.plan[self.next]
-        self.next += 1
-        data = torch.empty(self.shape, **self.like)
-        works = [dist.irecv(data, peer, tag=tag)]
-        stamp = None
-        if self.stamps:
-            stamp = torch.empty(1, dtype=torch.float64, device=self.like["device"])
-            works.append(dist.irecv(stamp, peer, tag=tag + 1))
-        self.posted.append((works, data, stamp))
+    def _post_through(self, peer: int, message) -> None:
+        while (peer, message) not in self.posted:
+            sent = next(self.arrive[peer])
+            data = torch.empty(self.shape, **self.like)
+            tag, stamp_tag = self.tag(sent)
+            works = [dist.irecv(data, self.peers[peer], tag=tag)]
+            stamp = None
+            if self.stamps:
+                stamp = torch.empty(1, dtype=torch.float64, device=self.like["device"])
+                works.append(dist.irecv(stamp, self.peers[peer], tag=stamp_tag))
+            self.posted[peer, sent] = (works, data, stamp)
 
     def take(self):
         """The next receive in program order: (tensor, sender's virtual clock or None)."""
-        while self.next < len(self.plan) and (not self.posted or len(self.posted) < self.depth):
-            self._post()
-        works, data, stamp = self.posted.pop(0)
+        for peer, message in self.needs[self.next:self.next + self.depth]:
+            self._post_through(peer, message)
+        need = self.needs[self.next]
+        self.next += 1
+        works, data, stamp = self.posted.pop(need)
         for work in works:
             work.wait()
         return data, (None if stamp is None else stamp.item())
@@ -160,30 +191,39 @@ class Executor:
     peers:   global rank of each pipeline rank (default: the same number). Inside a device mesh the
              schedule's rank r is ``Groups.pp_ranks[r]`` (parallel_lab.train3d); ``rank`` stays the
              pipeline rank
+    tags:    give every message its own tag (default: yes, except under NCCL, which ignores tags);
+             without tags the messages of a pair match in order, as on NCCL
     """
 
     def __init__(self, schedule: Schedule, stages: dict, spec, rank: int, *, recompute: bool = False,
                  record: bool = False, link: Link = Link(), check: bool = True, prefetch: int = 4,
-                 fuse: bool = True, peers=None):
+                 fuse: bool = True, peers=None, tags: bool | None = None):
         self.schedule, self.spec, self.rank = schedule, spec, rank
         self.m, self.n_stages = schedule.n_microbatches, schedule.n_stages
-        self.program = program(schedule, rank, check)
+        comms = communication(schedule, check=check)
+        self.program = program(schedule, rank, comms=comms)
+        self.arrive = send_order(comms, rank)
         split = schedule.split_backward
         self.workers = {
             s: StageWorker(stage, spec.loss, self.m, s == 0, s == self.n_stages - 1, recompute, split, fuse)
             for s, stage in stages.items()
         }
-        self.tags = [(_tag(op.recv, self.m) if op.recv else -1, _tag(op.send, self.m) if op.send else -1)
-                     for op in self.program]
+        self.tagged = not (dist.is_initialized() and dist.get_backend() == "nccl") if tags is None else tags
+        # per op, the tags of what it sends (tensor, timestamp)
+        self.tags = [self.tag(message(op.send)) if op.send else None for op in self.program]
         # buffers live where the weights do (the CPU here)
         self.device = next(p.device for w in self.workers.values() for p in w.params)
         self.peers = list(range(schedule.n_ranks)) if peers is None else list(peers)
         if len(self.peers) != schedule.n_ranks:
             raise ValueError(f"peers lists {len(self.peers)} global ranks for {schedule.n_ranks} pipeline ranks")
-        self.recv_plan = [(self.peers[op.recv.peer], tag) for op, (tag, _) in zip(self.program, self.tags) if op.recv]
+        self.needs = [(op.recv.peer, message(op.recv)) for op in self.program if op.recv]
         self.record, self.link, self.prefetch = record, link, prefetch
         self.records: list[dict] = []
         self.loss = 0.0
+
+    def tag(self, message: tuple[int, str, int]) -> tuple[int, int]:
+        """Tags of a message and of its timestamp: unique per message, or 0 without tags."""
+        return _tag(message, self.m) if self.tagged else (0, 0)
 
     def zero_grad(self) -> None:
         for w in self.workers.values():
@@ -200,7 +240,8 @@ class Executor:
         shape, dtype = self.spec.boundary_shape(self.spec.batch // m), self.spec.torch_dtype
         self.message_bytes = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
         self.loss, self.records, self.bytes_sent = 0.0, [], 0
-        inbox = Inbox(self.recv_plan, shape, dtype, self.device, self.record, self.prefetch)
+        inbox = Inbox(self.needs, self.arrive, self.tag, self.peers, shape, dtype, self.device, self.record,
+                      self.prefetch)
         # A hang report then names the action: "pipeline action 1B3 (...): wait(irecv(src=2, ...))".
         commlog.set_activity(f"pipeline {self.schedule.name}, starting a step")
         try:
@@ -217,7 +258,7 @@ class Executor:
 
     def _run(self, inputs, targets, inbox) -> None:
         local, sends, last = {}, [], self.n_stages - 1
-        for (action, recv, send, text), (_, stag) in zip(self.program, self.tags):
+        for (action, recv, send, text), tags in zip(self.program, self.tags):
             commlog.set_activity(text)
             s, kind, j = action
             w = self.workers[s]
@@ -242,7 +283,7 @@ class Executor:
                     continue
                 key = (s - 1, j)
             if send is not None:  # the list keeps `out` alive until the send completes
-                sends.append((dist.isend(out, self.peers[send.peer], tag=stag), out))
+                sends.append((dist.isend(out, self.peers[send.peer], tag=tags[0]), out))
             else:
                 local[key] = out.detach()
         for work, _ in sends:
@@ -253,7 +294,7 @@ class Executor:
         hop = self.link.cost(self.message_bytes)
         dist.barrier()  # a common start for both clocks
         origin, vclock = time.perf_counter(), 0.0
-        for (action, recv, send, text), (_, stag) in zip(self.program, self.tags):
+        for (action, recv, send, text), tags in zip(self.program, self.tags):
             commlog.set_activity(text)
             s, kind, j = action
             w = self.workers[s]
@@ -276,8 +317,8 @@ class Executor:
                 continue
             if send is not None:
                 stamp = torch.tensor([vclock], dtype=torch.float64, device=self.device)
-                sends.append((dist.isend(out, self.peers[send.peer], tag=stag), out))
-                sends.append((dist.isend(stamp, self.peers[send.peer], tag=stag + 1), stamp))
+                sends.append((dist.isend(out, self.peers[send.peer], tag=tags[0]), out))
+                sends.append((dist.isend(stamp, self.peers[send.peer], tag=tags[1]), stamp))
                 self.bytes_sent += self.message_bytes
             else:
                 local[(s + 1, j) if kind == "F" else (s - 1, j)] = (out.detach(), vclock)

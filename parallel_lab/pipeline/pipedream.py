@@ -32,7 +32,7 @@ from torch.func import functional_call
 from parallel_lab import launcher
 from parallel_lab.schedules import one_f_one_b
 
-from .executor import Executor, _tag, program
+from .executor import Executor, _tag, message, program
 from .stages import ModelSpec, cut
 
 MODES = ("no-stash", "stash", "flush")
@@ -115,13 +115,13 @@ def _async_rank(spec: ModelSpec, steps: int, m: int, lr: float, stash: bool) -> 
         data = None
         if op.recv is not None:
             data = torch.empty(shape, dtype=spec.torch_dtype)
-            dist.recv(data, op.recv.peer, tag=_tag(op.recv, n))
+            dist.recv(data, op.recv.peer, tag=_tag(message(op.recv), n)[0])
         if kind == "F":
             out = stage.forward(j, xs[j] if s == 0 else data, targets[j] if s == p - 1 else None)
         else:
             out = stage.backward(j, data)
         if op.send is not None:
-            sends.append((dist.isend(out, op.send.peer, tag=_tag(op.send, n)), out))
+            sends.append((dist.isend(out, op.send.peer, tag=_tag(message(op.send), n)[0]), out))
     for work, _ in sends:
         work.wait()
     return {"stage": rank, "weights": stage.weights(), "versions": stage.versions,

@@ -53,12 +53,15 @@ def build_executor(spec: ModelSpec, schedule: Schedule, rank: int, **options) ->
 
 
 def pipeline_rank(spec: ModelSpec, schedule: Schedule, recompute: bool = False, link: Link = Link(),
-                  warmup: int = 1, check: bool = True, grads: bool = True, fuse: bool = True) -> dict:
+                  warmup: int = 1, check: bool = True, grads: bool = True, fuse: bool = True,
+                  tags: bool | None = None) -> dict:
     """Rank function: ``warmup`` unrecorded steps, then one recorded step. Returns this rank's
     ``loss`` (last stage only), ``records`` (per action, both clocks), ``bytes_sent`` and, with
-    ``grads``, this rank's parameter gradients by global name."""
+    ``grads``, this rank's parameter gradients by global name. ``tags=False`` sends messages
+    without tags, matched in order per pair of ranks as on NCCL (see ``Executor``)."""
     rank = dist.get_rank()
-    ex = build_executor(spec, schedule, rank, recompute=recompute, link=link, check=check, fuse=fuse)
+    ex = build_executor(spec, schedule, rank, recompute=recompute, link=link, check=check, fuse=fuse,
+                        tags=tags)
     x, target = spec.data()
     for _ in range(warmup):  # first calls allocate and warm caches: keep them out of the timeline
         ex.step(x, target)
