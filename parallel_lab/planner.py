@@ -14,7 +14,7 @@ memory limit and rank the survivors by predicted step time.
 
 GPT-3 175B on 64 nodes x 8 GPUs of 80 GB with GPT-3's batch (1536 sequences of 2048 tokens):
 tensor parallelism stays inside a node. With only 1F1B (the schedule of Megatron-LM's 2021 paper)
-TP 8 x PP 16 / TP 8 x PP 8 come first, as in the paper; with the zero-bubble ZB-H1 a deeper pipeline
+TP 8 x PP 8 / TP 8 x PP 16 come first, as in the paper; with the zero-bubble ZB-H1 a deeper pipeline
 is nearly free, and TP 4 (half the all-reduce time per device) edges ahead by 2%.
 
 The cost model (per training step, on the slowest device; every term is printed in ``breakdown``):
@@ -27,7 +27,8 @@ The cost model (per training step, on the slowest device; every term is printed 
 - **tensor-parallel communication**: 2 all-reduces forward and 2 backward per layer of ``b·s·h``
   2-byte values (Megatron, Shoeybi et al. 2019; 2 more with full recomputation, none more with
   selective), ring α–β model (``collectives.predict_all_reduce``) over the intra-node links when
-  the TP group is inside a node. Added to each micro-batch's forward / backward: it is not
+  the TP group is inside a node; at the ends of the model the vocab-parallel embedding (1 forward),
+  LM head (1 backward) and cross-entropy (3 forward of one fp32 value per token). Added to each micro-batch's forward / backward: it is not
   overlapped, so it also lengthens the bubble. With sequence parallelism the all-reduces become an
   all-gather + a reduce-scatter of the same volume: same time.
 - **pipeline bubble**: closed forms of the simulator's makespan (``parallel_lab.simulate``; equal
@@ -158,6 +159,13 @@ def step_time(model: memory.ModelConfig, cluster: Cluster, batch: int, dp: int, 
         layers = model.layers // pp
         tp_fwd = layers * 2 * one
         tp_bwd = layers * (4 if recompute == "full" else 2) * one
+        # the ends of the model, on the last stage (with pp 1 also the first): the LM head's input
+        # gradient (one backward) and the vocab-parallel loss's max, sum of exponentials and target
+        # logit (three forward, one fp32 value per token); the first stage's embedding sums its
+        # partial lookups (one forward), no more than that
+        per_token = predict_all_reduce(4 * b * model.seq, tp, alpha, bandwidth("tp"))
+        tp_fwd += 3 * per_token + (one if pp == 1 else 0.0)
+        tp_bwd += one
     makespan = pipeline_makespan(schedule, pp, microbatches, virtual, fwd + tp_fwd, bwd + tp_bwd)
     work = microbatches * (fwd + bwd + tp_fwd + tp_bwd)
     pp_comm = 0.0
@@ -343,12 +351,40 @@ def format_plans(result: dict, top: int = 5, rejected: int = 5) -> str:
 # Calibration on this machine's ranks.
 
 
+def all_reduce_in_situ(sizes_bytes, repeats: int = 5, calls: int = 10, group=None) -> list[float]:
+    """Rank function: seconds of one all-reduce of each size over ``group`` (default: all ranks),
+    measured as training issues them, between computations. A loop of ``calls`` (a little compute,
+    then an all-reduce) is timed against the same loop without the all-reduces; the difference per
+    call, median of ``repeats``. (A lone all-reduce after a barrier also pays for the ranks leaving
+    the barrier apart; back-to-back ones find every communication thread already awake.)"""
+    import torch
+    import torch.distributed as dist
+
+    small = torch.randn(64, 64)
+
+    def loop(tensor) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(calls):
+            x = small
+            for _ in range(4):  # about a millisecond of work
+                x = torch.tanh(x @ small)
+            if tensor is not None:
+                dist.all_reduce(tensor, group=group)
+        return (time.perf_counter() - start) / calls
+
+    seconds = []
+    for size in sizes_bytes:
+        tensor = torch.ones(max(1, size // 4))
+        dist.all_reduce(tensor, group=group)  # warm-up: the first use of a size sets up buffers
+        seconds.append(statistics.median(max(loop(tensor) - loop(None), 1e-7) for _ in range(repeats)))
+    return seconds
+
+
 def measure_rank(sizes_bytes=(2**10, 2**14, 2**17, 2**20), matmul: int = 192, repeats: int = 5) -> dict:
     """Rank function: thread-CPU seconds of an ``n x n`` fp32 matmul (median of ``repeats``) and
-    all-reduce seconds for each size (``collectives.time_all_reduce``)."""
+    all-reduce seconds for each size (``all_reduce_in_situ``)."""
     import torch
-
-    from parallel_lab.collectives import time_all_reduce
 
     a, b = torch.randn(matmul, matmul), torch.randn(matmul, matmul)
     a @ b  # warm-up
@@ -358,7 +394,7 @@ def measure_rank(sizes_bytes=(2**10, 2**14, 2**17, 2**20), matmul: int = 192, re
         a @ b
         samples.append(time.thread_time() - start)
     return {"matmul_s": statistics.median(samples), "flops": 2 * matmul**3,
-            "all_reduce_s": time_all_reduce(list(sizes_bytes), repeats=repeats)}
+            "all_reduce_s": all_reduce_in_situ(sizes_bytes, repeats)}
 
 
 def calibrate(world_size: int = 2, sizes_bytes=(2**10, 2**14, 2**17, 2**20), matmul: int = 192,

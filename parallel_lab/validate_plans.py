@@ -6,10 +6,12 @@
     result["median_rel_error"]
 
 ``planner.step_time`` predicts a step from a handful of constants: achieved FLOP/s per device and the
-α–β of an all-reduce. ``planner.calibrate`` measures those on this machine's CPU ranks (a timed
-matmul, all-reduces of several sizes), and ``train3d.train_rank`` runs the same plans for real, in
-fp32, timing every step on the wall clock (the slowest rank, from a barrier). Lesson 09 shows the
-table; lesson 10 explains the model.
+α–β of an all-reduce. ``calibrate`` measures those on this machine's CPU ranks, the way a planner
+profiles a cluster before it searches: all-reduces timed between computations, as training issues
+them, on groups of every size a plan uses with all groups at once; and ``workload_tflops``, this
+model's own FLOP/s with every rank computing at once. ``train3d.train_rank`` runs the same plans for
+real, in fp32, timing every step on the wall clock (the slowest rank, from a barrier). Lesson 09
+shows the table; lesson 10 explains the model.
 
 Three things differ from the GPU clusters the planner is written for, and are given to it as data,
 not hidden in it:
@@ -23,8 +25,9 @@ not hidden in it:
   to the others, so that bound has no bubble. The prediction is the larger of it and the planner's
   step time (a core per rank).
 - **The model's own FLOP/s.** ``planner.calibrate`` times one square matmul; the GPT's matrices are
-  smaller and come with per-operation overhead, so ``validate`` also predicts with the FLOP/s this
-  very model achieves on one process (``workload_tflops``) and reports both.
+  smaller and come with per-operation overhead, and devices that share a machine slow each other
+  down, so ``validate`` predicts with the FLOP/s this very model achieves on all ranks at once
+  (``workload_tflops``) and also reports the matmul's.
 
 Timing is noisy on a shared machine (other processes, the OS); the grid reports medians over steps
 and the median relative error over plans. Tests check the machinery, never the accuracy.
@@ -37,6 +40,7 @@ import statistics
 import time
 
 from parallel_lab import launcher, memory, memory_model, planner, train3d
+from parallel_lab.collectives import fit_alpha_beta
 
 GRID_4 = ((1, 2, 2), (2, 2, 1), (2, 1, 2), (1, 4, 1), (1, 1, 4), (4, 1, 1))
 SIZES = {
@@ -54,24 +58,56 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def cluster_from(calibration: dict, world_size: int, value_bytes: int = 4, tflops: float | None = None) -> planner.Cluster:
+def cluster_from(calibration: dict, world_size: int, value_bytes: int = 4, tflops: float | None = None,
+                 group: int | None = None) -> planner.Cluster:
     """A one-node ``planner.Cluster`` of ``world_size`` devices with the calibrated constants; the
     bandwidth is scaled by ``2 / value_bytes`` because the planner counts 2-byte values. ``tflops``
-    replaces the calibrated matmul throughput (e.g. by ``workload_tflops``)."""
-    gbps = calibration["intra_gbps"] * 2 / value_bytes
+    replaces the calibrated matmul throughput (e.g. by ``workload_tflops``); ``group`` takes the
+    all-reduce α–β measured on groups of that size (``calibrate``'s ``groups``) where there is one."""
+    constants = calibration.get("groups", {}).get(group, calibration)
+    gbps = constants["intra_gbps"] * 2 / value_bytes
     return planner.Cluster(nodes=1, gpus_per_node=world_size, gpu_mem_gb=1e6, intra_gbps=gbps, inter_gbps=gbps,
-                           tflops=tflops or calibration["tflops"], latency_us=calibration["latency_us"])
+                           tflops=tflops or calibration["tflops"], latency_us=constants["latency_us"])
+
+
+def _alpha_beta(sizes_bytes, seconds, group_size: int) -> dict:
+    """``latency_us`` and ``intra_gbps`` fitted to all-reduce times (``collectives.fit_alpha_beta``);
+    if the fit finds no positive β (a noisy machine), the bandwidth of the largest message."""
+    fit = fit_alpha_beta(sizes_bytes, seconds, group_size)
+    gbps = fit["bandwidth_bytes_per_s"] / 1e9
+    if not 0 < gbps < float("inf"):
+        gbps = 2 * (group_size - 1) / group_size * sizes_bytes[-1] / seconds[-1] / 1e9
+    return {"latency_us": max(fit["alpha_s"], 0.0) * 1e6, "intra_gbps": gbps, "all_reduce_s": list(seconds)}
+
+
+def group_all_reduce(size: int, sizes_bytes, repeats: int = 5) -> list[float]:
+    """Rank function: ``planner.all_reduce_in_situ`` in groups of ``size`` consecutive ranks, every
+    group at once (as a plan's tensor- or data-parallel groups run)."""
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    groups = [dist.new_group(list(range(start, start + size))) for start in range(0, world, size)]
+    try:
+        return planner.all_reduce_in_situ(sizes_bytes, repeats, group=groups[rank // size])
+    finally:
+        for group in groups:
+            dist.destroy_process_group(group)
 
 
 def calibrate(world_size: int = 4, sizes_bytes=(2**10, 2**14, 2**18, 2**22), timeout: float = 90.0) -> dict:
     """``planner.calibrate`` on ``world_size`` ranks (messages up to 4 MB, so that the bandwidth is
-    well determined even on a noisy machine; if the fit still finds no positive β, the bandwidth
-    of the largest message is used), plus ``effective_cores``: how many of the ranks really
-    compute at once here (the sum of their CPU seconds over the wall seconds of a busy loop)."""
+    well determined even on a noisy machine), plus
+    ``groups``: the all-reduce α–β per group size (each proper divisor >= 2 of ``world_size``),
+    measured with all groups of that size at once, and ``effective_cores``: how many of the ranks
+    really compute at once here (the sum of their CPU seconds over the wall seconds of a busy loop)."""
     cal = planner.calibrate(world_size, sizes_bytes=sizes_bytes, timeout=timeout)
-    if not 0 < cal["intra_gbps"] < float("inf"):
-        n, t = sizes_bytes[-1], cal["all_reduce_s"][-1]
-        cal["intra_gbps"] = 2 * (world_size - 1) / world_size * n / t / 1e9
+    cal.update(_alpha_beta(sizes_bytes, cal["all_reduce_s"], world_size))
+    cal["groups"] = {world_size: {k: cal[k] for k in ("latency_us", "intra_gbps", "all_reduce_s")}}
+    for size in range(2, world_size):
+        if world_size % size == 0:
+            per_rank = launcher.run(group_all_reduce, world_size, args=(size, tuple(sizes_bytes)), timeout=timeout)
+            seconds = [max(r[i] for r in per_rank) for i in range(len(sizes_bytes))]
+            cal["groups"][size] = _alpha_beta(sizes_bytes, seconds, size)
     busy = launcher.run(busy_loop, world_size, timeout=timeout)
     cal["effective_cores"] = min(world_size, sum(cpu for cpu, _ in busy) / max(wall for _, wall in busy))
     return cal
@@ -90,11 +126,12 @@ def busy_loop(matmul: int = 128, repeats: int = 400) -> tuple[float, float]:
     return time.thread_time() - cpu, time.perf_counter() - wall
 
 
-def workload_tflops(cfg: train3d.Config, repeats: int = 3) -> float:
-    """Achieved TFLOP/s of this model on one core: the planner's ``6 · params · tokens`` FLOPs of one
-    micro-batch (``batch / (dp · microbatches)`` sequences) over the thread CPU seconds of its
-    forward and backward on one process (median of ``repeats``), in ``cfg.dtype``."""
+def workload_seconds(cfg: train3d.Config, repeats: int = 3) -> float:
+    """Thread CPU seconds of one micro-batch's forward and backward (``batch / (dp · microbatches)``
+    sequences) through the whole model on one thread, median of ``repeats`` after a warm-up run.
+    Also a rank function: on ranks it starts together with the others (a barrier)."""
     import torch
+    import torch.distributed as dist
 
     from parallel_lab import models
     from parallel_lab.profile import one_thread
@@ -102,14 +139,30 @@ def workload_tflops(cfg: train3d.Config, repeats: int = 3) -> float:
     rows = cfg.batch // (cfg.dp * cfg.microbatches)
     model = models.GPT(cfg.gpt, seed=cfg.seed).to(cfg.torch_dtype)
     idx, targets = models.random_tokens(cfg.gpt, rows, seed=cfg.seed + 1)
+    if dist.is_initialized():
+        dist.barrier()
     samples = []
     with one_thread():
         for _ in range(repeats + 1):  # the first run warms up
             start = time.thread_time()
             models.cross_entropy(model(idx), targets).backward()
             samples.append(time.thread_time() - start)
-    flops = 6 * memory_model.param_count(cfg.layers, cfg.hidden, cfg.vocab, cfg.seq) * rows * cfg.seq
-    return flops / statistics.median(samples[1:]) / 1e12
+    return statistics.median(samples[1:])
+
+
+def workload_tflops(cfg: train3d.Config, repeats: int = 3, world_size: int | None = None) -> float:
+    """Achieved TFLOP/s of this model: the planner's ``6 · params · tokens`` FLOPs of one micro-batch
+    over ``workload_seconds``. With ``world_size``, measured on that many ranks computing at once
+    and taken from the slowest: simulated devices share the machine's caches, memory bandwidth and,
+    in a virtual machine, the host's cores, so each computes slower than it does alone, and a
+    synchronous step waits for the slowest."""
+    flops = 6 * memory_model.param_count(cfg.layers, cfg.hidden, cfg.vocab, cfg.seq) * \
+        (cfg.batch // (cfg.dp * cfg.microbatches)) * cfg.seq
+    if world_size is None:
+        seconds = workload_seconds(cfg, repeats)
+    else:
+        seconds = max(launcher.run(workload_seconds, world_size, args=(cfg, repeats), timeout=120))
+    return flops / seconds / 1e12
 
 
 def predict(cfg: train3d.Config, cluster: planner.Cluster, n_cores: float | None = None) -> dict:
@@ -127,6 +180,16 @@ def predict(cfg: train3d.Config, cluster: planner.Cluster, n_cores: float | None
     return {**parts, "planner_s": parts["step_s"], "shared_s": shared, "step_s": max(parts["step_s"], shared)}
 
 
+def collective_counts(cfg: train3d.Config) -> dict:
+    """Rank function: ``{op: {"count", "bytes"}}`` of every communication call this rank makes in
+    ``cfg``'s training (``commlog``), to hold against what the planner counts."""
+    from parallel_lab import commlog
+
+    with commlog.recording() as log:
+        train3d.train_rank(cfg)
+    return log.as_dict()
+
+
 def measure(cfg: train3d.Config, timeout: float = 120.0) -> dict:
     """Run ``cfg`` on real ranks (no reference check: timing only). Per step the slowest rank's wall
     seconds; ``step_s`` is the median without the first (warm-up) step. ``cores_used``: the ranks'
@@ -139,7 +202,7 @@ def measure(cfg: train3d.Config, timeout: float = 120.0) -> dict:
             "cores_used": statistics.median(used[kept])}
 
 
-def validate(grid=GRID_4, sizes=None, steps: int = 4, world_size: int = 4, calibration: dict | None = None,
+def validate(grid=GRID_4, sizes=None, steps: int = 6, world_size: int = 4, calibration: dict | None = None,
              progress=print, run: dict | None = None) -> dict:
     """Calibrate (unless ``calibration`` is given), then for every model size and (dp, pp, tp) in
     ``grid`` predict and measure a step. Two predictions per plan: with the calibrated matmul
@@ -155,7 +218,7 @@ def validate(grid=GRID_4, sizes=None, steps: int = 4, world_size: int = 4, calib
         say(f"calibrating on {world_size} ranks ...")
         calibration = calibrate(world_size)
     n_cores = min(cores(), calibration.get("effective_cores", cores()))
-    matmul_cluster, rows = cluster_from(calibration, world_size), []
+    rows = []
     for size, shape in sizes.items():
         for dp, pp, tp in grid:
             if dp * pp * tp != world_size:
@@ -163,11 +226,13 @@ def validate(grid=GRID_4, sizes=None, steps: int = 4, world_size: int = 4, calib
             cfg = train3d.Config(dp=dp, pp=pp, tp=tp, steps=steps, **{**RUN, **(run or {}), **shape})
             train3d.check(cfg)
             say(f"{size}: dp {dp} x pp {pp} x tp {tp} ...")
-            tflops = workload_tflops(cfg)
-            predicted = predict(cfg, cluster_from(calibration, world_size, tflops=tflops), n_cores)
-            matmul = predict(cfg, matmul_cluster, n_cores)
+            tflops = workload_tflops(cfg, world_size=world_size)
+            group = max(dp, tp)  # the all-reduce groups of these plans (where dp and tp are both > 1, equal)
+            cluster = cluster_from(calibration, world_size, tflops=tflops, group=group)
+            predicted = predict(cfg, cluster, n_cores)
+            matmul = predict(cfg, cluster_from(calibration, world_size, group=group), n_cores)
             measured = measure(cfg)
-            given_load = predict(cfg, cluster_from(calibration, world_size, tflops=tflops), measured["cores_used"])
+            given_load = predict(cfg, cluster, measured["cores_used"])
             rows.append({"size": size, "dp": dp, "pp": pp, "tp": tp, "predicted_s": predicted["step_s"],
                          "measured_s": measured["step_s"], "predicted_matmul_s": matmul["step_s"],
                          "rel_error": abs(predicted["step_s"] - measured["step_s"]) / measured["step_s"],

@@ -54,9 +54,14 @@ def test_tp_all_reduces_per_layer_and_links():
     cluster = Cluster(nodes=2, gpus_per_node=4, gpu_mem_gb=16, intra_gbps=100, inter_gbps=10, latency_us=0)
     parts = step_time(model, cluster, batch=4, dp=2, pp=1, tp=4, microbatches=2)
     one = predict_all_reduce(2 * 1 * 128 * 256, 4, 0.0, 100e9)  # b=1: one (s, b, h) bf16 tensor, NVLink
-    assert parts["tp_comm_s"] == pytest.approx(2 * 4 * 4 * one)  # 2 micro-batches x 4 layers x (2 fwd + 2 bwd)
+    per_token = predict_all_reduce(4 * 1 * 128, 4, 0.0, 100e9)  # one fp32 value per token
+    ends = 2 * one + 3 * per_token  # embedding (fwd), LM head (bwd), the vocab-parallel loss (3 fwd)
+    assert parts["tp_comm_s"] == pytest.approx(2 * (4 * 4 * one + ends))  # 2 micro-batches x 4 layers x (2 fwd + 2 bwd)
     full = step_time(model, cluster, batch=4, dp=2, pp=1, tp=4, microbatches=2, recompute="full")
-    assert full["tp_comm_s"] == pytest.approx(2 * 4 * 6 * one)  # the recomputed forward all-reduces again
+    assert full["tp_comm_s"] == pytest.approx(2 * (4 * 6 * one + ends))  # the recomputed forward all-reduces again
+    staged = step_time(model, cluster, batch=4, dp=1, pp=2, tp=4, microbatches=2)  # b=2, 2 layers a stage
+    one, per_token = (predict_all_reduce(n, 4, 0.0, 100e9) for n in (2 * 2 * 128 * 256, 4 * 2 * 128))
+    assert staged["tp_comm_s"] == pytest.approx(2 * (2 * 4 * one + one + 3 * per_token))  # the last stage's ends
     # the dp group {0, 4}, {1, 5}, ... spans the two nodes: network bandwidth
     grads = 2 * memory_model.stage_params(model, 1, 4, 0)
     assert parts["dp_comm_s"] == pytest.approx(predict_all_reduce(grads, 2, 0.0, 10e9))

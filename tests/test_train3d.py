@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from parallel_lab import launcher, planner, train3d, validate_plans
+from parallel_lab import launcher, memory, planner, train3d, validate_plans
 from parallel_lab.schedules import ScheduleError
 
 TINY = train3d.Config(steps=2, layers=4, hidden=16, heads=4, vocab=32, seq=8, batch=8)
@@ -171,9 +171,34 @@ def test_prediction_adds_the_shared_cores_bound_only_when_ranks_outnumber_cores(
     assert few["step_s"] == max(few["planner_s"], few["shared_s"])
 
 
+def test_cluster_takes_the_all_reduce_constants_of_its_group_size():
+    cal = {"tflops": 0.02, "latency_us": 100.0, "intra_gbps": 1.0,
+           "groups": {2: {"latency_us": 300.0, "intra_gbps": 4.0}}}
+    assert validate_plans.cluster_from(cal, 4, group=2).latency_us == 300.0
+    assert validate_plans.cluster_from(cal, 4, group=2).intra_gbps == 2.0
+    assert validate_plans.cluster_from(cal, 4, group=4).latency_us == 100.0  # none measured: the world's
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("pp", (1, 2))
+def test_the_planner_counts_every_all_reduce_tensor_parallelism_makes(pp):
+    """With a bandwidth that makes bytes free each all-reduce of 2 ranks costs 2α: the planner's TP time
+    over 2α is its count, held against commlog's count on the busiest rank of a real step."""
+    cfg = TINY.replace(dp=1, pp=pp, tp=2, steps=1, microbatches=2, dtype="float32", optimizer="sgd")
+    counts = launcher.run(validate_plans.collective_counts, cfg.world_size, args=(cfg,))
+    real = max(c.get("all_reduce", {"count": 0})["count"] for c in counts)
+    model = memory.ModelConfig("tiny", cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, cfg.seq)
+    cluster = planner.Cluster(nodes=1, gpus_per_node=cfg.world_size, gpu_mem_gb=1, tflops=1.0,
+                              intra_gbps=1e9, inter_gbps=1e9, latency_us=1.0)  # bandwidth: negligible
+    parts = planner.step_time(model, cluster, cfg.batch, cfg.dp, cfg.pp, cfg.tp, cfg.microbatches)
+    assert parts["tp_comm_s"] / 2e-6 == pytest.approx(real)
+
+
 def test_validate_runs_a_grid_and_reports_errors(monkeypatch):
     monkeypatch.setattr(validate_plans, "measure",
                         lambda cfg: {"steps_s": [2.0, 1.0], "step_s": 1.0, "cores_used": 2.0})
+    monkeypatch.setattr(validate_plans, "workload_tflops", lambda cfg, repeats=3, world_size=None: 0.01)
     cal = {"tflops": 0.02, "latency_us": 100.0, "intra_gbps": 1.0}
     sizes = {"tiny": dict(layers=4, hidden=16, heads=4, vocab=32, seq=8)}
     result = validate_plans.validate(grid=((1, 2, 2), (4, 1, 1)), sizes=sizes, steps=2, calibration=cal,

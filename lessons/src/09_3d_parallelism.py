@@ -221,13 +221,15 @@ train3d.loss_figure(runs, title="tiny GPT, Adam, fp64: three meshes of 4 ranks o
 #
 # Lesson 10's planner ranks plans by a predicted step time built from a few constants: achieved
 # FLOP/s per device and the α–β of an all-reduce. Here we measure those constants on this machine's
-# ranks (`validate_plans.calibrate`, which wraps `planner.calibrate`), predict four real 4-rank plans
-# of a larger GPT (hidden 128, 4 layers, sequences of 32 tokens, fp32, 4 micro-batches, 1F1B) and
-# time each for real. The adjustments are data given to the planner, explained in
-# `validate_plans`: fp32 sends twice the bytes it counts; 4 ranks share fewer cores, so a step takes
-# at least all ranks' compute divided by the cores that really run them; and a second prediction
-# uses the FLOP/s this very model reaches on one process instead of a square matmul's. This takes
-# about half a minute; your numbers will differ from the stored ones.
+# ranks the way a planner profiles a cluster before it searches (`validate_plans.calibrate`, which
+# wraps `planner.calibrate`): all-reduces timed between computations, as training issues them, on
+# groups of each size a plan uses, all groups at once; and the FLOP/s this very model reaches with
+# every rank computing at once. Then we predict four real 4-rank plans of a larger GPT (hidden 128,
+# 4 layers, sequences of 32 tokens, fp32, 4 micro-batches, 1F1B) and time each for real. The
+# adjustments are data given to the planner, explained in `validate_plans`: fp32 sends twice the
+# bytes it counts; 4 ranks share fewer cores, so a step takes at least all ranks' compute divided by
+# the cores that really run them. The table's last columns predict with a square matmul's FLOP/s
+# instead. This takes about a minute; your numbers will differ from the stored ones.
 
 # %% tags=["nbval-ignore-output"]
 from parallel_lab import validate_plans
@@ -237,18 +239,24 @@ grid = validate_plans.validate(grid=((1, 2, 2), (2, 2, 1), (1, 4, 1), (4, 1, 1))
 print(validate_plans.format_table(grid))
 
 # %% [markdown]
-# Runs of the full grid on this machine (6 plans × 2 sizes, `validate_plans.validate()`, while other
-# programs were using the same 2 cores) gave median relative errors of 21-35 % from the calibration
-# alone, and 19 % when the model was told how many cores the ranks really got during each run (the
-# table's last-but-one line): right in order of magnitude and mostly in ranking, but single plans
-# off by up to 2×. What the model does not know:
+# Runs of the full grid on this machine (6 plans × 2 sizes, `validate_plans.validate()`, 6 steps
+# each) gave median relative errors of 10-16 % in three runs on 4 ranks, and 7-8 % on 2 ranks (3 plans
+# × 2 sizes × 2 micro-batch counts), where every rank has a core of its own. Single plans were still
+# off by up to a third. Each constant earned its place: with one lone process's FLOP/s, all-reduces
+# timed one at a time after a barrier, and only the 4 all-reduces per layer counted, the same grid
+# was off by 17-36 %. What the model still does not know:
 #
 # - **per-operation overhead**: a CPU (or a GPU with small matrices) pays microseconds per operation
 #   whatever its size; the FLOP count does not see it, and tensor parallelism makes the matrices
 #   smaller while keeping the number of operations;
-# - **every collective**: it counts the 4 all-reduces per layer, not the embedding's and the loss's;
+# - **waiting for the slowest**: every all-reduce waits for the last rank to arrive, and a rank that
+#   was slowed down for a moment holds up its whole group;
 # - **the machine's other work**: sharing cores with other programs changes both the constants and
 #   the measurement, from one minute to the next.
+#
+# Every collective the implementation makes is counted: `tests/test_train3d.py` holds the
+# planner's count of tensor-parallel all-reduces (4 per layer, plus the embedding's, the LM head's
+# and the vocab-parallel loss's 3) against the calls `commlog` sees in a real step.
 #
 # That is the article's warning about optimising one benchmark: **calibrate on the hardware and under
 # the load you will run on, and check a prediction against a real run before trusting a plan.**

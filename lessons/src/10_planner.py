@@ -158,9 +158,9 @@ pw.breakdown_figure(compare, title="GPT-3 175B on 512 GPUs: the step beyond comp
 # - **TP all-reduces**: with TP 8 the data-parallel degree halves (512 = dp × pp × tp), so each GPU
 #   pushes twice as many tokens through its layers, and each all-reduce sends 2·7/8 instead of 2·3/4
 #   of the message: about 2.3× the bytes (`pw.tp_per_device_ratio(4, 8)`), plus 14 ring steps of
-#   latency instead of 6: 3.35 s against 1.30 s.
+#   latency instead of 6: 3.46 s against 1.37 s.
 # - **The bubble**: TP 4 has half as many micro-batches per replica, each twice as long, so its
-#   fill-and-drain is twice as long. With 1F1B that costs (p − 1)(F + B): 3.5 s against 1.8 s, and
+#   fill-and-drain is twice as long. With 1F1B that costs (p − 1)(F + B): 3.5 s against 1.7 s, and
 #   TP 8 wins. ZB-H1 fills the drain with weight-gradient work and leaves about (p − 1)·F, a third
 #   of it: 1.2 s against 0.6 s — now the all-reduce saving is larger, and TP 4 wins.
 #
