@@ -122,26 +122,16 @@ def _torchrun(n, *args):
 
 
 @pytest.mark.ranks
-@pytest.mark.timeout(180)
-def test_torchrun_4_processes_print_losses_equal_to_one_process():
-    out = _torchrun(4, "--dp", "1", "--pp", "2", "--tp", "2", "--steps", "2")
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("dp,pp,tp", [(1, 2, 2), (2, 2, 2)], ids=["4 processes", "8 processes"])
+def test_torchrun_prints_losses_equal_to_one_process(dp, pp, tp):
+    out = _torchrun(dp * pp * tp, "--dp", str(dp), "--pp", str(pp), "--tp", str(tp), "--steps", "2")
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    reference = train3d.reference(TINY.replace(dp=1, pp=2, tp=2))
-    assert result["world_size"] == 4 and result["losses_equal"] and result["weights_equal"]
+    reference = train3d.reference(TINY.replace(dp=dp, pp=pp, tp=tp))
+    assert result["world_size"] == dp * pp * tp and result["losses_equal"] and result["weights_equal"]
     assert max(abs(a - b) for a, b in zip(result["losses"], reference["losses"])) < train3d.TOLERANCE
     assert "step 2/2 loss" in out.stderr
-
-
-@pytest.mark.ranks
-@pytest.mark.timeout(300)
-def test_torchrun_8_processes_2x2x2_print_losses_equal_to_one_process():
-    out = _torchrun(8, "--dp", "2", "--pp", "2", "--tp", "2", "--steps", "2")
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    reference = train3d.reference(TINY.replace(dp=2, pp=2, tp=2))
-    assert result["world_size"] == 8 and result["losses_equal"] and result["weights_equal"]
-    assert max(abs(a - b) for a, b in zip(result["losses"], reference["losses"])) < train3d.TOLERANCE
 
 
 def test_command_line_refuses_a_bad_mesh_with_one_line():
