@@ -15,9 +15,9 @@
 ``parallel_lab.pipeline.stages.cut`` always cuts the same way (the GPT's embedding pinned to the
 first stage, its head to the last, the transformer blocks spread evenly): the right cut when every
 block costs the same and the ends cost nothing. Lesson 08 (lessons/08_balancing_stages.ipynb) needs
-any cut, e.g. one from ``parallel_lab.partition``; ``cut_at`` builds the stages from boundaries over
-*all* pieces (embedding, blocks, head), and ``cut_rank`` is ``pipeline.run.pipeline_rank`` with
-that cut. Everything else -- the executor, the comparison with one process, the simulator fed the
+any cut, e.g. one from ``parallel_lab.partition``; ``stages.cut_at`` builds the stages from
+boundaries over *all* pieces (embedding, blocks, head), and ``cut_rank`` is
+``pipeline.run.pipeline_rank`` with that cut. Everything else -- the executor, the comparison with one process, the simulator fed the
 measured costs, both clocks -- is ``parallel_lab.pipeline`` unchanged.
 
 Why balance at all: in a pipeline every stage waits for the slowest one, so with per-stage costs
@@ -28,7 +28,6 @@ shrink the fill-and-drain bubble; only a balanced cut shrinks this one.
 
 from __future__ import annotations
 
-import numbers
 from typing import Mapping, Sequence
 
 import torch
@@ -39,7 +38,7 @@ from parallel_lab import launcher, partition
 from parallel_lab.exercises import Verdict
 from parallel_lab.pipeline.executor import Executor, Link
 from parallel_lab.pipeline.run import make_spec, report
-from parallel_lab.pipeline.stages import ModelSpec, Stage
+from parallel_lab.pipeline.stages import ModelSpec, check_parts, cut_at
 from parallel_lab.schedules import Schedule, build, validate
 from parallel_lab.simulate import Costs, simulate
 
@@ -89,39 +88,6 @@ def profile_pieces(spec: ModelSpec, microbatches: int = 8, repeats: int = 5) -> 
     rows = spec.batch // microbatches
     pieces = pieces[:-1] + [WithLoss(pieces[-1], spec.loss, target[:rows])]
     return profile.profile_layers(pieces, x[:rows], repeats=repeats)
-
-
-def check_parts(parts: Sequence[int], n_pieces: int) -> list[int]:
-    """``parts`` as a list, or ValueError: ``stages + 1`` strictly increasing integers from 0 to
-    ``n_pieces`` (every stage holds at least one piece)."""
-    parts = list(parts)
-    if len(parts) < 2 or any(isinstance(b, bool) or not isinstance(b, numbers.Integral) for b in parts):
-        raise ValueError(f"parts must be a list of at least 2 integers, got parts {parts!r}")
-    if parts[0] != 0 or parts[-1] != n_pieces:
-        raise ValueError(f"parts must run from 0 to the number of pieces {n_pieces}, got parts {parts}")
-    empty = [s for s, (a, b) in enumerate(zip(parts[:-1], parts[1:])) if b <= a]
-    if empty:
-        raise ValueError(f"parts must increase strictly: stage {empty[0]} would hold pieces "
-                         f"{parts[empty[0]]}..{parts[empty[0] + 1] - 1} (parts {parts})")
-    return [int(b) for b in parts]
-
-
-def cut_at(spec: ModelSpec, parts: Sequence[int], keep=None) -> list[Stage | None]:
-    """The model of ``spec`` cut at ``parts`` (boundaries over all its pieces, as in
-    ``parallel_lab.partition``); ``keep``: only build those stage indices, the others are None.
-    Parameter names are global (``"3.0.weight"``), as in ``stages.cut``, so gradients compare with
-    ``stages.reference`` by name."""
-    pieces, _, _ = spec.pieces()
-    parts = check_parts(parts, len(pieces))
-    out: list[Stage | None] = []
-    for s, (first, last) in enumerate(zip(parts[:-1], parts[1:])):
-        if keep is not None and s not in keep:
-            out.append(None)
-            continue
-        module = nn.Sequential(*pieces[first:last])
-        names = [f"{first + int(k.split('.', 1)[0])}.{k.split('.', 1)[1]}" for k, _ in module.named_parameters()]
-        out.append(Stage(s, module, first, last, names))
-    return out
 
 
 def cut_rank(spec: ModelSpec, schedule: Schedule, parts: Sequence[int], link: Link = Link(),

@@ -241,14 +241,18 @@ verdict = check_balanced_cut(my_balanced_cut)
 # %% [markdown]
 # ## 6. On real ranks: unbalanced against balanced
 #
-# `run_pipeline` always cuts the GPT like `stages.cut`. To run any cut, `balance.cut_at` builds the
-# stages from `parts` over all the pieces, and `balance.run_cut` runs a schedule with them; the
-# executor, the comparison with one process and the simulator are the pipeline lessons' own:
+# `run_pipeline` always cuts the GPT like `stages.cut`, whose even boundaries come from
+# `stages.bounds`. To run any cut, `stages.cut_at` builds the stages from `parts` over all the
+# pieces, and `balance.run_cut` runs a schedule with them; the executor, the comparison with one
+# process and the simulator are the pipeline lessons' own:
 
 # %%
 import inspect
 
-print(inspect.getsource(balance.cut_at))
+from parallel_lab.pipeline import stages
+
+print(inspect.getsource(stages.cut_at))
+print(inspect.getsource(stages._stages))
 
 # %% [markdown]
 # Three cuts of the same GPT, each run with 1F1B on 4 ranks, 8 micro-batches, in fp64: the even

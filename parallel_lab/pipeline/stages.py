@@ -24,8 +24,9 @@ what they need in between; the executor decides when and moves tensors between r
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -173,11 +174,27 @@ def bounds(n_pieces: int, head: int, tail: int, n_stages: int) -> list[tuple[int
 
 
 def cut(spec: ModelSpec, n_stages: int, keep=None) -> list[Stage | None]:
-    """The model cut into ``n_stages`` stages (``keep``: only build those indices, others None)."""
+    """The model cut into ``n_stages`` stages (``keep``: only build those indices, others None):
+    the even cut of ``bounds``."""
     check_stages(spec, n_stages)
     pieces, head, tail = spec.pieces()
+    edges = bounds(len(pieces), head, tail, n_stages)
+    return _stages(pieces, [first for first, _ in edges] + [len(pieces)], keep)
+
+
+def cut_at(spec: ModelSpec, parts: Sequence[int], keep=None) -> list[Stage | None]:
+    """The model of ``spec`` cut at ``parts``: boundaries over all its pieces, as in
+    ``parallel_lab.partition`` (stage ``s`` holds pieces ``parts[s]`` to ``parts[s + 1] - 1``);
+    ``keep``: only build those stage indices, the others are None."""
+    pieces, _, _ = spec.pieces()
+    return _stages(pieces, check_parts(parts, len(pieces)), keep)
+
+
+def _stages(pieces: list[nn.Module], parts: list[int], keep) -> list[Stage | None]:
+    """One Stage per pair of boundaries. Parameter names are global (``"3.0.weight"``), as in the
+    uncut model, so that gradients compare with ``reference`` by name."""
     stages: list[Stage | None] = []
-    for s, (first, last) in enumerate(bounds(len(pieces), head, tail, n_stages)):
+    for s, (first, last) in enumerate(zip(parts[:-1], parts[1:])):
         if keep is not None and s not in keep:
             stages.append(None)
             continue
@@ -185,6 +202,21 @@ def cut(spec: ModelSpec, n_stages: int, keep=None) -> list[Stage | None]:
         names = [f"{first + int(k.split('.', 1)[0])}.{k.split('.', 1)[1]}" for k, _ in module.named_parameters()]
         stages.append(Stage(s, module, first, last, names))
     return stages
+
+
+def check_parts(parts: Sequence[int], n_pieces: int) -> list[int]:
+    """``parts`` as a list, or ValueError: ``stages + 1`` strictly increasing integers from 0 to
+    ``n_pieces`` (every stage holds at least one piece)."""
+    parts = list(parts)
+    if len(parts) < 2 or any(isinstance(b, bool) or not isinstance(b, numbers.Integral) for b in parts):
+        raise ValueError(f"parts must be a list of at least 2 integers, got parts {parts!r}")
+    if parts[0] != 0 or parts[-1] != n_pieces:
+        raise ValueError(f"parts must run from 0 to the number of pieces {n_pieces}, got parts {parts}")
+    empty = [s for s, (a, b) in enumerate(zip(parts[:-1], parts[1:])) if b <= a]
+    if empty:
+        raise ValueError(f"parts must increase strictly: stage {empty[0]} would hold pieces "
+                         f"{parts[empty[0]]}..{parts[empty[0] + 1] - 1} (parts {parts})")
+    return [int(b) for b in parts]
 
 
 def reference(spec: ModelSpec) -> dict:
