@@ -30,10 +30,17 @@ AXIS = {"sim": "time (simulator cost units)",
 # "none" + a few explicit colours instead of plotly_white: the template alone would be 7 kB of
 # every figure's JSON (what nbval stores and compares)
 _GRID = dict(gridcolor="#e5e5e5", zeroline=False)
-_LAYOUT = dict(template="none", plot_bgcolor="white", barmode="overlay", bargap=0.25,
-               margin=dict(l=70, r=20, t=80, b=50), title_x=0.01,
-               legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom"),
-               xaxis=_GRID, yaxis=_GRID, font=dict(family="sans-serif", size=12))
+LAYOUT = dict(template="none", plot_bgcolor="white", barmode="overlay", bargap=0.25,
+              margin=dict(l=70, r=20, t=80, b=50), title_x=0.01,
+              legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom"),
+              xaxis=_GRID, yaxis=_GRID, font=dict(family="sans-serif", size=12))
+
+
+def plain_layout(**changes) -> dict:
+    """LAYOUT without the bar-chart settings, for line and scatter figures (``changes`` on top)."""
+    keep = ("template", "plot_bgcolor", "margin", "title_x", "legend", "font")
+    return {**{k: LAYOUT[k] for k in keep}, "xaxis": dict(LAYOUT["xaxis"]), "yaxis": dict(LAYOUT["yaxis"]),
+            **changes}
 
 
 def _timed(source, clock: str) -> tuple[list[list], str]:
@@ -102,7 +109,7 @@ def gantt(source, clock: str = "virtual", title: str | None = None):
 
     timed, axis = _timed(source, clock)
     fig = go.Figure(_bars(timed))
-    fig.update_layout(**_LAYOUT, height=150 + 40 * len(timed), title=title or _title(source, axis),
+    fig.update_layout(**LAYOUT, height=150 + 40 * len(timed), title=title or _title(source, axis),
                       xaxis_title=AXIS[axis])
     _rank_axis(fig, len(timed))
     return fig
@@ -128,8 +135,8 @@ def compare(result: dict, title: str | None = None):
     fig = go.Figure(_bars(measured, width=0.5, group="measured (filled)")
                     + _bars(predicted, outline=True, width=0.8, group="predicted (outlined)"))
     # two legend groups: beside the chart, where they cannot cover the title
-    layout = dict(_LAYOUT, legend=dict(x=1.02, xanchor="left", y=1, yanchor="top", groupclick="toggleitem"),
-                  margin=dict(_LAYOUT["margin"], r=170))
+    layout = dict(LAYOUT, legend=dict(x=1.02, xanchor="left", y=1, yanchor="top", groupclick="toggleitem"),
+                  margin=dict(LAYOUT["margin"], r=170))
     fig.update_layout(**layout, height=150 + 50 * len(measured), xaxis_title=AXIS["virtual"],
                       title=title or f"{result['schedule']}, p={result['stages']}, m={result['microbatches']}: "
                                      f"bubble measured {result['bubble_measured']:.1%} (filled) vs "
@@ -153,7 +160,7 @@ def memory(source, title: str | None = None):
                          y=[c for _, c in curve] + [curve[-1][1]], mode="lines", line_shape="hv",
                          name=f"stage {s}") for s, curve in enumerate(series)]
     fig = go.Figure(traces)
-    fig.update_layout(**{k: _LAYOUT[k] for k in ("template", "plot_bgcolor", "margin", "xaxis", "yaxis", "font")},
+    fig.update_layout(**{k: LAYOUT[k] for k in ("template", "plot_bgcolor", "margin", "xaxis", "yaxis", "font")},
                       height=320, xaxis_title=AXIS[axis],
                       yaxis_title="stashed microbatches", title=title or "Activation memory per stage")
     return fig
@@ -196,7 +203,7 @@ def schedule_panel(schedule: str = "1f1b", stages: int = 4, microbatches: int = 
     )
     panel = w.VBox()
     panel.controls, panel.result = controls, None
-    panel.figure = go.FigureWidget(layout=dict(_LAYOUT, height=300))
+    panel.figure = go.FigureWidget(layout=dict(LAYOUT, height=300))
     panel.numbers = w.HTML()
     panel.button = w.Button(description="run on real ranks", icon="play")
     panel.progress = w.IntProgress(value=0, min=0, max=3, description="idle", style=style)

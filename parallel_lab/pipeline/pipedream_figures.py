@@ -26,7 +26,7 @@ from parallel_lab import memory, memory_model
 from parallel_lab.schedules import build, communication
 from parallel_lab.simulate import Costs, simulate
 
-from .figures import _LAYOUT
+from .figures import plain_layout
 from .pipedream import MODES, forward_versions
 
 # (schedule, virtual stages per rank) compared in lesson 06; costs per model stage F = I = W = 1
@@ -34,13 +34,6 @@ SCHEDULES = (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-v", 2))
 UNIT = Costs(F=1, B=2, I=1, W=1)
 _COLORS = {"1f1b": "#4c78a8", "interleaved-1f1b": "#54a24b", "zb-h1": "#f58518", "zb-v": "#b279a2"}
 _DASHES = ("solid", "dash", "dot")
-
-
-def _layout(**changes) -> dict:
-    """The course's compact plotly layout (no 7 kB template in every figure's JSON)."""
-    keep = ("template", "plot_bgcolor", "margin", "title_x", "legend", "font")
-    return {**{k: _LAYOUT[k] for k in keep}, "xaxis": dict(_LAYOUT["xaxis"]),
-            "yaxis": dict(_LAYOUT["yaxis"]), **changes}
 
 
 def label(name: str, virtual: int = 1) -> str:
@@ -109,7 +102,7 @@ def bubble_curves(stages: int = 4, microbatches: Sequence[int] = tuple(range(4, 
         traces.append(go.Scatter(x=list(ms), y=bubbles, mode="lines+markers", name=label(name, v),
                                  line=dict(color=_COLORS[name], dash="dot" if v == 4 else "solid")))
     fig = go.Figure(traces)
-    fig.update_layout(**_layout(height=340, xaxis_title="microbatches m",
+    fig.update_layout(**plain_layout(height=340, xaxis_title="microbatches m",
                                 yaxis_title="bubble (idle share of the step)",
                                 title=f"Bubble against microbatches on p={stages} ranks (simulated, F=I=W)"))
     fig.update_yaxes(tickformat=".0%", rangemode="tozero")
@@ -170,7 +163,7 @@ def recompute_tradeoff(model: memory.ModelConfig | str = "GPT-3 175B", micro_bat
     fig = go.Figure(traces)
     fig.add_hline(y=gpu_gb, line=dict(color="#b00", dash="dash", width=1))
     mesh = {"pp": 8, "tp": 8, "microbatches": 64, **mesh}
-    fig.update_layout(**_layout(
+    fig.update_layout(**plain_layout(
         height=360, barmode="group", xaxis_title="activation recomputation (and its extra compute per step)",
         yaxis_title="memory of the busiest GPU (GB)",
         title=f"{m.name}, TP={mesh['tp']} × PP={mesh['pp']}, 1F1B, m={mesh['microbatches']} "
@@ -274,7 +267,7 @@ def versions_figure(modes: Mapping, modes_shown: Sequence[str] = MODES, microbat
     fig.update_xaxes(showgrid=False, zeroline=False)
     fig.update_yaxes(showgrid=False, zeroline=False)
     fig.update_xaxes(title_text="microbatch", dtick=1, row=len(data), col=1)
-    fig.update_layout(**_layout(
+    fig.update_layout(**plain_layout(
         height=120 + 150 * len(data), title="Weight version used by each forward (→ by its backward, if different)",
         coloraxis=dict(colorscale=[[0, "#ffffff"], [1, "#d62728"]], cmin=0, cmax=top,
                        colorbar=dict(title="B − F", dtick=1, len=0.8))))
