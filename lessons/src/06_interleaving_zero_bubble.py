@@ -94,18 +94,18 @@ figures.gantt(interleaved_t).update_xaxes(range=[0, 68])
 #
 # - **more messages**: a micro-batch now crosses p·v − 1 chunk boundaries instead of p − 1, each
 #   one an activation forward and a gradient backward — about v times the point-to-point traffic
-#   (`pipedream_figures.messages` counts the sends of one step from the schedule);
+#   (`schedule_figures.messages` counts the sends of one step from the schedule);
 # - **more activation memory on the first GPUs**: GPU 0 starts 11 chunk-forwards (5.5 stages' worth)
 #   before its first backward arrives, against 4 in 1F1B;
 # - m must be a multiple of p.
 
 # %%
-from parallel_lab.pipeline import pipedream_figures
+from parallel_lab.pipeline import schedule_figures
 
 for name, schedule, timeline in (("1f1b", build("1f1b", p, m), one_f_one_b),
                                  ("interleaved v=2", interleaved, interleaved_t)):
     stash = [n / schedule.virtual for n in timeline.peak_rank_activations]
-    print(f"{name:<16} messages per step: {pipedream_figures.messages(schedule):>4}   "
+    print(f"{name:<16} messages per step: {schedule_figures.messages(schedule):>4}   "
           f"peak stash per GPU (in stages): {stash}")
 
 try:
@@ -172,7 +172,7 @@ zb_v_t = simulate(zb_v, Costs(F=1, B=2, I=1, W=1))
 print(f"ZB-V: step {zb_v_t.makespan:g} units, idle per GPU {[zb_v_t.makespan - b for b in zb_v_t.busy]}, "
       f"idle share {zb_v_t.bubble_fraction:.1%}")
 print("peak stash per GPU (in stages):", [n / 2 for n in zb_v_t.peak_rank_activations],
-      "  messages per step:", pipedream_figures.messages(zb_v))
+      "  messages per step:", schedule_figures.messages(zb_v))
 figures.gantt(zb_v_t).update_xaxes(range=[0, 68])
 
 # %% [markdown]
@@ -189,7 +189,7 @@ figures.gantt(zb_v_t).update_xaxes(range=[0, 68])
 # activations and gradients sent between GPUs in one step.
 
 # %%
-print(pipedream_figures.schedule_table(pipedream_figures.compare_schedules([(4, 8), (4, 16), (8, 16)])))
+print(schedule_figures.schedule_table(schedule_figures.compare_schedules([(4, 8), (4, 16), (8, 16)])))
 
 # %% [markdown]
 # The idle/compute column follows the closed forms: (p−1)/m for 1F1B, (p−1)/(v·m) for interleaving,
@@ -197,7 +197,7 @@ print(pipedream_figures.schedule_table(pipedream_figures.compare_schedules([(4, 
 # needs m a multiple of 4):
 
 # %%
-pipedream_figures.bubble_curves(stages=4)
+schedule_figures.bubble_curves(stages=4)
 
 # %% [markdown]
 # ### Try it
@@ -229,7 +229,7 @@ print("running 4 schedules on 4 ranks ...")
 for name, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-v", 2)):
     runs[name] = result = run_pipeline(name, 4, 8, virtual=v)
     messages = sum(result["bytes_sent"]) // result["link"]["message_bytes"]
-    print(f"{pipedream_figures.label(name, v)}:\n"
+    print(f"{schedule_figures.label(name, v)}:\n"
           f"  loss and gradients match one process (< 1e-10): "
           f"{result['max_grad_diff'] < 1e-10 and result['loss_diff'] < 1e-10}\n"
           f"  peak stash per stage measured == predicted: "
@@ -251,7 +251,7 @@ for name, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-v", 2))
 # %% tags=["nbval-ignore-output"]
 for name, result in runs.items():
     costs = {k: round(1e6 * sum(c) / len(c)) for k, c in result["costs"].items() if c}
-    print(f"{pipedream_figures.label(name, result['virtual']):<21} bubble measured {result['bubble_measured']:.1%}, "
+    print(f"{schedule_figures.label(name, result['virtual']):<21} bubble measured {result['bubble_measured']:.1%}, "
           f"predicted {result['bubble_predicted']:.1%}; mean cost per action (µs of CPU): {costs}")
 figures.compare(runs["zb-v"])
 

@@ -110,13 +110,13 @@ for name in ("gpipe", "1f1b"):
 
 # %%
 from parallel_lab import memory
-from parallel_lab.pipeline import pipedream_figures
+from parallel_lab.pipeline import recompute_figures
 
 gpt3 = memory.MODELS["GPT-3 175B"]
 for mode in ("none", "selective", "full"):
-    print(f"{mode:<9} extra compute per step: {pipedream_figures.recompute_overhead(gpt3, mode):6.1%}")
+    print(f"{mode:<9} extra compute per step: {recompute_figures.recompute_overhead(gpt3, mode):6.1%}")
 print()
-print(inspect.getdoc(pipedream_figures.recompute_overhead))
+print(inspect.getdoc(recompute_figures.recompute_overhead))
 
 # %% [markdown]
 # GPT-3 175B on 8-way tensor × 8-way pipeline parallelism (1F1B, 64 micro-batches) — the busiest GPU,
@@ -124,7 +124,7 @@ print(inspect.getdoc(pipedream_figures.recompute_overhead))
 # micro-batches in flight:
 
 # %%
-pipedream_figures.recompute_tradeoff("GPT-3 175B", micro_batches=(1, 2, 4), pp=8, tp=8, microbatches=64)
+recompute_figures.recompute_tradeoff("GPT-3 175B", micro_batches=(1, 2, 4), pp=8, tp=8, microbatches=64)
 
 # %% [markdown]
 # Without recomputation even one sequence per micro-batch overflows an 80 GB GPU. Selective
@@ -175,7 +175,7 @@ figures.gantt(stream, title=f"Asynchronous 1F1B (PipeDream): {steps * m} micro-b
 # The heart of it is the update: a new version per backward with stashing, in place without.
 
 # %%
-from parallel_lab.pipeline import pipedream
+from parallel_lab.pipeline import pipedream, pipedream_figures
 
 print(inspect.getsource(pipedream.AsyncStage._update))
 

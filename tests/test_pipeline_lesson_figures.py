@@ -1,4 +1,5 @@
-"""Pictures and tables of lessons 06-07 (parallel_lab.pipeline.pipedream_figures): the numbers they
+"""Pictures and tables of lessons 06-07 (parallel_lab.pipeline.schedule_figures, recompute_figures and
+pipedream_figures): the numbers they
 show against the closed forms of the papers, determinism and size of the JSON nbval stores, and the
 weight versions predicted from the schedule. Only the last test starts ranks (PipeDream's modes)."""
 
@@ -7,6 +8,8 @@ import pytest
 from parallel_lab import memory
 from parallel_lab.pipeline import pipedream
 from parallel_lab.pipeline import pipedream_figures as pf
+from parallel_lab.pipeline import recompute_figures as rf
+from parallel_lab.pipeline import schedule_figures as sf
 from parallel_lab.schedules import build
 from parallel_lab.simulate import simulate
 
@@ -17,7 +20,7 @@ from parallel_lab.simulate import simulate
 
 @pytest.mark.parametrize("p, m", [(2, 4), (4, 8), (4, 16), (8, 16)])
 def test_schedule_rows_follow_the_closed_forms(p, m):
-    rows = {r["schedule"]: r for r in pf.compare_schedules([(p, m)])}
+    rows = {r["schedule"]: r for r in sf.compare_schedules([(p, m)])}
     assert rows["1f1b"]["ratio"] == pytest.approx((p - 1) / m)
     assert rows["interleaved-1f1b"]["ratio"] == pytest.approx((p - 1) / (2 * m))  # v = 2
     assert rows["zb-h1"]["ratio"] == pytest.approx((p - 1) / (3 * m))  # F = I = W
@@ -34,28 +37,28 @@ def test_schedule_rows_follow_the_closed_forms(p, m):
 
 
 def test_message_count_is_the_quiz_answer():
-    assert pf.message_count("interleaved-1f1b", 4, 8, 2) == 112.0
-    assert pf.message_count("1f1b", 4, 8) == 48.0
-    assert pf.message_count("naive", 3, 1) == 4.0
+    assert sf.message_count("interleaved-1f1b", 4, 8, 2) == 112.0
+    assert sf.message_count("1f1b", 4, 8) == 48.0
+    assert sf.message_count("naive", 3, 1) == 4.0
 
 
 def test_schedule_table_has_a_row_per_case_and_schedule():
-    rows = pf.compare_schedules([(4, 8), (8, 16)])
-    text = pf.schedule_table(rows)
+    rows = sf.compare_schedules([(4, 8), (8, 16)])
+    text = sf.schedule_table(rows)
     lines = [line for line in text.splitlines()[2:] if line.strip()]
     assert len(lines) == len(rows) == 8
     assert "interleaved-1f1b v=2" in text and "27.3%" in text
 
 
 def test_bubble_curves_are_the_simulated_bubbles_deterministic_and_compact():
-    fig = pf.bubble_curves(stages=4)
+    fig = sf.bubble_curves(stages=4)
     names = [t.name for t in fig.data]
     assert names == ["1f1b", "interleaved-1f1b v=2", "zb-h1", "zb-v", "interleaved-1f1b v=4"]
     zb_v = fig.data[3]
-    assert list(zb_v.y) == [round(simulate(build("zb-v", 4, m), pf.UNIT).bubble_fraction, 4) for m in zb_v.x]
+    assert list(zb_v.y) == [round(simulate(build("zb-v", 4, m), sf.UNIT).bubble_fraction, 4) for m in zb_v.x]
     for trace in fig.data:  # more microbatches, smaller bubble
         assert list(trace.y) == sorted(trace.y, reverse=True)
-    assert fig.to_json() == pf.bubble_curves(stages=4).to_json()
+    assert fig.to_json() == sf.bubble_curves(stages=4).to_json()
     assert len(fig.to_json()) < 3000
 
 
@@ -65,19 +68,19 @@ def test_bubble_curves_are_the_simulated_bubbles_deterministic_and_compact():
 
 def test_recompute_overhead_counts_flops():
     gpt3 = memory.MODELS["GPT-3 175B"]
-    assert pf.recompute_overhead(gpt3, "none") == 0
-    assert pf.recompute_overhead("GPT-3 175B", "full") == pytest.approx(1 / 3)
+    assert rf.recompute_overhead(gpt3, "none") == 0
+    assert rf.recompute_overhead("GPT-3 175B", "full") == pytest.approx(1 / 3)
     s, h = gpt3.seq, gpt3.hidden
-    selective = pf.recompute_overhead(gpt3, "selective")
+    selective = rf.recompute_overhead(gpt3, "selective")
     # the attention core's 4bs^2h over the step's 3 x (24bsh^2 + 4bs^2h)
     assert selective == pytest.approx(4 * s * s * h / (3 * (24 * s * h * h + 4 * s * s * h)))
     assert 0.005 < selective < 0.01
     with pytest.raises(ValueError, match="unknown recompute 'some'"):
-        pf.recompute_overhead(gpt3, "some")
+        rf.recompute_overhead(gpt3, "some")
 
 
 def test_recompute_points_trade_memory_for_compute():
-    points = pf.recompute_points("GPT-3 175B", micro_batches=(1, 2))
+    points = rf.recompute_points("GPT-3 175B", micro_batches=(1, 2))
     assert [(q["micro_batch"], q["recompute"]) for q in points] == [
         (1, "none"), (1, "selective"), (1, "full"), (2, "none"), (2, "selective"), (2, "full")]
     for b in (1, 2):
@@ -90,10 +93,10 @@ def test_recompute_points_trade_memory_for_compute():
 
 
 def test_recompute_tradeoff_figure_is_deterministic_and_compact():
-    fig = pf.recompute_tradeoff("GPT-3 175B", micro_batches=(1, 2, 4))
+    fig = rf.recompute_tradeoff("GPT-3 175B", micro_batches=(1, 2, 4))
     assert [t.name for t in fig.data] == ["micro-batch 1", "micro-batch 2", "micro-batch 4"]
     assert all(len(t.x) == 3 for t in fig.data)
-    assert fig.to_json() == pf.recompute_tradeoff("GPT-3 175B", micro_batches=(1, 2, 4)).to_json()
+    assert fig.to_json() == rf.recompute_tradeoff("GPT-3 175B", micro_batches=(1, 2, 4)).to_json()
     assert len(fig.to_json()) < 2500
 
 
