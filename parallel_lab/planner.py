@@ -404,7 +404,6 @@ def calibrate(world_size: int = 2, sizes_bytes=(2**10, 2**14, 2**17, 2**20), mat
     ``tflops``, ``latency_us``, ``intra_gbps`` (the ranks share one machine: that is the "node") and
     the raw measurements, ready for ``Cluster(nodes=1, gpus_per_node=world_size, ...)``."""
     from parallel_lab import launcher
-    from parallel_lab.collectives import fit_alpha_beta
 
     if world_size < 2:
         raise ValueError(f"calibration fits an all-reduce and needs world_size >= 2, got world_size {world_size}")
@@ -412,9 +411,20 @@ def calibrate(world_size: int = 2, sizes_bytes=(2**10, 2**14, 2**17, 2**20), mat
                                                                    repeats=repeats), timeout=timeout)
     flops = statistics.median(r["flops"] / max(r["matmul_s"], 1e-9) for r in per_rank)
     seconds = [max(r["all_reduce_s"][i] for r in per_rank) for i in range(len(sizes_bytes))]
-    fit = fit_alpha_beta(sizes_bytes, seconds, world_size)
-    bandwidth = fit["bandwidth_bytes_per_s"]
-    return {"tflops": flops / 1e12, "latency_us": max(fit["alpha_s"], 0.0) * 1e6,
-            "intra_gbps": bandwidth / 1e9 if math.isfinite(bandwidth) and bandwidth > 0 else float("inf"),
-            "world_size": world_size, "sizes_bytes": list(sizes_bytes), "all_reduce_s": seconds,
+    return {"tflops": flops / 1e12, **all_reduce_constants(sizes_bytes, seconds, world_size),
+            "world_size": world_size, "sizes_bytes": list(sizes_bytes)}
+
+
+def all_reduce_constants(sizes_bytes, seconds, group_size: int) -> dict:
+    """``latency_us`` and ``intra_gbps`` of the α–β fit (``collectives.fit_alpha_beta``) to all-reduce
+    ``seconds`` on groups of ``group_size``, with the measurements (``all_reduce_s``) and the fitted
+    times. Where the fit finds no positive β (a noisy machine), the bandwidth is the one the largest
+    message achieved, so that the constants always make a valid ``Cluster``."""
+    from parallel_lab.collectives import fit_alpha_beta
+
+    fit = fit_alpha_beta(sizes_bytes, seconds, group_size)
+    gbps = fit["bandwidth_bytes_per_s"] / 1e9
+    if not 0 < gbps < math.inf:
+        gbps = 2 * (group_size - 1) / group_size * sizes_bytes[-1] / seconds[-1] / 1e9
+    return {"latency_us": max(fit["alpha_s"], 0.0) * 1e6, "intra_gbps": gbps, "all_reduce_s": list(seconds),
             "fitted_s": fit["fitted_s"]}

@@ -40,7 +40,6 @@ import statistics
 import time
 
 from parallel_lab import launcher, memory, memory_model, planner, train3d
-from parallel_lab.collectives import fit_alpha_beta
 
 GRID_4 = ((1, 2, 2), (2, 2, 1), (2, 1, 2), (1, 4, 1), (1, 1, 4), (4, 1, 1))
 SIZES = {
@@ -70,16 +69,6 @@ def cluster_from(calibration: dict, world_size: int, value_bytes: int = 4, tflop
                            tflops=tflops or calibration["tflops"], latency_us=constants["latency_us"])
 
 
-def _alpha_beta(sizes_bytes, seconds, group_size: int) -> dict:
-    """``latency_us`` and ``intra_gbps`` fitted to all-reduce times (``collectives.fit_alpha_beta``);
-    if the fit finds no positive β (a noisy machine), the bandwidth of the largest message."""
-    fit = fit_alpha_beta(sizes_bytes, seconds, group_size)
-    gbps = fit["bandwidth_bytes_per_s"] / 1e9
-    if not 0 < gbps < float("inf"):
-        gbps = 2 * (group_size - 1) / group_size * sizes_bytes[-1] / seconds[-1] / 1e9
-    return {"latency_us": max(fit["alpha_s"], 0.0) * 1e6, "intra_gbps": gbps, "all_reduce_s": list(seconds)}
-
-
 def group_all_reduce(size: int, sizes_bytes, repeats: int = 5) -> list[float]:
     """Rank function: ``planner.all_reduce_in_situ`` in groups of ``size`` consecutive ranks, every
     group at once (as a plan's tensor- or data-parallel groups run)."""
@@ -101,13 +90,12 @@ def calibrate(world_size: int = 4, sizes_bytes=(2**10, 2**14, 2**18, 2**22), tim
     measured with all groups of that size at once, and ``effective_cores``: how many of the ranks
     really compute at once here (the sum of their CPU seconds over the wall seconds of a busy loop)."""
     cal = planner.calibrate(world_size, sizes_bytes=sizes_bytes, timeout=timeout)
-    cal.update(_alpha_beta(sizes_bytes, cal["all_reduce_s"], world_size))
     cal["groups"] = {world_size: {k: cal[k] for k in ("latency_us", "intra_gbps", "all_reduce_s")}}
     for size in range(2, world_size):
         if world_size % size == 0:
             per_rank = launcher.run(group_all_reduce, world_size, args=(size, tuple(sizes_bytes)), timeout=timeout)
             seconds = [max(r[i] for r in per_rank) for i in range(len(sizes_bytes))]
-            cal["groups"][size] = _alpha_beta(sizes_bytes, seconds, size)
+            cal["groups"][size] = planner.all_reduce_constants(sizes_bytes, seconds, size)
     busy = launcher.run(busy_loop, world_size, timeout=timeout)
     cal["effective_cores"] = min(world_size, sum(cpu for cpu, _ in busy) / max(wall for _, wall in busy))
     return cal
