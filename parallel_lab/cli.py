@@ -1,14 +1,25 @@
-"""The ``parallel-lab`` command. Contracts in shared/DESIGN.md: every sub-command that reports numbers
-takes ``--json`` and then prints exactly one JSON object on stdout; progress goes to stderr; exit 0 on
-success, non-zero with a one-line reason on stderr otherwise."""
+"""The ``parallel-lab`` command: one entry for every technique and every course task.
+
+Contracts (ARCHITECTURE.md, "The command line"): every sub-command that reports numbers takes
+``--json`` and then prints exactly one JSON object on stdout; progress goes to stderr; exit 0 on
+success, non-zero with a one-line reason on stderr otherwise (2 for bad input, before any process
+starts).
+
+Each handler imports what it needs when it runs. Measured on the 2-core development machine: the
+modules behind ``schedule`` import in 0.25 s, those behind ``run``, ``plan``, ``grade`` or ``bench`` in
+3-4 s (torch); importing all of them up front would make every command, ``--help`` included, pay
+~4 s.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
-# Each handler returns (report for --json, text for people, reason to fail or "").
+# Each handler returns (report for --json, text for people, reason to fail or ""); a report of None
+# means the handler printed its own output (rank 0 under torchrun).
 
 
 def _doctor(args):
@@ -21,7 +32,7 @@ def _doctor(args):
 
 
 def _bench(args):
-    from parallel_lab.bench import format_table, run_suites
+    from parallel_lab.bench.suites import format_table, run_suites
 
     rows = run_suites(args.suites)
     return {"rows": rows}, format_table(rows), ""
@@ -32,12 +43,22 @@ def _bench_arguments(parser):
                         help="launcher, collectives, simulator, tensor, pipeline (default: all)")
 
 
+SCHEDULE_NAMES = ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v")
+
+
+def _ranks_argument(parser) -> None:
+    # --stages is the documented contract (DESIGN's table); it always meant pipeline ranks P, so
+    # --ranks says so and both fill the same value.
+    parser.add_argument("--ranks", "--stages", dest="ranks", type=int, required=True, metavar="P",
+                        help="pipeline ranks P (--stages is the same option)")
+
+
 def _schedule(args):
-    from parallel_lab.schedules import build, format_grid
-    from parallel_lab.simulate import Costs, parse_costs, summary
+    from parallel_lab.pipeline.schedules import build, format_grid
+    from parallel_lab.pipeline.simulate import Costs, parse_costs, summary
 
     costs = parse_costs(args.costs) if args.costs else Costs()
-    report = summary(build(args.name, args.stages, args.microbatches, args.virtual), costs)
+    report = summary(build(args.name, args.ranks, args.microbatches, args.virtual), costs)
     peak = ", ".join(str(n) for n in report["peak_activations"])
     text = (f"{format_grid(report['ranks'])}\n\n{report['schedule']}: {report['stages']} ranks, "
             f"{report['model_stages']} model stages, {report['microbatches']} micro-batches\n"
@@ -47,33 +68,32 @@ def _schedule(args):
 
 
 def _schedule_arguments(parser):
-    from parallel_lab.schedules import SCHEDULES
-
-    parser.add_argument("name", choices=sorted(SCHEDULES), metavar="NAME", help=", ".join(SCHEDULES))
-    parser.add_argument("--stages", type=int, required=True, help="pipeline ranks P")
+    parser.add_argument("name", choices=SCHEDULE_NAMES, metavar="NAME", help=", ".join(SCHEDULE_NAMES))
+    _ranks_argument(parser)
     parser.add_argument("--microbatches", type=int, required=True, help="micro-batches M")
     parser.add_argument("--virtual", type=int, default=1, help="stages per rank (interleaved, zb-v)")
     parser.add_argument("--costs", help="F,B,W durations, e.g. 1,2,1 (W splits off B)")
 
 
-def _run(args):
-    if args.what == "tensor":
-        from parallel_lab.tensor.run import run_tensor
+def _run_tensor(args):
+    from parallel_lab.tensor.run import run_tensor
 
-        report = run_tensor(args.tp, args.model, args.sequence_parallel)
-        counts = ", ".join(f"{op} x{c['count']}" for op, c in report["collectives"].items())
-        text = (f"tensor parallel {args.model}, tp {args.tp}"
-                f"{' + sequence parallel' if args.sequence_parallel else ''}: max output diff "
-                f"{report['max_output_diff']:.1e}, max grad diff {report['max_grad_diff']:.1e} (fp64, "
-                f"against the single-process model)\ncollectives on rank 0: {counts}")
-        summary = {k: report[k] for k in ("tp", "model", "sequence_parallel", "max_output_diff",
-                                          "max_grad_diff", "collectives") if k in report}
-        return {**summary, **{k: v for k, v in report.items() if k == "loss_diff"}}, text, ""
+    report = run_tensor(args.tp, args.model, args.sequence_parallel)
+    counts = ", ".join(f"{op} x{c['count']}" for op, c in report["collectives"].items())
+    text = (f"tensor parallel {args.model}, tp {args.tp}"
+            f"{' + sequence parallel' if args.sequence_parallel else ''}: max output diff "
+            f"{report['max_output_diff']:.1e}, max grad diff {report['max_grad_diff']:.1e} (fp64, "
+            f"against the single-process model)\ncollectives on rank 0: {counts}")
+    keys = ("tp", "model", "sequence_parallel", "max_output_diff", "max_grad_diff", "collectives", "loss_diff")
+    return {k: report[k] for k in keys if k in report}, text, ""
+
+
+def _run_pipeline(args):
     from parallel_lab.pipeline.run import run_pipeline
 
-    report = run_pipeline(args.schedule, args.stages, args.microbatches, args.model, args.virtual,
+    report = run_pipeline(args.schedule, args.ranks, args.microbatches, args.model, args.virtual,
                           args.recompute, args.trace)
-    text = (f"{args.schedule} on {args.stages} ranks, {args.microbatches} micro-batches: max grad diff "
+    text = (f"{args.schedule} on {args.ranks} ranks, {args.microbatches} micro-batches: max grad diff "
             f"{report['max_grad_diff']:.1e}, loss diff {report['loss_diff']:.1e} (fp64, against the "
             f"single-process model)\nbubble measured (virtual clock) {report['bubble_measured']:.1%}, "
             f"predicted {report['bubble_predicted']:.1%}; peak activations {report['peak_activations']}"
@@ -83,6 +103,34 @@ def _run(args):
     return {k: report[k] for k in keys if k in report}, text, ""
 
 
+# ``run 3d``: every field of ``parallel3d.train3d.Config`` is an option; None keeps its default.
+_3D_INTS = ("dp", "pp", "tp", "microbatches", "virtual", "steps", "batch", "layers", "hidden", "heads",
+            "vocab", "seq", "seed", "nodes")
+
+
+def _run_3d(args):
+    from parallel_lab.parallel3d import train3d
+    from parallel_lab.runtime import torchrun
+
+    given = {k: getattr(args, k) for k in (*_3D_INTS, "schedule", "optimizer", "lr", "dtype")}
+    cfg = train3d.Config(**{k: v for k, v in given.items() if v is not None},
+                         recompute=args.recompute, sequence_parallel=args.sequence_parallel)
+    if torchrun.under_torchrun():  # one process per rank: rank 0 prints the JSON object itself
+        train3d.train_under_torchrun(cfg, args.memory_limit_gb)
+        return None, None, ""
+    say = (lambda line: print(line, file=sys.stderr, flush=True))
+    result = train3d.train(cfg, progress=say, memory_limit_gb=args.memory_limit_gb)
+    c = result["config"]
+    text = (f"dp {c['dp']} x pp {c['pp']} x tp {c['tp']} ({result['world_size']} ranks, {c['schedule']}): "
+            f"losses equal one process: {result['losses_equal']} (max diff {result['max_loss_diff']:.1e}), "
+            f"final weights equal: {result['weights_equal']} (max diff {result['max_weight_diff']:.1e})")
+    return result, text, ""
+
+
+def _run(args):
+    return {"tensor": _run_tensor, "pipeline": _run_pipeline, "3d": _run_3d}[args.what](args)
+
+
 def _run_arguments(parser):
     sub = parser.add_subparsers(dest="what", required=True)
     tensor = sub.add_parser("tensor", help="Megatron tensor parallelism on real ranks vs the dense model")
@@ -90,19 +138,31 @@ def _run_arguments(parser):
     tensor.add_argument("--model", choices=("mlp", "block", "gpt"), default="mlp")
     tensor.add_argument("--sequence-parallel", action="store_true")
     pipe = sub.add_parser("pipeline", help="a pipeline schedule on real ranks vs the single-process model")
-    pipe.add_argument("--schedule", required=True, help="naive, gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v")
-    pipe.add_argument("--stages", type=int, required=True, help="pipeline ranks P")
+    pipe.add_argument("--schedule", required=True, choices=SCHEDULE_NAMES, metavar="NAME",
+                      help=", ".join(SCHEDULE_NAMES))
+    _ranks_argument(pipe)
     pipe.add_argument("--microbatches", type=int, required=True)
     pipe.add_argument("--virtual", type=int, default=1)
     pipe.add_argument("--model", choices=("mlp", "gpt"), default="mlp")
     pipe.add_argument("--recompute", action="store_true", help="activation recomputation")
     pipe.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace")
-    for command in (tensor, pipe):
+    three = sub.add_parser("3d", help="train the course GPT with dp x pp x tp on real ranks vs one process "
+                                      "(under torchrun: one process per rank, NCCL on GPUs)")
+    for name in _3D_INTS:
+        three.add_argument(f"--{name}", type=int, help=f"(default: train3d.Config's {name})")
+    three.add_argument("--schedule", choices=SCHEDULE_NAMES[1:], metavar="NAME", help="(default: 1f1b)")
+    three.add_argument("--optimizer", choices=("sgd", "adam"), help="(default: adam)")
+    three.add_argument("--lr", type=float)
+    three.add_argument("--dtype", choices=("float64", "float32"), help="(default: float64)")
+    three.add_argument("--recompute", action="store_true", help="activation recomputation")
+    three.add_argument("--sequence-parallel", action="store_true")
+    three.add_argument("--memory-limit-gb", type=float, help="refuse a plan that needs more per device")
+    for command in (tensor, pipe, three):
         command.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
 def _plan(args):
-    from parallel_lab import planner
+    from parallel_lab.planning import planner
 
     names = ("layers", "hidden", "heads", "vocab", "seq", "batch", "nodes", "gpus_per_node", "gpu_mem_gb",
              "intra_gbps", "inter_gbps", "tflops", "latency_us", "price", "tokens", "top", "zero1")
@@ -124,38 +184,103 @@ def _plan_arguments(parser):
     parser.add_argument("--zero1", action="store_true", help="shard optimizer state over DP (ZeRO-1)")
 
 
-def _grade(args):
-    from parallel_lab.quiz import cli as quiz_cli
+def _grade_arguments(parser) -> None:
+    parser.add_argument("submissions", nargs="+", metavar="SUBMISSION",
+                        help="student notebooks (or folders of them); the student is the notebook's folder name")
+    parser.add_argument("--out", required=True, help="the gradebook CSV to write")
+    parser.add_argument("--reference", action="append", default=[], metavar="LESSON.ipynb",
+                        help="reference lesson(s) with tagged check cells (default: lessons/*.ipynb)")
+    parser.add_argument("--feedback", metavar="DIR", help="feedback folder (default: feedback/ beside --out)")
+    parser.add_argument("--cell-timeout", type=float, default=60, metavar="S", help="seconds per cell (60)")
+    parser.add_argument("--timeout", type=float, default=600, metavar="S", help="seconds per notebook (600)")
+    parser.add_argument("--student-from", choices=("parent", "stem"), default="parent",
+                        help="student name from the folder (default) or the file name")
+    parser.add_argument("--jobs", type=int, default=1, help="submissions graded at once (1)")
 
-    return quiz_cli.grade(args)
+
+def _grade(args):
+    from parallel_lab.course.grading.gradebook import grade as run_grade
+
+    out = Path(args.out)
+    feedback = Path(args.feedback) if args.feedback else out.parent / "feedback"
+    rows = run_grade(args.submissions, out, args.reference or None, feedback, args.cell_timeout,
+                     args.timeout, args.student_from, args.jobs)
+    students = sorted({r.student for r in rows})
+    report = {"gradebook": str(out), "feedback": str(feedback), "students": len(students),
+              "submissions": len({r.submission for r in rows}),
+              "rows": [{"student": r.student, "lesson": r.lesson, "exercise": r.exercise, "passed": r.passed,
+                        "points": r.points, "max_points": r.max_points, "reason": r.reason} for r in rows]}
+    width = max(len(s) for s in students)
+    lines = [f"{s:{width}}  {sum(r.points for r in rows if r.student == s):g} of "
+             f"{sum(r.max_points for r in rows if r.student == s):g} points" for s in students]
+    lines.append(f"gradebook: {out}; feedback: {feedback}/")
+    return report, "\n".join(lines), ""
+
+
+def _certificate_arguments(parser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True)
+    verify = actions.add_parser("verify", help="check a certificate: exit 0 if valid, 1 if not")
+    verify.add_argument("file")
+    verify.add_argument("--accept-self-issued", action="store_true",
+                        help="with an instructor key, also accept certificates signed with the public key")
+    issue = actions.add_parser("issue", help="issue a certificate (with an instructor key: unforgeable)")
+    issue.add_argument("--name", required=True)
+    source = issue.add_mutually_exclusive_group(required=True)
+    source.add_argument("--lessons", nargs="+", metavar="NN")
+    source.add_argument("--gradebook", metavar="CSV", help="lessons the student passed in this gradebook")
+    issue.add_argument("--student", help="the student's name in the gradebook")
+    issue.add_argument("--threshold", type=float, default=0.8, help="share of a lesson's points to pass (0.8)")
+    issue.add_argument("--out", default="certificate.json")
+    issue.add_argument("--issuer", help="who issues it, e.g. 'Prof. Lin, CS 4xx' (default: instructor/self-issued)")
+    issue.add_argument("--date", help="YYYY-MM-DD (default: today)")
+    keygen = actions.add_parser("keygen", help="write a new instructor key file (keep it secret)")
+    keygen.add_argument("file")
+    for sub in (verify, issue):
+        sub.add_argument("--key-file", help="instructor key (default: $PARALLEL_LAB_CERT_KEY_FILE or "
+                                            "$PARALLEL_LAB_CERT_KEY; else the public course key)")
+    for sub in (verify, issue, keygen):  # --json may come after the action too
+        sub.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                         help="print one JSON object on stdout")
 
 
 def _certificate(args):
-    from parallel_lab.quiz import cli as quiz_cli
+    from parallel_lab.course import certificate as cert
 
-    return quiz_cli.certificate(args)
-
-
-def _quiz_arguments(name):
-    def add(parser):
-        from parallel_lab.quiz import cli as quiz_cli
-
-        getattr(quiz_cli, f"{name}_arguments")(parser)
-    return add
+    if args.action == "keygen":
+        key = cert.keygen(args.file)
+        return ({"file": args.file, "key_id": key.key_id},
+                f"wrote instructor key {key.key_id} to {args.file} (keep it secret; set "
+                f"PARALLEL_LAB_CERT_KEY_FILE={args.file} or pass --key-file)", "")
+    key = cert.load_key(args.key_file)
+    if args.action == "verify":
+        result = cert.verify(args.file, key, accept_self_issued=args.accept_self_issued)
+        return result, result["reason"], "" if result["valid"] else f"certificate verify: {result['reason']}"
+    if args.gradebook:
+        if not args.student:
+            raise ValueError("--gradebook needs --student (the student's name in the gradebook)")
+        lessons = cert.lessons_from_gradebook(args.gradebook, args.student, args.threshold)
+        if not lessons:
+            raise ValueError(f"{args.student} passed no lesson at threshold {args.threshold:g} in {args.gradebook}")
+    else:
+        lessons = args.lessons
+    issued = cert.issue(args.name, lessons, key, date=args.date, issuer=args.issuer)
+    cert.save(issued, args.out)
+    return ({**issued, "file": args.out},
+            f"{cert.Certificate(issued)}\nsaved to {args.out}", "")
 
 
 COMMANDS = {
     "doctor": (_doctor, "check the installation: torch, gloo, start method, cores, widgets/plotly", None),
     "schedule": (_schedule, "print a schedule's step x rank grid and its simulated numbers",
                  _schedule_arguments),
-    "run": (_run, "run tensor or pipeline parallelism on real ranks, checked against one process",
+    "run": (_run, "run tensor, pipeline or 3D parallelism on real ranks, checked against one process",
             _run_arguments),
     "plan": (_plan, "rank parallel plans (dp, pp, tp, micro-batches, schedule, recompute)",
              _plan_arguments),
     "grade": (_grade, "grade student notebooks with nbval: a gradebook CSV and feedback per student",
-              _quiz_arguments("grade")),
+              _grade_arguments),
     "certificate": (_certificate, "verify, issue, or make keys for course certificates",
-                    _quiz_arguments("certificate")),
+                    _certificate_arguments),
     "bench": (_bench, "side-by-side benchmarks against the peers, as ratios", _bench_arguments),
 }
 
@@ -179,7 +304,8 @@ def main(argv=None) -> int:
     except (ValueError, TypeError, RuntimeError, TimeoutError) as exc:  # bad input or a failed run
         print(f"parallel-lab {args.command}: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
-    print(json.dumps(report) if args.json else text)
+    if report is not None:
+        print(json.dumps(report) if args.json else text)
     if reason:
         print(reason, file=sys.stderr)
         return 1

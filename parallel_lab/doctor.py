@@ -38,7 +38,7 @@ def check_gloo():
 
 
 def check_start_method():
-    from parallel_lab.launcher import start_method
+    from parallel_lab.runtime.launcher import start_method
 
     method = start_method()
     return method in ("forkserver", "spawn"), f"ranks start with {method!r} (never fork: it hangs after torch ran)"
@@ -51,7 +51,7 @@ def check_cores():
 
 
 def check_ranks():
-    from parallel_lab import demos, launcher
+    from parallel_lab.runtime import demos, launcher
 
     start = time.perf_counter()
     results = launcher.run(demos.hello, 2, timeout=60)

@@ -1,6 +1,6 @@
-"""Balancing stages (parallel_lab.balance, lesson 08): cutting at any boundaries, the arithmetic of
+"""Balancing stages (parallel_lab.pipeline.balance, lesson 08): cutting at any boundaries, the arithmetic of
 imbalance, the exercise check, and runs of uneven cuts on real ranks against one process. At the
-end, lesson 10's helpers (parallel_lab.planner_widgets): the memory model against the real course
+end, lesson 10's helpers (parallel_lab.show.planner): the memory model against the real course
 GPT, and the planner's tables."""
 
 import json
@@ -8,10 +8,15 @@ import json
 import pytest
 import torch
 
-from parallel_lab import balance, launcher, partition, planner, planner_widgets
+from parallel_lab.exercises import check_balanced_cut
+from parallel_lab.pipeline import balance, partition
+from parallel_lab.show import balance as show_balance
+from parallel_lab.runtime import launcher
+from parallel_lab.planning import planner
+from parallel_lab.show import planner as planner_widgets
 from parallel_lab.pipeline.stages import ModelSpec, bounds, cut, reference
-from parallel_lab.schedules import build
-from parallel_lab.simulate import simulate
+from parallel_lab.pipeline.schedules import build
+from parallel_lab.pipeline.simulate import simulate
 
 GPT = ModelSpec("gpt", hidden=16, layers=4, heads=2, seq=6, vocab=24, batch=4)  # 6 pieces
 MLP = ModelSpec("mlp", hidden=8, layers=6, batch=8)
@@ -119,15 +124,15 @@ def test_quiz_helpers():
 
 def test_bubble_figure_is_deterministic():
     curves = balance.bubble_curves(LAYER_F, {"a": [0, 3, 5, 6, 8]}, [1, 8])
-    one = balance.bubble_figure([1, 8], curves, {"a": 0.357142857}).to_json()
-    assert one == balance.bubble_figure([1, 8], curves, {"a": 0.357142857}).to_json()
+    one = show_balance.bubble_figure([1, 8], curves, {"a": 0.357142857}).to_json()
+    assert one == show_balance.bubble_figure([1, 8], curves, {"a": 0.357142857}).to_json()
     assert "0.3571" in one and "0.357142857" not in one
 
 
 def test_measured_table_formats_a_run():
     run = {"parts": [0, 2, 4], "costs": {"F": [0.001, 0.002], "B": [0.002, 0.004], "I": None, "W": None},
            "bubble_measured": 0.25, "bubble_predicted": 0.24, "makespan_measured": 0.05}
-    lines = balance.measured_table({"even": run}).splitlines()
+    lines = show_balance.measured_table({"even": run}).splitlines()
     assert lines[0].split()[:2] == ["cut", "parts"]
     assert "3.00  6.00" in lines[1] and "25.0%" in lines[1] and "50.0" in lines[1] and "1.33" in lines[1]
 
@@ -137,12 +142,12 @@ def test_measured_table_formats_a_run():
 
 
 def test_exercise_check_passes_an_exact_cut(capsys):
-    assert balance.check_balanced_cut(partition.balanced).passed
+    assert check_balanced_cut(partition.balanced).passed
     assert capsys.readouterr().out == "balanced cut: PASSED (8/8 cases)\n"
 
 
 def test_exercise_check_explains_a_wrong_cut(capsys):
-    verdict = balance.check_balanced_cut(lambda w, s: partition.uniform(len(w), s))
+    verdict = check_balanced_cut(lambda w, s: partition.uniform(len(w), s))
     out = capsys.readouterr().out.splitlines()
     assert not verdict.passed and out[0].startswith("balanced cut: FAILED (")
     assert "heaviest stage" in out[1] and "is possible" in out[1]
@@ -152,9 +157,9 @@ def test_exercise_check_reports_exceptions_and_bad_parts(capsys):
     def broken(weights, stages):
         raise ZeroDivisionError("oops")
 
-    assert not balance.check_balanced_cut(broken).passed
+    assert not check_balanced_cut(broken).passed
     assert "ZeroDivisionError: oops" in capsys.readouterr().out
-    assert not balance.check_balanced_cut(lambda w, s: [0, len(w)]).passed  # one stage only
+    assert not check_balanced_cut(lambda w, s: [0, len(w)]).passed  # one stage only
     assert "expected" in capsys.readouterr().out
 
 
@@ -186,7 +191,7 @@ def test_run_cut_checks_before_starting():
 
 
 # ----------------------------------------------------------------------------------------------
-# Lesson 10's helpers (parallel_lab.planner_widgets).
+# Lesson 10's helpers (parallel_lab.show.planner).
 
 
 def test_memory_model_matches_the_real_course_gpt():

@@ -7,9 +7,8 @@ import stat
 
 import pytest
 
-from parallel_lab import certificate as cert
+from parallel_lab.course import certificate as cert
 from parallel_lab import cli
-from parallel_lab.quiz import cli as quiz_cli
 
 INSTRUCTOR = cert.Key(b"0123456789abcdef0123456789abcdef", instructor=True)
 OTHER = cert.Key(b"fedcba9876543210fedcba9876543210", instructor=True)
@@ -25,9 +24,9 @@ def no_key(monkeypatch, tmp_path):
 @pytest.fixture
 def parallel_lab(monkeypatch, capsys):
     """`parallel-lab` with the two commands registered as the lead will (cli.COMMANDS)."""
-    monkeypatch.setitem(cli.COMMANDS, "grade", (quiz_cli.grade, "grade", quiz_cli.grade_arguments))
+    monkeypatch.setitem(cli.COMMANDS, "grade", (cli._grade, "grade", cli._grade_arguments))
     monkeypatch.setitem(cli.COMMANDS, "certificate",
-                        (quiz_cli.certificate, "certificates", quiz_cli.certificate_arguments))
+                        (cli._certificate, "certificates", cli._certificate_arguments))
 
     def run(*argv):
         status = cli.main(list(argv))
@@ -102,7 +101,7 @@ def test_keys_come_from_env_or_file(tmp_path, monkeypatch):
 
 
 def test_notebook_certificate_lists_passed_quizzes(tmp_path):
-    from parallel_lab.quiz import progress
+    from parallel_lab.course.quiz import progress
 
     with pytest.raises(ValueError, match="no quiz passed yet"):
         cert.certificate("Ada", out=tmp_path / "c.json")

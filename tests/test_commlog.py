@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from parallel_lab import commlog, demos, launcher
+from parallel_lab.runtime import commlog, demos, launcher
 
 
 @pytest.mark.ranks

@@ -1,11 +1,13 @@
-"""Bucketed gradient all-reduce (parallel_lab.data_parallel) against the whole batch on one process."""
+"""Bucketed gradient all-reduce (parallel_lab.parallel3d.data_parallel) against the whole batch on one process."""
 
 import pytest
 import torch
 from torch import nn
 
-from parallel_lab import data_parallel, launcher, models
-from parallel_lab.data_parallel import batch_slice, buckets
+from parallel_lab.parallel3d import data_parallel
+from parallel_lab.runtime import launcher
+from parallel_lab import models
+from parallel_lab.parallel3d.data_parallel import batch_slice, buckets
 
 
 def _params(*sizes, dtype=torch.float32):

@@ -10,8 +10,8 @@ import nbformat
 import psutil
 import pytest
 
-from parallel_lab import cli, grading
-from parallel_lab.quiz import cli as quiz_cli
+from parallel_lab import cli
+from parallel_lab.course.grading import gradebook, plugin, reference, runner
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "submissions"
 REFERENCE = FIXTURES / "reference" / "99_fixture_lesson.ipynb"
@@ -39,7 +39,7 @@ def leftover_processes():
     found = []
     for proc in psutil.process_iter():
         try:
-            if grading.LOG_ENV in proc.environ():
+            if plugin.LOG_ENV in proc.environ():
                 found.append(proc)
         except (psutil.Error, OSError):
             continue
@@ -57,7 +57,7 @@ def fixture_quizzes():
 def graded(tmp_path_factory, fixture_quizzes):
     out = tmp_path_factory.mktemp("grades")
     students = ["alice", "bob", "carol", "dave", "erin", "grace"]
-    rows = grading.grade([FIXTURES / s / REFERENCE.name for s in students], out / "grades.csv", [REFERENCE],
+    rows = gradebook.grade([FIXTURES / s / REFERENCE.name for s in students], out / "grades.csv", [REFERENCE],
                          cell_timeout=3, notebook_timeout=90, jobs=4)
     return out, rows
 
@@ -86,7 +86,7 @@ def test_grading_leaves_no_process_behind(graded):
 
 
 def test_notebook_time_limit_fails_what_was_not_reached(tmp_path, fixture_quizzes):
-    rows = grading.grade([FIXTURES / "heidi" / REFERENCE.name], tmp_path / "g.csv", [REFERENCE],
+    rows = gradebook.grade([FIXTURES / "heidi" / REFERENCE.name], tmp_path / "g.csv", [REFERENCE],
                          cell_timeout=60, notebook_timeout=4)
     assert [(r.exercise, r.passed, r.reason) for r in rows] == [
         ("add", False, "not run: the notebook exceeded its 4 s limit"),
@@ -96,20 +96,20 @@ def test_notebook_time_limit_fails_what_was_not_reached(tmp_path, fixture_quizze
 
 def test_check_cells_are_found_by_tag_or_metadata():
     cell = nbformat.v4.new_code_cell("x", metadata={"tags": ["check:ex1", "points:2.5"]})
-    assert grading.check_tags(cell) == ("ex1", 2.5)
+    assert reference.check_tags(cell) == ("ex1", 2.5)
     cell = nbformat.v4.new_code_cell("x", metadata={"parallel_lab": {"check": "ex2"}})
-    assert grading.check_tags(cell) == ("ex2", 1.0)
-    assert grading.check_tags(nbformat.v4.new_markdown_cell("x", metadata={"tags": ["check:no"]})) == (None, 0)
-    with pytest.raises(grading.GradingError, match="points must be a number, got 'two'"):
-        grading.check_tags(nbformat.v4.new_code_cell("x", metadata={"tags": ["check:a", "points:two"]}))
+    assert reference.check_tags(cell) == ("ex2", 1.0)
+    assert reference.check_tags(nbformat.v4.new_markdown_cell("x", metadata={"tags": ["check:no"]})) == (None, 0)
+    with pytest.raises(reference.GradingError, match="points must be a number, got 'two'"):
+        reference.check_tags(nbformat.v4.new_code_cell("x", metadata={"tags": ["check:a", "points:two"]}))
 
 
 def test_test_notebook_restores_check_cells_and_ignores_the_rest(fixture_quizzes):
-    ref = grading.load_reference(REFERENCE)
+    ref = reference.load_reference(REFERENCE)
     nb = nbformat.read(FIXTURES / "bob" / REFERENCE.name, as_version=4)
     nb.cells[2].metadata["tags"] = ["check:add", "nbval-skip"]  # a student cannot skip a check
-    found = grading.match_checks(nb, ref.checks)
-    test, numbers = grading.build_test_notebook(nb, ref.checks, found)
+    found = runner.match_checks(nb, ref.checks)
+    test, numbers = runner.build_test_notebook(nb, ref.checks, found)
     assert numbers == {1: "add", 3: "quiz:tiny"}
     add = test.cells[2]
     assert add.metadata["tags"] == ["nbval-check-output"] and add.outputs[0]["text"] == "add: PASSED\n"
@@ -120,13 +120,13 @@ def test_test_notebook_restores_check_cells_and_ignores_the_rest(fixture_quizzes
 
 def test_reference_without_checks_is_an_error(tmp_path):
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]), tmp_path / "r.ipynb")
-    with pytest.raises(grading.GradingError, match="r.ipynb: no check cells"):
-        grading.load_reference(tmp_path / "r.ipynb")
+    with pytest.raises(reference.GradingError, match="r.ipynb: no check cells"):
+        reference.load_reference(tmp_path / "r.ipynb")
 
 
 def test_cli_grade_writes_gradebook_and_reports_json(tmp_path, monkeypatch, capsys, fixture_quizzes):
     """Through `parallel-lab grade` (registered as the lead will); erin and grace need no kernel."""
-    monkeypatch.setitem(cli.COMMANDS, "grade", (quiz_cli.grade, "grade", quiz_cli.grade_arguments))
+    monkeypatch.setitem(cli.COMMANDS, "grade", (cli._grade, "grade", cli._grade_arguments))
     status = cli.main(["grade", str(FIXTURES / "erin" / REFERENCE.name), str(FIXTURES / "grace" / REFERENCE.name),
                        "--reference", str(REFERENCE), "--out", str(tmp_path / "g.csv"), "--json"])
     report = json.loads(capsys.readouterr().out)
@@ -175,9 +175,9 @@ def test_real_lesson_01_check_cell(tmp_path, monkeypatch):
     submission.cells[1].source = RING_FORGETS_ALL_GATHER
     (tmp_path / "ben").mkdir()
     nbformat.write(submission, tmp_path / "ben" / "01_ranks_and_collectives.ipynb")
-    rows = grading.grade([tmp_path / "ben" / "01_ranks_and_collectives.ipynb"], tmp_path / "g.csv",
+    rows = gradebook.grade([tmp_path / "ben" / "01_ranks_and_collectives.ipynb"], tmp_path / "g.csv",
                          [tmp_path / "01_ranks_and_collectives.ipynb"], cell_timeout=60, notebook_timeout=110)
-    check_id = grading.check_tags(check)[0]
+    check_id = reference.check_tags(check)[0]
     assert [(r.exercise, r.passed, r.reason) for r in rows if r.exercise == check_id] == [
         (check_id, False, "output differs from the reference: ring all-reduce on 2 ranks: FAILED: "
                           "tensor of 1 element: rank 0: got [0], expected [1]")]

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import torch
 
-from parallel_lab import demos, launcher
+from parallel_lab.runtime import demos, launcher
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(180)]
 
@@ -188,7 +188,7 @@ def test_warm_starts_the_forkserver_ahead_and_shutdown_stops_it():
 KERNEL_LIKE = textwrap.dedent("""
     import json, sys, torch
     torch.ones(256, 256) @ torch.ones(256, 256)
-    from parallel_lab import launcher, demos
+    from parallel_lab.runtime import launcher, demos
     sums = [launcher.run(demos.hello, 4)[0]["sum"] for _ in range(int(sys.argv[1]))]
     print(json.dumps(sums))
 """)
@@ -219,7 +219,7 @@ def test_interrupting_a_jupyter_kernel_stops_all_ranks():
             return reply["content"]
 
         setup = ("import torch; torch.ones(256,256) @ torch.ones(256,256)\n"
-                 "from parallel_lab import launcher, demos\n"
+                 "from parallel_lab.runtime import launcher, demos\n"
                  "launcher.run(demos.rank_id, 4); pids = launcher.pool_pids()")
         assert execute(setup)["status"] == "ok"
         pids = json.loads(_kernel_value(kc, "pids"))
@@ -259,8 +259,8 @@ def _alive(pid):
 def test_same_function_runs_under_torchrun():
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     out = subprocess.run(
-        [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "parallel_lab.launcher",
-         "parallel_lab.demos:hello"],
+        [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "parallel_lab.runtime.torchrun",
+         "parallel_lab.runtime.demos:hello"],
         capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, out.stderr

@@ -1,11 +1,11 @@
-"""Training-memory arithmetic (parallel_lab.memory): pure, no processes."""
+"""Training-memory arithmetic (parallel_lab.planning.memory): pure, no processes."""
 
 import math
 
 import pytest
 
-from parallel_lab import memory
-from parallel_lab.memory import GB, MODELS, ModelConfig
+from parallel_lab.planning import memory
+from parallel_lab.planning.memory import GB, MODELS, ModelConfig
 
 
 def test_mixed_precision_adam_is_16_bytes_per_param():
@@ -108,7 +108,7 @@ def test_table_has_a_row_per_model():
 
 
 def test_models_figure_is_deterministic_and_labels_gpus_on_the_log_axis():
-    from parallel_lab import widgets_memory
+    from parallel_lab.show import memory as widgets_memory
 
     first, second = widgets_memory.models_figure(), widgets_memory.models_figure()
     assert first.to_json() == second.to_json()
@@ -120,7 +120,7 @@ def test_models_figure_is_deterministic_and_labels_gpus_on_the_log_axis():
 
 
 def test_config_figure_keeps_the_gpu_line_in_view():
-    from parallel_lab import widgets_memory
+    from parallel_lab.show import memory as widgets_memory
 
     fig = widgets_memory.config_figure("GPT-3 1.3B", recompute=True, gpu="H200 141GB")
     low, high = fig.layout.yaxis.range
@@ -128,7 +128,7 @@ def test_config_figure_keeps_the_gpu_line_in_view():
 
 
 def test_memory_widget_updates_its_summary(capsys):
-    from parallel_lab import widgets_memory
+    from parallel_lab.show import memory as widgets_memory
 
     box = widgets_memory.memory_widget()
     text = box.children[2]

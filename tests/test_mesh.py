@@ -1,13 +1,13 @@
-"""The device mesh (parallel_lab.mesh): the pure rank grid, its errors, and real groups on 4 and 8 ranks."""
+"""The device mesh (parallel_lab.runtime.mesh): the pure rank grid, its errors, and real groups on 4 and 8 ranks."""
 
 import json
 
 import pytest
 import torch
 
-from parallel_lab import launcher, mesh
-from parallel_lab.mesh import Coord, ParallelDims
-from parallel_lab.mesh_figures import mesh_figure
+from parallel_lab.runtime import launcher, mesh
+from parallel_lab.runtime.mesh import Coord, ParallelDims
+from parallel_lab.show.mesh import mesh_figure
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Stage balancing (parallel_lab.partition) and the per-layer profile it balances (parallel_lab.profile)."""
+"""Stage balancing (parallel_lab.pipeline.partition) and the per-layer profile it balances (parallel_lab.pipeline.profile)."""
 
 import itertools
 import random
@@ -7,8 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from parallel_lab import models, partition, profile
-from parallel_lab.partition import balanced, stage_loads, uniform
+from parallel_lab import models
+from parallel_lab.pipeline import partition, profile
+from parallel_lab.pipeline.partition import balanced, stage_loads, uniform
 
 CFG = models.GPTConfig(vocab=32, seq=8, hidden=16, heads=2, layers=6)
 

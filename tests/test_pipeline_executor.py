@@ -16,10 +16,11 @@ import json
 import pytest
 import torch
 
-from parallel_lab import launcher
-from parallel_lab.schedules import Action, Schedule, ScheduleError, build, communication
-from parallel_lab.simulate import simulate
-from parallel_lab.pipeline import bench, pipedream
+from parallel_lab.runtime import launcher
+from parallel_lab.pipeline.schedules import Action, Schedule, ScheduleError, build, communication
+from parallel_lab.pipeline.simulate import simulate
+from parallel_lab.bench import pipeline as bench
+from parallel_lab.pipeline import pipedream
 from parallel_lab.pipeline import run as prun
 from parallel_lab.pipeline.stages import ModelSpec, bounds, cut, reference
 

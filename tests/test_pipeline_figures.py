@@ -1,4 +1,4 @@
-"""Pipeline pictures (parallel_lab.pipeline.figures): what the bars say, determinism and size of the
+"""Pipeline pictures (parallel_lab.show.pipeline): what the bars say, determinism and size of the
 JSON nbval stores, and the schedule panel's update logic without a browser. Only the last test
 starts ranks (the panel's "run on real ranks" button)."""
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from parallel_lab.pipeline import figures
-from parallel_lab.schedules import SCHEDULES, build
-from parallel_lab.simulate import Costs, simulate
+from parallel_lab.show import pipeline as figures
+from parallel_lab.pipeline.schedules import SCHEDULES, build
+from parallel_lab.pipeline.simulate import Costs, simulate
 
 
 def _bars_by_rank(fig):

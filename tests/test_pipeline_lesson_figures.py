@@ -1,17 +1,17 @@
-"""Pictures and tables of lessons 06-07 (parallel_lab.pipeline.schedule_figures, recompute_figures and
+"""Pictures and tables of lessons 06-07 (parallel_lab.show.schedules, recompute_figures and
 pipedream_figures): the numbers they
 show against the closed forms of the papers, determinism and size of the JSON nbval stores, and the
 weight versions predicted from the schedule. Only the last test starts ranks (PipeDream's modes)."""
 
 import pytest
 
-from parallel_lab import memory
+from parallel_lab.planning import memory
 from parallel_lab.pipeline import pipedream
-from parallel_lab.pipeline import pipedream_figures as pf
-from parallel_lab.pipeline import recompute_figures as rf
-from parallel_lab.pipeline import schedule_figures as sf
-from parallel_lab.schedules import build
-from parallel_lab.simulate import simulate
+from parallel_lab.show import pipedream as pf
+from parallel_lab.show import recompute as rf
+from parallel_lab.show import schedules as sf
+from parallel_lab.pipeline.schedules import build
+from parallel_lab.pipeline.simulate import simulate
 
 
 # ----------------------------------------------------------------------------------------------

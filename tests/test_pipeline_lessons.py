@@ -1,4 +1,4 @@
-"""Lessons 03-05 (pipeline bubble, GPipe, 1F1B): the 1F1B exercise check (parallel_lab.pipeline.exercise),
+"""Lessons 03-05 (pipeline bubble, GPipe, 1F1B): the 1F1B exercise check (parallel_lab.exercises.one_f_one_b),
 ``as_schedule``, and what the lesson notebooks promise (widgets for the browser test, graded cells).
 Only the tests marked ``ranks`` start processes."""
 
@@ -7,9 +7,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from parallel_lab.pipeline import exercise, figures
-from parallel_lab.schedules import Action, ScheduleError, build, validate
-from parallel_lab.simulate import Costs, simulate
+from parallel_lab.exercises import one_f_one_b as exercise
+from parallel_lab.show import pipeline as figures
+from parallel_lab.pipeline.schedules import Action, ScheduleError, build, validate
+from parallel_lab.pipeline.simulate import Costs, simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 

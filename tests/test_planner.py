@@ -1,4 +1,4 @@
-"""The planner (parallel_lab.planner): closed forms against the simulator, the time model's parts,
+"""The planner (parallel_lab.planning.planner): closed forms against the simulator, the time model's parts,
 what it picks for GPT-3 175B and why it rejects the rest; calibration on real ranks."""
 
 import doctest
@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from parallel_lab import memory, memory_model, planner
-from parallel_lab.collectives import predict_all_reduce
-from parallel_lab.planner import Cluster, pipeline_makespan, step_time
-from parallel_lab.schedules import build
-from parallel_lab.simulate import Costs, simulate
+from parallel_lab.planning import memory, memory_model, planner
+from parallel_lab.runtime.collectives import predict_all_reduce
+from parallel_lab.planning.planner import Cluster, pipeline_makespan, step_time
+from parallel_lab.pipeline.schedules import build
+from parallel_lab.pipeline.simulate import Costs, simulate
 
 GPT3 = memory.ModelConfig("GPT-3 175B", 96, 12288, 96, 50257, 2048)
 CLUSTER = Cluster(nodes=64, gpus_per_node=8, gpu_mem_gb=80)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from parallel_lab.quiz import answers, bank, check, load, load_all, text, validate
+from parallel_lab.course.quiz import answers, bank, check, load, load_all, text, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 BANKS = ROOT / "quizzes"
@@ -132,9 +132,9 @@ MALFORMED = {
         "ranks_and_collectives.yaml: item 'collectives/ring-bytes': answer:"),
     "answer function that does not exist": (
         "ranks_and_collectives.yaml",
-        lambda d: _item(d, "collectives/ring-bytes")["answer"].update(function="parallel_lab.quiz.answers:nope"),
+        lambda d: _item(d, "collectives/ring-bytes")["answer"].update(function="parallel_lab.course.quiz.answers:nope"),
         "ranks_and_collectives.yaml: item 'collectives/ring-bytes': answer function "
-        "'parallel_lab.quiz.answers:nope' cannot be imported"),
+        "'parallel_lab.course.quiz.answers:nope' cannot be imported"),
     "mistake that is the answer": (
         "ranks_and_collectives.yaml",
         lambda d: _item(d, "collectives/ring-bytes")["mistakes"][0].update(answer={"value": 112}),
@@ -295,7 +295,7 @@ def test_pass_mark_is_configurable(monkeypatch):
 
 
 def test_passing_is_recorded_for_the_certificate(capsys):
-    from parallel_lab.quiz import progress
+    from parallel_lab.course.quiz import progress
 
     text.check_quiz("00", {})
     assert progress.lessons_passed() == []
@@ -375,7 +375,7 @@ def widget_state(box) -> str:
 def test_widget_state_holds_no_answer_key(name, lang):
     """What nbclient or JupyterLab save into a notebook's metadata: prompts and option labels, but
     no explanation, hint or answer -- until the student answers, and then only their own."""
-    from parallel_lab.quiz import quiz
+    from parallel_lab.show.quizbox import quiz
 
     b = load(name)
     box = quiz(name, lang)
@@ -395,7 +395,7 @@ def test_widget_state_holds_no_answer_key(name, lang):
 
 
 def test_widget_feedback_score_retry_and_language():
-    from parallel_lab.quiz import quiz
+    from parallel_lab.show.quizbox import quiz
 
     b = load("faq")
     box = quiz("faq")
@@ -418,7 +418,7 @@ def test_widget_feedback_score_retry_and_language():
 
 
 def test_widget_shows_the_text_quiz_where_widgets_do_not_render():
-    from parallel_lab.quiz import quiz
+    from parallel_lab.show.quizbox import quiz
 
     bundle = quiz("01")._repr_mimebundle_()
     assert bundle["text/plain"] == text.quiz_text("01")
@@ -426,7 +426,8 @@ def test_widget_shows_the_text_quiz_where_widgets_do_not_render():
 
 
 def test_widget_passing_records_progress():
-    from parallel_lab.quiz import progress, quiz
+    from parallel_lab.course.quiz import progress
+    from parallel_lab.show.quizbox import quiz
 
     b = load("01")
     box = quiz("01")

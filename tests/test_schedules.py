@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from parallel_lab.schedules import (
+from parallel_lab.pipeline.schedules import (
     SCHEDULES,
     Action,
     Comm,

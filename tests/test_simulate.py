@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from parallel_lab.schedules import (
+from parallel_lab.pipeline.schedules import (
     ScheduleError,
     build,
     gpipe,
@@ -21,7 +21,7 @@ from parallel_lab.schedules import (
     zb_h1,
     zb_v,
 )
-from parallel_lab.simulate import Costs, parse_costs, simulate, summary, unit_grid
+from parallel_lab.pipeline.simulate import Costs, parse_costs, simulate, summary, unit_grid
 
 GRID = [(p, m) for p in range(1, 9) for m in range(1, 17)]
 EXACT = 1e-9
@@ -260,7 +260,7 @@ def test_closed_forms_hold_at_the_caps():
 def test_a_schedule_that_settles_slowly_is_validated_then_finished(monkeypatch):
     """After SWEEPS_BEFORE_VALIDATE sweeps the simulator asks validate() whether it is looking at a
     deadlock; a valid schedule then keeps sweeping to the exact answer."""
-    import parallel_lab.simulate as sim
+    import parallel_lab.pipeline.simulate as sim
 
     checked = []
     monkeypatch.setattr(sim, "SWEEPS_BEFORE_VALIDATE", 1)

@@ -10,8 +10,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from parallel_lab import collectives, exercises, launcher
-from parallel_lab.tensor import figures, lesson, widgets
+from parallel_lab.runtime import collectives, launcher
+from parallel_lab import exercises
+from parallel_lab.exercises import check
+from parallel_lab.show import tensor as figures, tp_cost as widgets
+from parallel_lab.tensor import demos as lesson
 
 # ----------------------------------------------------------------------------------------------
 # Pictures: deterministic, small, and drawing what they say.
@@ -317,7 +320,7 @@ def test_class_source_is_read_back_from_a_notebook_cell():
     try:
         namespace = {"__name__": "a_notebook_cell"}
         exec(compile(cell, filename, "exec"), namespace)
-        source, name = exercises.source_of_class(namespace["MyG"])
+        source, name = check.source_of_class(namespace["MyG"])
     finally:
         del linecache.cache[filename]
     assert name == "MyG"
@@ -325,10 +328,10 @@ def test_class_source_is_read_back_from_a_notebook_cell():
 
 
 def test_class_source_of_a_module_class_uses_inspect():
-    source, name = exercises.source_of_class(GCorrect)
+    source, name = check.source_of_class(GCorrect)
     assert name == "GCorrect" and source.startswith("class GCorrect(torch.autograd.Function):")
     with pytest.raises(TypeError, match="expected the class you wrote"):
-        exercises.source_of_class(row_correct)
+        check.source_of_class(row_correct)
 
 
 def test_lesson_numbers_are_the_models():

@@ -12,8 +12,10 @@ import json
 import pytest
 import torch
 
-from parallel_lab import launcher, models
+from parallel_lab.runtime import launcher
+from parallel_lab import models
 from parallel_lab.tensor import plan as tp_plan
+from parallel_lab.tensor import dtensor as tp_dtensor
 from parallel_lab.tensor import run
 
 # Shapes divisible by 1, 2, 3 and 4: hidden, 2*hidden, 4*hidden, heads, vocab and seq.
@@ -39,7 +41,7 @@ def results(tp):
     by_job = {job: [ranks[i] for ranks in per_rank] for i, job in enumerate(JOBS)}
     dtensor = None
     if tp > 1:
-        dtensor = launcher.run(run.check_against_dtensor, tp, kwargs=dict(config=CONFIG, batch=BATCH), timeout=120)
+        dtensor = launcher.run(tp_dtensor.check_against_dtensor, tp, kwargs=dict(config=CONFIG, batch=BATCH), timeout=120)
     return by_job, dtensor
 
 

@@ -1,4 +1,4 @@
-"""3D parallelism (parallel_lab.train3d): dp x pp x tp training of the tiny GPT against one process.
+"""3D parallelism (parallel_lab.parallel3d.train3d): dp x pp x tp training of the tiny GPT against one process.
 
 In fp64 every step's loss and the final weights of every rank equal single-process training with
 the same optimiser (1e-9; they agree to ~1e-11 after Adam). The 4-rank cases share one pool; the
@@ -15,8 +15,11 @@ import sys
 
 import pytest
 
-from parallel_lab import launcher, memory, planner, train3d, validate_plans
-from parallel_lab.schedules import ScheduleError
+from parallel_lab.runtime import launcher
+from parallel_lab.planning import memory, planner
+from parallel_lab.parallel3d import train3d, validate_plans
+from parallel_lab.show import train3d as show_train3d
+from parallel_lab.pipeline.schedules import ScheduleError
 
 TINY = train3d.Config(steps=2, layers=4, hidden=16, heads=4, vocab=32, seq=8, batch=8)
 
@@ -61,9 +64,9 @@ def test_progress_lines_are_deterministic_text(monkeypatch):
     assert lines[0].startswith("training the tiny GPT (4 layers, hidden 16) on dp 1 x pp 1 x tp 1 = 1 ranks")
     assert lines[1:] == ["step 1/2 loss 1.000000 (one process: 1.000000)",
                          "step 2/2 loss 0.500000 (one process: 0.500000)"]
-    assert train3d.format_result(result).endswith("losses equal the single process: True; final weights "
+    assert show_train3d.format_result(result).endswith("losses equal the single process: True; final weights "
                                                   "equal: True (tolerance 1e-09)")
-    fig = train3d.loss_figure(result)
+    fig = show_train3d.loss_figure(result)
     assert [t.name for t in fig.data] == ["one process", "dp 1 x pp 1 x tp 1 (1f1b)"]
 
 
@@ -117,8 +120,8 @@ def test_train_refuses_before_any_process_starts(monkeypatch):
 def _torchrun(n, *args):
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([torchrun, "--standalone", "--nproc-per-node", str(n), "-m", "parallel_lab.train3d",
-                           *args], capture_output=True, text=True, timeout=270, env=env)
+    return subprocess.run([torchrun, "--standalone", "--nproc-per-node", str(n), "-m", "parallel_lab.cli", "run", "3d",
+                           "--json", *args], capture_output=True, text=True, timeout=270, env=env)
 
 
 @pytest.mark.ranks
@@ -135,11 +138,11 @@ def test_torchrun_prints_losses_equal_to_one_process(dp, pp, tp):
 
 
 def test_command_line_refuses_a_bad_mesh_with_one_line():
-    out = subprocess.run([sys.executable, "-m", "parallel_lab.train3d", "--dp", "1", "--pp", "2", "--tp", "2",
+    out = subprocess.run([sys.executable, "-m", "parallel_lab.cli", "run", "3d", "--dp", "1", "--pp", "2", "--tp", "2",
                           "--heads", "3", "--hidden", "12"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1 and out.stdout == ""
-    assert out.stderr.strip().splitlines()[-1] == ("train3d: heads 3 is not divisible by tp 2 (each rank holds "
-                                                   "heads/tp whole heads)")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines()[-1] == ("parallel-lab run: heads 3 is not divisible by tp 2 (each rank "
+                                                   "holds heads/tp whole heads)")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
     .venv/bin/python tools/render_static.py lessons/00_why_split_a_model.ipynb lessons/01_*.ipynb
 
 GitHub and nbviewer cannot draw ``application/vnd.plotly.v1+json`` outputs (the lessons store figures
-as JSON, without plotly.js, see ``parallel_lab.notebook.setup``). For each such output this adds an
+as JSON, without plotly.js, see ``parallel_lab.course.notebook.setup``). For each such output this adds an
 ``image/png`` rendering beside the JSON in the same output: JupyterLab still prefers the plotly
 mimetype (interactive), static viewers show the picture, and nbval does not compare ``image/png``
 (it skips images unless run with nbdime), so the notebook stays a valid nbval reference.

@@ -25,7 +25,7 @@
 # must reproduce its saved output, except cells tagged `nbval-ignore-output` (widgets).
 
 # %%
-from parallel_lab.notebook import setup
+from parallel_lab.course.notebook import setup
 
 setup()  # seeds, one thread per process, plotly figures as JSON
 
@@ -44,13 +44,13 @@ setup()  # seeds, one thread per process, plotly figures as JSON
 # The first three are the **model state**: 2 + 2 + 12 = **16 bytes per parameter** for mixed-precision
 # Adam (Rajbhandari et al. 2020, *ZeRO*, §3.1). The activations of a GPT layer take
 # `s·b·h·(34 + 5·a·s/h)` bytes (s sequence length, b micro-batch, h hidden size, a heads;
-# Korthikanti et al. 2022). `parallel_lab.memory` does the arithmetic.
+# Korthikanti et al. 2022). `parallel_lab.planning.memory` does the arithmetic.
 #
 # **Predict:** plain fp32 Adam keeps 4-byte weights and gradients and 8 bytes of moments. How many bytes
 # per parameter does mixed precision save compared with it?
 
 # %%
-from parallel_lab import memory
+from parallel_lab.planning import memory
 
 for key, p in memory.PRECISIONS.items():
     print(f"{p.name:<42} {p.weights} + {p.gradients} + {p.optimizer:>2} = {p.per_param} bytes per parameter")
@@ -85,7 +85,7 @@ print(memory.table(gpu="H100 80GB"))
 # models fit under the 80 GB line.
 
 # %%
-from parallel_lab import widgets_memory
+from parallel_lab.show import memory as widgets_memory
 
 widgets_memory.models_figure()
 
@@ -191,13 +191,13 @@ print(f"TP {tp} x PP {pp} = {tp * pp} GPUs: {state / (tp * pp) / memory.GB:.1f} 
 # %% [markdown]
 # ## 3. A first run on simulated GPUs
 #
-# `parallel_lab.launcher.run(fn, n)` starts `n` rank processes, sets up `torch.distributed` (gloo) in
+# `parallel_lab.runtime.launcher.run(fn, n)` starts `n` rank processes, sets up `torch.distributed` (gloo) in
 # each, runs `fn` on every rank and returns the list of their results. In `demos.hello` each rank
 # contributes `rank + 1` and an **all-reduce** sums them — the same collective that recombines
 # tensor-parallel partial results. **Predict:** what sum do 4 ranks get?
 
 # %%
-from parallel_lab import demos, launcher
+from parallel_lab.runtime import demos, launcher
 
 results = launcher.run(demos.hello, 4)
 for r in results:  # each rank also reports its process id; it changes every run, so it is not printed
@@ -257,16 +257,16 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 #
 # **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
 # paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.certificate import certificate`, then
+# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
 # `certificate("Your Name")`.
 
 # %% tags=["nbval-ignore-output"]
-from parallel_lab.quiz import quiz
+from parallel_lab.course.quiz import quiz
 
 quiz("00")
 
 # %%
-from parallel_lab.quiz import show
+from parallel_lab.course.quiz import show
 
 show("00")
 
@@ -283,6 +283,6 @@ my_answers = {
 }
 
 # %% tags=["check:quiz:00", "points:3"]
-from parallel_lab.quiz import check_quiz
+from parallel_lab.course.quiz import check_quiz
 
 quiz_verdict = check_quiz("00", my_answers)

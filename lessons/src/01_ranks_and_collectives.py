@@ -14,20 +14,20 @@
 # *times* are not GPU times — but who sends what to whom is exactly the same.
 
 # %%
-from parallel_lab.notebook import setup
+from parallel_lab.course.notebook import setup
 
 setup()
 
 # %% [markdown]
 # ## 1. Ranks
 # `launcher.run(fn, world_size)` runs `fn` on every rank with the process group ready and returns the
-# list of their return values, indexed by rank. `fn` must live in a module (here `parallel_lab.demos`):
+# list of their return values, indexed by rank. `fn` must live in a module (here `parallel_lab.runtime.demos`):
 # ranks are separate processes and import it by name.
 
 # %%
 import inspect
 
-from parallel_lab import demos, launcher
+from parallel_lab.runtime import demos, launcher
 
 print(inspect.getsource(demos.hello))
 results = launcher.run(demos.hello, world_size=4)
@@ -70,7 +70,8 @@ except launcher.RanksHung as err:
 # | reduce-scatter | the sum, but each rank keeps only its piece | sequence parallelism, ZeRO |
 
 # %%
-from parallel_lab import collective_figures, collectives
+from parallel_lab.show import collectives as collective_figures
+from parallel_lab.runtime import collectives
 
 for name in collectives.COLLECTIVES:
     per_rank = launcher.run(collectives.holdings, world_size=4, args=(name,))
@@ -179,16 +180,16 @@ print(f"4 MB on 4 ranks: gloo {gloo_s * 1e3:.1f} ms, our ring {ring_s * 1e3:.1f}
 #
 # **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
 # paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.certificate import certificate`, then
+# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
 # `certificate("Your Name")`.
 
 # %% tags=["nbval-ignore-output"]
-from parallel_lab.quiz import quiz
+from parallel_lab.course.quiz import quiz
 
 quiz("01")
 
 # %%
-from parallel_lab.quiz import show
+from parallel_lab.course.quiz import show
 
 show("01")
 
@@ -205,6 +206,6 @@ my_answers = {
 }
 
 # %% tags=["check:quiz:01", "points:3"]
-from parallel_lab.quiz import check_quiz
+from parallel_lab.course.quiz import check_quiz
 
 quiz_verdict = check_quiz("01", my_answers)

@@ -24,7 +24,7 @@
 # dense result up to rounding (~1e-15); the cells print whether the difference is below 1e-12.
 
 # %%
-from parallel_lab.notebook import setup
+from parallel_lab.course.notebook import setup
 
 setup()
 
@@ -46,7 +46,7 @@ setup()
 # with a tensor of `Y`'s full shape? Is that tensor `Y`?
 
 # %%
-from parallel_lab.tensor import figures
+from parallel_lab.show import tensor as figures
 
 figures.split_figure("column", tp=2)
 
@@ -65,8 +65,8 @@ figures.split_figure("row", tp=2)
 # %%
 import inspect
 
-from parallel_lab import launcher
-from parallel_lab.tensor import lesson
+from parallel_lab.runtime import launcher
+from parallel_lab.tensor import demos as lesson
 
 print(inspect.getsource(lesson.column_and_row))
 
@@ -326,7 +326,7 @@ for r in block_runs:
 # and change from run to run):
 
 # %% tags=["nbval-ignore-output"]
-from parallel_lab.tensor import widgets
+from parallel_lab.show import tp_cost as widgets
 
 machine = widgets.measure_machine()
 link = machine["link"]
@@ -481,16 +481,16 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 #
 # **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
 # paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.certificate import certificate`, then
+# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
 # `certificate("Your Name")`.
 
 # %% tags=["nbval-ignore-output"]
-from parallel_lab.quiz import quiz
+from parallel_lab.course.quiz import quiz
 
 quiz("02")
 
 # %%
-from parallel_lab.quiz import show
+from parallel_lab.course.quiz import show
 
 show("02")
 
@@ -507,6 +507,6 @@ my_answers = {
 }
 
 # %% tags=["check:quiz:02", "points:3"]
-from parallel_lab.quiz import check_quiz
+from parallel_lab.course.quiz import check_quiz
 
 quiz_verdict = check_quiz("02", my_answers)

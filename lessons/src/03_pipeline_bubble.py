@@ -23,7 +23,7 @@
 # object is validated, simulated, run on real ranks and drawn.
 
 # %%
-from parallel_lab.notebook import setup
+from parallel_lab.course.notebook import setup
 
 setup()
 
@@ -58,7 +58,7 @@ for stage in cut(spec, 4):
 # schedule (`schedules.build("naive", p, 1)`):
 
 # %%
-from parallel_lab.schedules import build, format_grid
+from parallel_lab.pipeline.schedules import build, format_grid
 
 naive = build("naive", 4, 1)
 print(naive.to_text())
@@ -81,7 +81,7 @@ print(format_grid(naive))
 # time unit, `.` = idle):
 
 # %%
-from parallel_lab.simulate import Costs, simulate, unit_grid
+from parallel_lab.pipeline.simulate import Costs, simulate, unit_grid
 
 costs = Costs(F=1, B=2)
 timeline = simulate(naive, costs)
@@ -95,7 +95,7 @@ print(f"bubble = idle share of the p × step box = 1 − {sum(timeline.busy):g} 
 # micro-batch number inside; the white space is the idle time.
 
 # %%
-from parallel_lab.pipeline import figures
+from parallel_lab.show import pipeline as figures
 
 figures.gantt(timeline)
 
@@ -132,8 +132,8 @@ for p in (1, 2, 4, 8):
 # of strings into a schedule): one with rank 2's row in the wrong order, one that forgot an action.
 
 # %%
-from parallel_lab.pipeline.exercise import as_schedule
-from parallel_lab.schedules import ScheduleError, validate
+from parallel_lab.exercises.one_f_one_b import as_schedule
+from parallel_lab.pipeline.schedules import ScheduleError, validate
 
 attempts = {
     "swapped": [["0F0", "0B0"], ["1F0", "1B0"], ["2B0", "2F0"], ["3F0", "3B0"]],
@@ -255,16 +255,16 @@ figures.schedule_panel("gpipe", stages=4, microbatches=1)
 #
 # **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
 # paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.certificate import certificate`, then
+# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
 # `certificate("Your Name")`.
 
 # %% tags=["nbval-ignore-output"]
-from parallel_lab.quiz import quiz
+from parallel_lab.course.quiz import quiz
 
 quiz("03")
 
 # %%
-from parallel_lab.quiz import show
+from parallel_lab.course.quiz import show
 
 show("03")
 
@@ -279,6 +279,6 @@ my_answers = {
 }
 
 # %% tags=["check:quiz:03", "points:3"]
-from parallel_lab.quiz import check_quiz
+from parallel_lab.course.quiz import check_quiz
 
 quiz_verdict = check_quiz("03", my_answers)

@@ -19,7 +19,7 @@
 # assembly line's own trick: don't wait for one car to leave the line before starting the next.
 
 # %%
-from parallel_lab.notebook import setup
+from parallel_lab.course.notebook import setup
 
 setup()
 
@@ -35,7 +35,7 @@ setup()
 # rank runs all its forwards, then all its backwards.
 
 # %%
-from parallel_lab.schedules import build, format_grid
+from parallel_lab.pipeline.schedules import build, format_grid
 
 gpipe = build("gpipe", 4, 4)
 print(gpipe.to_text())
@@ -51,7 +51,7 @@ print(gpipe.to_text())
 # Write your three numbers down, then let the simulator answer.
 
 # %%
-from parallel_lab.simulate import Costs, simulate, unit_grid
+from parallel_lab.pipeline.simulate import Costs, simulate, unit_grid
 
 costs = Costs(F=1, B=2)
 timeline = simulate(gpipe, costs)
@@ -70,7 +70,7 @@ print(f"\nstep {timeline.makespan:g} units, each rank busy {timeline.busy[0]:g},
 # cancel: the bubble depends only on p and m (as long as the stages are equally fast).
 
 # %%
-from parallel_lab.pipeline import figures
+from parallel_lab.show import pipeline as figures
 
 figures.gantt(timeline)
 
@@ -224,16 +224,16 @@ print("gradients equal the single-process model:", traced["max_grad_diff"] < 1e-
 #
 # **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
 # paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.certificate import certificate`, then
+# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
 # `certificate("Your Name")`.
 
 # %% tags=["nbval-ignore-output"]
-from parallel_lab.quiz import quiz
+from parallel_lab.course.quiz import quiz
 
 quiz("04")
 
 # %%
-from parallel_lab.quiz import show
+from parallel_lab.course.quiz import show
 
 show("04")
 
@@ -248,6 +248,6 @@ my_answers = {
 }
 
 # %% tags=["check:quiz:04", "points:3"]
-from parallel_lab.quiz import check_quiz
+from parallel_lab.course.quiz import check_quiz
 
 quiz_verdict = check_quiz("04", my_answers)

@@ -18,7 +18,7 @@
 # forbids them. 1F1B resolves this.
 
 # %%
-from parallel_lab.notebook import setup
+from parallel_lab.course.notebook import setup
 
 setup()
 
@@ -33,7 +33,7 @@ setup()
 # p = 4, m = 8:
 
 # %%
-from parallel_lab.schedules import build
+from parallel_lab.pipeline.schedules import build
 
 for name in ("gpipe", "1f1b"):
     print(f"{name}:\n{build(name, 4, 8).to_text()}\n")
@@ -42,8 +42,8 @@ for name in ("gpipe", "1f1b"):
 # **Predict:** which schedule finishes the step first, with a forward of 1 unit and a backward of 2?
 
 # %%
-from parallel_lab.pipeline import figures
-from parallel_lab.simulate import Costs, simulate
+from parallel_lab.show import pipeline as figures
+from parallel_lab.pipeline.simulate import Costs, simulate
 
 costs = Costs(F=1, B=2)
 timelines = {name: simulate(build(name, 4, 8), costs) for name in ("gpipe", "1f1b")}
@@ -195,12 +195,12 @@ def my_one_f_one_b(p, m):
 # schedule; its grid lists each rank's actions in order):
 
 # %%
-from parallel_lab.pipeline.exercise import as_schedule
+from parallel_lab.exercises.one_f_one_b import as_schedule
 
 print(as_schedule(my_one_f_one_b(4, 6), p=4, m=6, name="my_one_f_one_b"))
 
 # %% tags=["check:one-f-one-b", "points:3"]
-from parallel_lab.pipeline.exercise import check_one_f_one_b
+from parallel_lab.exercises.one_f_one_b import check_one_f_one_b
 
 verdict = check_one_f_one_b(my_one_f_one_b)
 
@@ -224,16 +224,16 @@ verdict = check_one_f_one_b(my_one_f_one_b)
 #
 # **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
 # paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.certificate import certificate`, then
+# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
 # `certificate("Your Name")`.
 
 # %% tags=["nbval-ignore-output"]
-from parallel_lab.quiz import quiz
+from parallel_lab.course.quiz import quiz
 
 quiz("05")
 
 # %%
-from parallel_lab.quiz import show
+from parallel_lab.course.quiz import show
 
 show("05")
 
@@ -248,6 +248,6 @@ my_answers = {
 }
 
 # %% tags=["check:quiz:05", "points:3"]
-from parallel_lab.quiz import check_quiz
+from parallel_lab.course.quiz import check_quiz
 
 quiz_verdict = check_quiz("05", my_answers)

@@ -24,7 +24,7 @@
 # stage's forward and backward of one micro-batch.
 
 # %%
-from parallel_lab.notebook import setup
+from parallel_lab.course.notebook import setup
 
 setup()
 
@@ -37,9 +37,9 @@ setup()
 # to come back: (p−1)·(F+B) = 18 idle units per GPU.
 
 # %%
-from parallel_lab.pipeline import figures
-from parallel_lab.schedules import build, format_grid
-from parallel_lab.simulate import Costs, simulate
+from parallel_lab.show import pipeline as figures
+from parallel_lab.pipeline.schedules import build, format_grid
+from parallel_lab.pipeline.simulate import Costs, simulate
 
 p, m = 4, 8
 ideal = m * (2 + 4)  # m·(F+B): the work of one GPU
@@ -100,7 +100,7 @@ figures.gantt(interleaved_t).update_xaxes(range=[0, 68])
 # - m must be a multiple of p.
 
 # %%
-from parallel_lab.pipeline import schedule_figures
+from parallel_lab.show import schedules as schedule_figures
 
 for name, schedule, timeline in (("1f1b", build("1f1b", p, m), one_f_one_b),
                                  ("interleaved v=2", interleaved, interleaved_t)):
@@ -256,7 +256,7 @@ for name, result in runs.items():
 figures.compare(runs["zb-v"])
 
 # %%
-from parallel_lab import launcher
+from parallel_lab.runtime import launcher
 
 launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 
@@ -284,16 +284,16 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 #
 # **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
 # paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.certificate import certificate`, then
+# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
 # `certificate("Your Name")`.
 
 # %% tags=["nbval-ignore-output"]
-from parallel_lab.quiz import quiz
+from parallel_lab.course.quiz import quiz
 
 quiz("06")
 
 # %%
-from parallel_lab.quiz import show
+from parallel_lab.course.quiz import show
 
 show("06")
 
@@ -310,7 +310,7 @@ my_answers = {
 }
 
 # %% tags=["check:quiz:06", "points:3"]
-from parallel_lab.quiz import check_quiz
+from parallel_lab.course.quiz import check_quiz
 
 quiz_verdict = check_quiz("06", my_answers)
 

@@ -20,7 +20,7 @@
 # Notation: p stages (one per GPU), m micro-batches per step, stage s (0 is the first).
 
 # %%
-from parallel_lab.notebook import setup
+from parallel_lab.course.notebook import setup
 
 setup()
 
@@ -104,13 +104,13 @@ for name in ("gpipe", "1f1b"):
 # Recomputation in Large Transformer Models*) observed that the attention scores (the s×s softmax
 # per head, and its dropout) take most of a layer's activation memory but little of its compute:
 # **selective** recomputation keeps everything else and recomputes only the attention core.
-# `parallel_lab.memory_model` (the memory model of the planner) counts the bytes on each GPU;
+# `parallel_lab.planning.memory_model` (the memory model of the planner) counts the bytes on each GPU;
 # the extra compute follows from the FLOPs of a layer, 24·b·s·h² + 4·b·s²·h forward, three times that
 # for a step:
 
 # %%
-from parallel_lab import memory
-from parallel_lab.pipeline import recompute_figures
+from parallel_lab.planning import memory
+from parallel_lab.show import recompute as recompute_figures
 
 gpt3 = memory.MODELS["GPT-3 175B"]
 for mode in ("none", "selective", "full"):
@@ -144,9 +144,9 @@ recompute_figures.recompute_tradeoff("GPT-3 175B", micro_batches=(1, 2, 4), pp=8
 # stream of 12 (F = 1, B = 2 time units):
 
 # %%
-from parallel_lab.pipeline import figures
-from parallel_lab.schedules import build
-from parallel_lab.simulate import Costs, simulate
+from parallel_lab.show import pipeline as figures
+from parallel_lab.pipeline.schedules import build
+from parallel_lab.pipeline.simulate import Costs, simulate
 
 p, steps, m = 4, 3, 4
 flushed = simulate(build("1f1b", p, m), Costs(F=1, B=2))
@@ -175,7 +175,8 @@ figures.gantt(stream, title=f"Asynchronous 1F1B (PipeDream): {steps * m} micro-b
 # The heart of it is the update: a new version per backward with stashing, in place without.
 
 # %%
-from parallel_lab.pipeline import pipedream, pipedream_figures
+from parallel_lab.pipeline import pipedream
+from parallel_lab.show import pipedream as pipedream_figures
 
 print(inspect.getsource(pipedream.AsyncStage._update))
 
@@ -235,7 +236,7 @@ print(f"flush:    equals synchronous SGD: {flush['diff_vs_sync_sgd'] < tol}; "
       f"{no_stash['diff_vs_sync_sgd'] < tol or stash['diff_vs_sync_sgd'] < tol}")
 
 # %%
-from parallel_lab import launcher
+from parallel_lab.runtime import launcher
 
 launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 
@@ -272,16 +273,16 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 #
 # **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
 # paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.certificate import certificate`, then
+# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
 # `certificate("Your Name")`.
 
 # %% tags=["nbval-ignore-output"]
-from parallel_lab.quiz import quiz
+from parallel_lab.course.quiz import quiz
 
 quiz("07")
 
 # %%
-from parallel_lab.quiz import show
+from parallel_lab.course.quiz import show
 
 show("07")
 
@@ -298,7 +299,7 @@ my_answers = {
 }
 
 # %% tags=["check:quiz:07", "points:3"]
-from parallel_lab.quiz import check_quiz
+from parallel_lab.course.quiz import check_quiz
 
 quiz_verdict = check_quiz("07", my_answers)
 

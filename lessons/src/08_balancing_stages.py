@@ -24,7 +24,7 @@
 # computes the loss over all of them. Where you cut decides how fast the pipeline runs.
 
 # %%
-from parallel_lab.notebook import setup
+from parallel_lab.course.notebook import setup
 
 setup()
 
@@ -42,10 +42,10 @@ setup()
 # **Predict:** with 8 micro-batches and 1F1B, which rank sets the pace, and which ones idle most?
 
 # %%
-from parallel_lab import balance, partition
-from parallel_lab.pipeline import figures
-from parallel_lab.schedules import build
-from parallel_lab.simulate import simulate
+from parallel_lab.pipeline import balance, partition
+from parallel_lab.show import pipeline as figures
+from parallel_lab.pipeline.schedules import build
+from parallel_lab.pipeline.simulate import simulate
 
 layer_f = [1, 2, 2, 2, 2, 2, 4]  # forward cost of: embed, block 0..4, head + loss
 names = ["embed", *(f"block {i}" for i in range(5)), "head"]
@@ -94,7 +94,7 @@ limits = {name: balance.limit_bubble(partition.stage_loads(layer_f, parts)) for 
 print("m:          " + " ".join(f"{m:>6}" for m in ms))
 for name, ys in curves.items():
     print(f"{name:<12}" + " ".join(f"{y:>6.1%}" for y in ys) + f"   limit {limits[name]:.1%}")
-balance.bubble_figure(ms, curves, limits, title="1F1B on 4 stages: bubble against micro-batches")
+show_balance.bubble_figure(ms, curves, limits, title="1F1B on 4 stages: bubble against micro-batches")
 
 # %% [markdown]
 # Better schedules (interleaving, zero bubble: lesson 06) attack the fill-and-drain part; none of
@@ -103,7 +103,7 @@ balance.bubble_figure(ms, curves, limits, title="1F1B on 4 stages: bubble agains
 #
 # ## 3. Profiling the course models
 #
-# To balance a real model we need each layer's cost. `parallel_lab.profile.profile_layers` runs
+# To balance a real model we need each layer's cost. `parallel_lab.pipeline.profile.profile_layers` runs
 # every layer of a model forward and backward on the output of the previous one and records:
 #
 # - **time** — thread CPU time of the forward and of the backward (median of 5 runs after a
@@ -118,7 +118,7 @@ balance.bubble_figure(ms, curves, limits, title="1F1B on 4 stages: bubble agains
 # GPT with few blocks per stage. The facts first, on one micro-batch of 2 sequences:
 
 # %%
-from parallel_lab import profile
+from parallel_lab.pipeline import profile
 
 print(balance.LESSON_GPT)
 records = profile.profile_course_model("gpt", batch=2, **balance.LESSON_GPT)
@@ -158,7 +158,7 @@ for r, name in zip(measured, names):
 # ## 4. DeepSpeed's partition methods
 #
 # DeepSpeed's `PipelineModule(layers, num_stages, partition_method=...)` cuts a list of layers
-# with one of three methods; `parallel_lab.partition.partition` implements them with the same names
+# with one of three methods; `parallel_lab.pipeline.partition.partition` implements them with the same names
 # (and refuses empty stages, which DeepSpeed allows):
 #
 # | method | weight of a layer | then |
@@ -234,7 +234,7 @@ def my_balanced_cut(weights, stages):
 
 
 # %% tags=["check:balanced-cut", "points:2"]
-from parallel_lab.balance import check_balanced_cut
+from parallel_lab.exercises import check_balanced_cut
 
 verdict = check_balanced_cut(my_balanced_cut)
 
@@ -285,7 +285,7 @@ for name, r in runs.items():
 # the same measured costs. Your numbers will differ; the order should not.
 
 # %% tags=["nbval-ignore-output"]
-print(balance.measured_table(runs))
+print(show_balance.measured_table(runs))
 slow, fast = runs["even blocks"]["makespan_measured"], runs["time-balanced"]["makespan_measured"]
 worst = runs["DeepSpeed parameters"]["makespan_measured"]
 print(f"\ntime-balanced is {slow / fast:.2f}x faster than even blocks and {worst / fast:.2f}x faster "
@@ -317,12 +317,14 @@ for name in ("even blocks", "time-balanced"):
 # A pipeline of *p* stages can itself be replicated: *d* copies of it train on different slices of
 # the batch and average their gradients — data parallelism, the third dimension of 3D parallelism
 # (lesson 09). The average is one all-reduce of every gradient over the *d* replicas that hold the
-# same stage. `parallel_lab.data_parallel.allreduce_gradients` packs gradients into **buckets**
+# same stage. `parallel_lab.parallel3d.data_parallel.allreduce_gradients` packs gradients into **buckets**
 # (in reverse order, as backward produces them) so that a GPT's many small tensors cost a few
 # messages, not hundreds:
 
 # %%
-from parallel_lab import data_parallel, launcher, models
+from parallel_lab.parallel3d import data_parallel
+from parallel_lab.runtime import launcher
+from parallel_lab import models
 
 print(inspect.getsource(data_parallel.allreduce_gradients))
 small = models.GPT(data_parallel.SMALL_GPT).double()  # fp64, as in the check below
@@ -364,16 +366,16 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 #
 # **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
 # paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.certificate import certificate`, then
+# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
 # `certificate("Your Name")`.
 
 # %% tags=["nbval-ignore-output"]
-from parallel_lab.quiz import quiz
+from parallel_lab.course.quiz import quiz
 
 quiz("08")
 
 # %%
-from parallel_lab.quiz import show
+from parallel_lab.course.quiz import show
 
 show("08")
 
@@ -390,7 +392,7 @@ my_answers = {
 }
 
 # %% tags=["check:quiz:08", "points:3"]
-from parallel_lab.quiz import check_quiz
+from parallel_lab.course.quiz import check_quiz
 
 quiz_verdict = check_quiz("08", my_answers)
 

@@ -19,12 +19,12 @@
 #
 # The earlier lessons built the pieces one at a time: Megatron's tensor-parallel layers (02), pipeline
 # schedules on real ranks (03-08); data parallelism adds a gradient all-reduce across replicas
-# (`parallel_lab.data_parallel`, bucketed like PyTorch DDP). Here they run together, as in
+# (`parallel_lab.parallel3d.data_parallel`, bucketed like PyTorch DDP). Here they run together, as in
 # Megatron-LM's "PTD-P" (Narayanan et al. 2021, *Efficient Large-Scale Language Model Training on GPU
 # Clusters Using Megatron-LM*), which trained a trillion-parameter GPT on 3072 GPUs this way.
 
 # %%
-from parallel_lab.notebook import setup
+from parallel_lab.course.notebook import setup
 
 setup()
 
@@ -46,8 +46,8 @@ setup()
 # members on both nodes?
 
 # %%
-from parallel_lab.mesh import ParallelDims
-from parallel_lab.mesh_figures import mesh_figure
+from parallel_lab.runtime.mesh import ParallelDims
+from parallel_lab.show.mesh import mesh_figure
 
 dims = ParallelDims(dp=2, pp=2, tp=2, nodes=2)  # 2 nodes x 4 devices
 print(dims)
@@ -95,8 +95,8 @@ for layout in (dict(dp=1, pp=1, tp=8, nodes=2), dict(dp=1, pp=3, tp=2, nodes=2))
 # nodes, α = 5 µs, and GPUs that achieve 150 TFLOP/s.
 
 # %%
-from parallel_lab import planner
-from parallel_lab.collectives import predict_all_reduce
+from parallel_lab.planning import planner
+from parallel_lab.runtime.collectives import predict_all_reduce
 
 links = planner.Cluster(nodes=2, gpus_per_node=8, gpu_mem_gb=80)
 alpha = links.latency_us * 1e-6
@@ -132,8 +132,8 @@ print("(PP pays its message once per stage boundary, not per layer: a stage of 1
 # the output:
 
 # %%
-from parallel_lab import train3d
-from parallel_lab.schedules import ScheduleError
+from parallel_lab.parallel3d import train3d
+from parallel_lab.pipeline.schedules import ScheduleError
 
 base = train3d.Config(dp=1, pp=2, tp=2, layers=4, hidden=16, heads=4, vocab=32, seq=8, batch=8, microbatches=2)
 bad_plans = [
@@ -232,7 +232,7 @@ train3d.loss_figure(runs, title="tiny GPT, Adam, fp64: three meshes of 4 ranks o
 # instead. This takes about a minute; your numbers will differ from the stored ones.
 
 # %% tags=["nbval-ignore-output"]
-from parallel_lab import validate_plans
+from parallel_lab.parallel3d import validate_plans
 
 grid = validate_plans.validate(grid=((1, 2, 2), (2, 2, 1), (1, 4, 1), (4, 1, 1)),
                                sizes={"hidden 128": validate_plans.SIZES["hidden 128"]}, steps=3)
@@ -269,12 +269,12 @@ print(validate_plans.format_table(grid))
 # torchrun starts one process per GPU (NCCL) and the command prints the same check as JSON:
 #
 # ```bash
-# torchrun --standalone --nproc-per-node 8 -m parallel_lab.train3d --dp 2 --pp 2 --tp 2 --steps 3
-# torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:29500 -m parallel_lab.train3d --dp 2 --pp 2 --tp 2 --nodes 2
+# torchrun --standalone --nproc-per-node 8 -m parallel_lab.parallel3d.train3d --dp 2 --pp 2 --tp 2 --steps 3
+# torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:29500 -m parallel_lab.parallel3d.train3d --dp 2 --pp 2 --tp 2 --nodes 2
 # ```
 
 # %%
-from parallel_lab import launcher
+from parallel_lab.runtime import launcher
 
 launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 
@@ -303,16 +303,16 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 #
 # **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
 # paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.certificate import certificate`, then
+# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
 # `certificate("Your Name")`.
 
 # %% tags=["nbval-ignore-output"]
-from parallel_lab.quiz import quiz
+from parallel_lab.course.quiz import quiz
 
 quiz("09")
 
 # %%
-from parallel_lab.quiz import show
+from parallel_lab.course.quiz import show
 
 show("09")
 
@@ -329,7 +329,7 @@ my_answers = {
 }
 
 # %% tags=["check:quiz:09", "points:3"]
-from parallel_lab.quiz import check_quiz
+from parallel_lab.course.quiz import check_quiz
 
 quiz_verdict = check_quiz("09", my_answers)
 

@@ -12,7 +12,7 @@
 #   course GPT;
 # - predict a training step's time from five parts: compute, tensor-parallel all-reduces, the bubble,
 #   pipeline sends, the data-parallel gradient all-reduce;
-# - read what the planner (`parallel_lab.planner`) picks for GPT-3 175B on 64 servers of 8 GPUs, and
+# - read what the planner (`parallel_lab.planning.planner`) picks for GPT-3 175B on 64 servers of 8 GPUs, and
 #   why it rejects each of the other 300 candidates;
 # - explain why tensor parallelism stays at ≤ 8 GPUs inside a node, and why, with a zero-bubble
 #   schedule, TP 4 edges out TP 8 in this model;
@@ -25,14 +25,14 @@
 # arithmetic, so it runs in seconds and prints the same numbers every time.
 
 # %%
-from parallel_lab.notebook import setup
+from parallel_lab.course.notebook import setup
 
 setup()
 
 # %% [markdown]
 # ## 1. The memory model, checked on the course GPT
 #
-# `parallel_lab.memory_model` extends lesson 00's one-device arithmetic to a (dp, pp, tp) layout:
+# `parallel_lab.planning.memory_model` extends lesson 00's one-device arithmetic to a (dp, pp, tp) layout:
 #
 # | what, per GPU | bytes | splits with |
 # |---|---|---|
@@ -46,8 +46,8 @@ setup()
 # (the embedding rides on the first stage, the head on the last):
 
 # %%
-from parallel_lab import memory_model, planner
-from parallel_lab import planner_widgets as pw
+from parallel_lab.planning import memory_model, planner
+from parallel_lab.show import planner as pw
 
 rows = pw.param_check()
 print(f"{'pp':>3} {'stage':>6} {'memory_model':>13} {'real modules':>13}")
@@ -304,16 +304,16 @@ print("\n".join(out.stdout.splitlines()[:7]))
 #
 # **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
 # paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.certificate import certificate`, then
+# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
 # `certificate("Your Name")`.
 
 # %% tags=["nbval-ignore-output"]
-from parallel_lab.quiz import quiz
+from parallel_lab.course.quiz import quiz
 
 quiz("10")
 
 # %%
-from parallel_lab.quiz import show
+from parallel_lab.course.quiz import show
 
 show("10")
 
@@ -330,7 +330,7 @@ my_answers = {
 }
 
 # %% tags=["check:quiz:10", "points:3"]
-from parallel_lab.quiz import check_quiz
+from parallel_lab.course.quiz import check_quiz
 
 quiz_verdict = check_quiz("10", my_answers)
 

@@ -20,7 +20,7 @@
 # and simulator of the pipeline lessons, the memory model of lesson 00 and the planner of lesson 10.
 
 # %%
-from parallel_lab.notebook import setup
+from parallel_lab.course.notebook import setup
 
 setup()
 
@@ -34,7 +34,7 @@ setup()
 # Schedules: `gpipe`, `1f1b`, `interleaved-1f1b` (with `virtual=2`), `zb-h1`, `zb-v`.
 
 # %%
-from parallel_lab import train3d
+from parallel_lab.parallel3d import train3d
 
 my_plan = train3d.Config(
     dp=1, pp=2, tp=2,             # the mesh: dp x pp x tp ranks
@@ -51,7 +51,7 @@ memory_limit_gb = 0.01  # per device: a pretend small GPU, so that memory can be
 # ## 2. Is it valid? Checked before anything starts
 
 # %%
-from parallel_lab.schedules import ScheduleError
+from parallel_lab.pipeline.schedules import ScheduleError
 
 try:
     schedule = train3d.check(my_plan, memory_limit_gb=memory_limit_gb)
@@ -69,9 +69,9 @@ except (ValueError, ScheduleError) as err:
 # are pure arithmetic: the same on every machine.
 
 # %%
-from parallel_lab import memory
-from parallel_lab.schedules import format_grid
-from parallel_lab.simulate import summary
+from parallel_lab.planning import memory
+from parallel_lab.pipeline.schedules import format_grid
+from parallel_lab.pipeline.simulate import summary
 
 if schedule is not None:
     need = train3d.predicted_memory(my_plan)
@@ -91,7 +91,7 @@ if schedule is not None:
 # yours and change from run to run.
 
 # %% tags=["nbval-ignore-output"]
-from parallel_lab import validate_plans
+from parallel_lab.parallel3d import validate_plans
 
 if schedule is not None:
     calibration = validate_plans.calibrate(my_plan.world_size) if my_plan.world_size > 1 else None
@@ -180,7 +180,7 @@ if my_plan.sequence_parallel:
 if my_plan.recompute:
     flags.append("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
 print(f"torchrun --nproc-per-node {my_plan.world_size} pretrain_gpt.py \\\n    " + " \\\n    ".join(flags))
-print(f"and here: torchrun --standalone --nproc-per-node {my_plan.world_size} -m parallel_lab.train3d "
+print(f"and here: torchrun --standalone --nproc-per-node {my_plan.world_size} -m parallel_lab.parallel3d.train3d "
       f"--dp {my_plan.dp} --pp {my_plan.pp} --tp {my_plan.tp} --schedule {my_plan.schedule} "
       f"--microbatches {my_plan.microbatches}")
 
@@ -209,7 +209,7 @@ print(f"and here: torchrun --standalone --nproc-per-node {my_plan.world_size} -m
 # lesson 10: 150 TFLOP/s achieved per GPU, NVLink in a node, InfiniBand between nodes):
 
 # %%
-from parallel_lab import planner
+from parallel_lab.planning import planner
 
 gpt3 = memory.MODELS["GPT-3 175B"]
 cluster = planner.Cluster(nodes=64, gpus_per_node=8, gpu_mem_gb=80)
@@ -226,7 +226,7 @@ for dp, pp, tp, m, schedule_name in ((8, 16, 4, 192, "zb-h1"), (16, 32, 1, 96, "
 # activations even fit. A day of benchmarking the top few plans for real is cheap against that.
 
 # %%
-from parallel_lab import launcher
+from parallel_lab.runtime import launcher
 
 launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 
@@ -254,16 +254,16 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 #
 # **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
 # paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.certificate import certificate`, then
+# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
 # `certificate("Your Name")`.
 
 # %% tags=["nbval-ignore-output"]
-from parallel_lab.quiz import quiz
+from parallel_lab.course.quiz import quiz
 
 quiz("11")
 
 # %%
-from parallel_lab.quiz import show
+from parallel_lab.course.quiz import show
 
 show("11")
 
@@ -280,7 +280,7 @@ my_answers = {
 }
 
 # %% tags=["check:quiz:11", "points:3"]
-from parallel_lab.quiz import check_quiz
+from parallel_lab.course.quiz import check_quiz
 
 quiz_verdict = check_quiz("11", my_answers)
 

@@ -1,18 +1,18 @@
-"""Pipeline parallelism on real ranks: cut a model into stages, run any schedule, draw it.
+"""Pipeline (inter-layer) parallelism: schedules as data, and the passes over them.
 
-    from parallel_lab.pipeline import run_pipeline
-    run_pipeline("zb-h1", stages=4, microbatches=8)   # the `parallel-lab run pipeline --json` dict
+    schedules -> validate -> communication -> simulate -> executor (on ranks) -> trace
 
-Modules (one idea each): ``stages`` (cut a model), ``executor`` (run a schedule's actions on a rank),
-``run`` (the parent side: check, launch, compare, predict, trace), ``pipedream`` (asynchronous 1F1B
-with weight stashing), ``figures`` (plotly pictures and the schedule panel), the lessons' tables
-and pictures ``schedule_figures`` (schedules compared), ``recompute_figures`` (recomputation's
-trade-off) and ``pipedream_figures`` (weight versions), ``exercise`` (lesson 05's 1F1B check),
-``bench`` (against ``torch.distributed.pipelining``). Schedules themselves are data in ``parallel_lab.schedules``.
+- ``schedules``: per rank, an ordered list of actions (``1F3``); the generators of GPipe, 1F1B,
+  interleaved 1F1B, ZB-H1, ZB-V, and ``build`` by name
+- ``validate``: every action once, in dependency order, deadlock-free (before any process starts)
+- ``communication``: the sends and receives a schedule implies, in program order
+- ``simulate``: per-stage costs -> a timeline (bubble, makespan, activation memory)
+- ``stages``: cut a model into stages (the same in every process); ``worker``: F, B, I, W of one stage
+- ``executor``: run one rank's actions for real; ``run``: the parent side (check, launch, compare,
+  predict); ``trace``: the Chrome/Perfetto trace
+- ``profile``, ``partition``, ``balance``: measure layers, cut them into balanced stages
+- ``pipedream``: asynchronous 1F1B with weight stashing
+
+Nothing here draws: the pictures are in ``parallel_lab.show``. This ``__init__`` imports nothing, so
+``parallel-lab schedule`` (schedules + simulate: numpy only) does not pay torch's ~3 s import.
 """
-
-from .executor import Executor, Link
-from .run import run_pipeline
-from .stages import ModelSpec
-
-__all__ = ["Executor", "Link", "ModelSpec", "run_pipeline"]

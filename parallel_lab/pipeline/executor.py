@@ -1,4 +1,4 @@
-"""Run a pipeline schedule on this rank: the actions of ``parallel_lab.schedules``, for real.
+"""Run a pipeline schedule on this rank: the actions of ``parallel_lab.pipeline.schedules``, for real.
 
     ex = Executor(schedule, stages, spec, rank)      # stages: {stage index: stages.Stage} held here
     loss = ex.step(x, target)                        # one training step; .grad of every parameter set
@@ -47,10 +47,10 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from parallel_lab import commlog
-from parallel_lab.schedules import Action, Comm, Schedule, communication
+from parallel_lab.runtime import commlog
+from parallel_lab.pipeline.schedules import Action, Comm, Schedule, communication
 
-from .stages import StageWorker
+from parallel_lab.pipeline.stages import StageWorker
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ class Executor:
     prefetch: receives posted ahead (each holds one boundary-sized buffer until its action runs)
     fuse:    accumulate Linear weight gradients with one addmm_ (see StageWorker)
     peers:   global rank of each pipeline rank (default: the same number). Inside a device mesh the
-             schedule's rank r is ``Groups.pp_ranks[r]`` (parallel_lab.train3d); ``rank`` stays the
+             schedule's rank r is ``Groups.pp_ranks[r]`` (parallel_lab.parallel3d.train3d); ``rank`` stays the
              pipeline rank
     tags:    give every message its own tag (default: yes, except under NCCL, which ignores tags);
              without tags the messages of a pair match in order, as on NCCL

@@ -29,11 +29,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.func import functional_call
 
-from parallel_lab import launcher
-from parallel_lab.schedules import one_f_one_b
+from parallel_lab.runtime import launcher
+from parallel_lab.pipeline.schedules import one_f_one_b
 
-from .executor import Executor, _tag, message, program
-from .stages import ModelSpec, cut
+from parallel_lab.pipeline.executor import Executor, _tag, message, program
+from parallel_lab.pipeline.stages import ModelSpec, cut
 
 MODES = ("no-stash", "stash", "flush")
 

@@ -29,12 +29,12 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from parallel_lab import launcher
-from parallel_lab.schedules import Action, Schedule, build, validate
-from parallel_lab.simulate import Costs, simulate
+from parallel_lab.runtime import launcher
+from parallel_lab.pipeline.schedules import Action, Schedule, build, validate
+from parallel_lab.pipeline.simulate import Costs, simulate
 
-from .executor import Executor, Link
-from .stages import DTYPES, ModelSpec, check_stages, cut, reference
+from parallel_lab.pipeline.executor import Executor, Link
+from parallel_lab.pipeline.stages import DTYPES, ModelSpec, check_stages, cut, reference
 
 DEFAULTS = {"mlp": dict(hidden=32, layers=8), "gpt": dict(hidden=32, layers=4, heads=2, seq=8, vocab=32)}
 ROWS_PER_MICROBATCH = {"mlp": 4, "gpt": 2}

@@ -184,7 +184,7 @@ def cut(spec: ModelSpec, n_stages: int, keep=None) -> list[Stage | None]:
 
 def cut_at(spec: ModelSpec, parts: Sequence[int], keep=None) -> list[Stage | None]:
     """The model of ``spec`` cut at ``parts``: boundaries over all its pieces, as in
-    ``parallel_lab.partition`` (stage ``s`` holds pieces ``parts[s]`` to ``parts[s + 1] - 1``);
+    ``parallel_lab.pipeline.partition`` (stage ``s`` holds pieces ``parts[s]`` to ``parts[s + 1] - 1``);
     ``keep``: only build those stage indices, the others are None."""
     pieces, _, _ = spec.pieces()
     return _stages(pieces, check_parts(parts, len(pieces)), keep)

@@ -18,7 +18,7 @@ its backward a reduce-scatter); same volume, activations ``p`` times smaller bet
 Each op has three layers, as in Megatron-LM's ``core/tensor_parallel/mappings.py``: a private
 helper doing one collective, a tiny ``torch.autograd.Function`` and a snake_case wrapper. Every op
 takes an explicit ``group`` (a ProcessGroup, or None for the whole world) and is free when the group
-has one rank. Collectives are called as ``dist.<name>`` at call time, so ``parallel_lab.commlog``
+has one rank. Collectives are called as ``dist.<name>`` at call time, so ``parallel_lab.runtime.commlog``
 can count them. Sequence ops take the sequence dimension ``dim`` (1 in ``models``' ``(B, T, H)``
 layout; Megatron's ``(T, B, H)`` uses 0, which needs no reordering copy around the collective).
 """

@@ -27,7 +27,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from parallel_lab import commlog, launcher, models
+from parallel_lab.runtime import commlog, launcher
+from parallel_lab import models
 from parallel_lab.tensor import layers
 from parallel_lab.tensor.plan import check_tensor_parallel, parallelize
 
@@ -159,7 +160,7 @@ def reference(case: str, config=DEFAULT_CONFIG, dtype=torch.float64, seed: int =
     }
 
 
-def _max_diff(a, b) -> float:
+def max_diff(a, b) -> float:
     return (a - b).abs().max().item() if a.numel() else 0.0
 
 
@@ -197,12 +198,12 @@ def check_case(case: str, config=DEFAULT_CONFIG, sequence_parallel: bool = False
         for name, p in grads_as_weights.named_parameters():
             p.copy_(ref["grads"][name])
     expected = dict(c.parallel(grads_as_weights, group, sequence_parallel).named_parameters())
-    grad_diffs = {name: _max_diff(p.grad, expected[name]) for name, p in model.named_parameters()}
+    grad_diffs = {name: max_diff(p.grad, expected[name]) for name, p in model.named_parameters()}
     if x.requires_grad:
-        grad_diffs["<input>"] = _max_diff(x.grad, shard(ref["input_grad"], in_layout, rank, tp))
+        grad_diffs["<input>"] = max_diff(x.grad, shard(ref["input_grad"], in_layout, rank, tp))
     result = {
         "rank": rank, "case": case, "sequence_parallel": sequence_parallel,
-        "output_diff": _max_diff(out.detach(), shard(ref["output"], out_layout, rank, tp)),
+        "output_diff": max_diff(out.detach(), shard(ref["output"], out_layout, rank, tp)),
         "grad_diff": max(grad_diffs.values(), default=0.0), "grad_diffs": grad_diffs,
         "output": out.detach(), "forward": forward.as_dict(), "backward": backward.as_dict(),
         "grad_sync": grad_sync.as_dict(),
@@ -215,36 +216,6 @@ def check_case(case: str, config=DEFAULT_CONFIG, sequence_parallel: bool = False
 def check_cases(jobs: list[dict]) -> list[dict]:
     """Rank function: ``check_case(**job)`` for each job, in one launch (tests use it per tp)."""
     return [check_case(**job) for job in jobs]
-
-
-def _local(tensor):
-    """A DTensor's local shard (a plain tensor is its own)."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
-
-
-def check_against_dtensor(config=DEFAULT_CONFIG, dtype=torch.float64, seed: int = 0, batch: int = 2) -> dict:
-    """Rank function: our MLP (``MLP_PLAN``) against PyTorch's DTensor tensor parallelism
-    (``parallelize_module`` with ColwiseParallel / RowwiseParallel) on the same dense weights.
-    Returns the largest differences of the outputs, every local weight gradient and the input's."""
-    from parallel_lab.tensor.bench import dtensor_parallelize
-
-    dense = models.MLP(config.hidden, seed).to(dtype)
-    gen = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn((batch, config.seq, config.hidden), generator=gen).to(dtype)
-    grad = torch.randn(x.shape, generator=gen).to(dtype)
-    runs = {}
-    for name, model in (("ours", parallelize(dense)), ("dtensor", dtensor_parallelize(dense, dist.get_world_size()))):
-        xi = x.clone().requires_grad_()
-        out = model(xi)
-        out.backward(grad)
-        grads = {n: _local(p.grad) for n, p in model.named_parameters()}
-        runs[name] = (out.detach(), grads, xi.grad)
-    (out, grads, x_grad), (peer_out, peer_grads, peer_x_grad) = runs["ours"], runs["dtensor"]
-    return {
-        "output_diff": _max_diff(out, peer_out),
-        "grad_diffs": {n: _max_diff(g, peer_grads[n]) for n, g in grads.items()},
-        "input_grad_diff": _max_diff(x_grad, peer_x_grad),
-    }
 
 
 def merge_collectives(*logs: dict) -> dict:

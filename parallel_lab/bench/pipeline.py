@@ -1,0 +1,99 @@
+"""Our pipeline executor side by side with PyTorch's ``torch.distributed.pipelining``, in one run.
+
+    from parallel_lab.bench.pipeline import bench_pipeline
+    bench_pipeline()  # [{"name": "mlp h256 b64 m8 p4 gpipe", "ours_s": ..., "peer_s": ..., "ratio": ...}, ...]
+
+Both run the same stage (a copy of the same weights: two Linear+GELU blocks of the 8-block MLP per
+rank), the same batch, 8 microbatches, float32, GPipe and 1F1B (PyTorch: ``PipelineStage`` with
+``ScheduleGPipe`` / ``Schedule1F1B``, mean loss per microbatch, gradients scaled by 1/m as ours).
+They are timed inside the same rank function, alternating step by step, so they share the
+machine's state. A step is one forward and backward of the whole batch; gradients are reset
+between steps (not timed); each step starts after a barrier, lasts as long as its slowest rank,
+and a row reports the median over ``repeats``. Ours runs without recording (no timestamps sent).
+Quote the ratio, not the absolute times (shared/DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+from parallel_lab.runtime import commlog, launcher
+from parallel_lab.pipeline.schedules import build
+
+from parallel_lab.pipeline.executor import Executor
+from parallel_lab.pipeline.stages import ModelSpec, cut
+
+PEER = "torch.distributed.pipelining"
+HIDDEN = (256, 1024)
+BATCH, MICROBATCHES, LAYERS, RANKS = 64, 8, 8, 4
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def _peer(module, name: str, rank: int, p: int, loss_fn):
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    stage = PipelineStage(module, rank, p, torch.device("cpu"))
+    kind = ScheduleGPipe if name == "gpipe" else Schedule1F1B
+    return kind(stage, MICROBATCHES, loss_fn=loss_fn)
+
+
+def _timed(step, params) -> float:
+    for q in params:
+        q.grad = None
+    dist.barrier()
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
+
+
+def bench_rank(repeats: int = 10, warmup: int = 3, hidden=HIDDEN, schedules=SCHEDULES) -> list[dict]:
+    """Rank function: time ours and the peer on every (hidden, schedule), alternating; the rows
+    (the same on every rank)."""
+    with commlog.unwrapped():
+        return _bench(repeats, warmup, hidden, schedules)
+
+
+def _bench(repeats, warmup, hidden, schedules) -> list[dict]:
+    rank, p = dist.get_rank(), dist.get_world_size()
+    rows = []
+    for h in hidden:
+        spec = ModelSpec("mlp", hidden=h, layers=LAYERS, batch=BATCH, dtype="float32")
+        stage = cut(spec, p, keep={rank})[rank]
+        x, target = spec.data()
+        for name in schedules:
+            ours = Executor(build(name, p, MICROBATCHES), {rank: stage}, spec, rank)
+            module = copy.deepcopy(stage.module)
+            peer = _peer(module, name, rank, p, spec.loss)
+            steps = (lambda: ours.step(x if rank == 0 else None, target if rank == p - 1 else None),
+                     _peer_step(peer, rank, p, x, target))
+            params = (list(stage.module.parameters()), list(module.parameters()))
+            times = torch.zeros(2, repeats, dtype=torch.float64)
+            for i in range(warmup + repeats):
+                for k in (0, 1):
+                    t = _timed(steps[k], params[k])
+                    if i >= warmup:
+                        times[k, i - warmup] = t
+            dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a step lasts as long as its slowest rank
+            ours_s, peer_s = (statistics.median(times[k].tolist()) for k in (0, 1))
+            rows.append({"name": f"mlp h{h} b{BATCH} m{MICROBATCHES} p{p} {name}", "ours_s": ours_s,
+                         "peer": PEER, "peer_s": peer_s, "ratio": ours_s / peer_s})
+    return rows
+
+
+def _peer_step(peer, rank, p, x, target):
+    if rank == 0:
+        return lambda: peer.step(x, return_outputs=False)
+    if rank == p - 1:
+        return lambda: peer.step(target=target, return_outputs=False)
+    return lambda: peer.step(return_outputs=False)
+
+
+def bench_pipeline(repeats: int = 10, warmup: int = 3, timeout: float = 600.0) -> list[dict]:
+    """``parallel-lab bench pipeline``: rows ``{name, ours_s, peer, peer_s, ratio}`` on 4 ranks."""
+    return launcher.run(bench_rank, RANKS, kwargs=dict(repeats=repeats, warmup=warmup), timeout=timeout)[0]

@@ -1,0 +1,47 @@
+"""``parallel-lab bench``: our pieces side by side with the peers, in one run, reported as ratios.
+
+Each suite returns rows ``{"name", "ours_s", "peer", "peer_s", "ratio"}`` (ratio = ours / peer, so
+below 1 is faster). Absolute times depend on the machine; the ratios are what we quote. Tests never
+time anything: benchmarks live here.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from parallel_lab.bench.collectives import bench_collectives
+from parallel_lab.bench.launcher import bench_launcher
+from parallel_lab.bench.pipeline import bench_pipeline
+from parallel_lab.bench.simulator import bench_simulator
+from parallel_lab.bench.tensor import bench_tensor
+
+
+SUITES = {
+    "launcher": bench_launcher,
+    "collectives": bench_collectives,
+    "simulator": bench_simulator,
+    "tensor": bench_tensor,
+    "pipeline": bench_pipeline,
+}
+
+
+def run_suites(names) -> list[dict]:
+    rows = []
+    for name in names or SUITES:
+        if name not in SUITES:
+            raise ValueError(f"unknown benchmark {name!r}; choose from {', '.join(SUITES)}")
+        print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        for result in SUITES[name]():
+            rows.append({"suite": name, **result})
+    return rows
+
+
+def format_table(rows) -> str:
+    lines = ["| suite | benchmark | ours | peer | peer time | ratio |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        unit = r.get("unit")
+        ours = f"{r['ours_s']:.2f} {unit}" if unit else f"{r['ours_s'] * 1e3:.2f} ms"
+        peer = "-" if r["peer_s"] is None else f"{r['peer_s'] * 1e3:.2f} ms"
+        ratio = "-" if r["peer_s"] is None else f"{r['ratio']:.2f}"
+        lines.append(f"| {r['suite']} | {r['name']} | {ours} | {r['peer']} | {peer} | {ratio} |")
+    return "\n".join(lines)

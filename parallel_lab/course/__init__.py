@@ -1,0 +1,7 @@
+"""Course administration: what runs around the lessons, not inside the parallelism.
+
+- ``notebook``: what every lesson runs first (``setup``)
+- ``quiz``: the question banks (``quizzes/*.yaml``), answers, scores, progress
+- ``grading``: grading submitted notebooks (reference, runner, gradebook, nbval plugin)
+- ``certificate``: course certificates
+"""

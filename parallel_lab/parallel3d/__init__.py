@@ -1,0 +1,6 @@
+"""Data parallelism and 3D (DP x PP x TP) training on a device mesh, checked against one process.
+
+- ``data_parallel``: bucketed gradient all-reduce over a replica group
+- ``train3d``: train the course GPT with dp x pp x tp on real ranks (``parallel-lab run 3d``)
+- ``validate_plans``: the planner's predicted step times against real 3D runs
+"""

@@ -1,0 +1,256 @@
+"""Does the planner's cost model predict real 3D runs? Calibrate it here, then time a grid of plans.
+
+    from parallel_lab.parallel3d import validate_plans
+    result = validate_plans.validate()            # calibrate on 4 ranks, run the grid, compare
+    print(validate_plans.format_table(result))    # per plan: predicted and measured seconds per step
+    result["median_rel_error"]
+
+``planner.step_time`` predicts a step from a handful of constants: achieved FLOP/s per device and the
+α–β of an all-reduce. ``calibrate`` measures those on this machine's CPU ranks, the way a planner
+profiles a cluster before it searches: all-reduces timed between computations, as training issues
+them, on groups of every size a plan uses with all groups at once; and ``workload_tflops``, this
+model's own FLOP/s with every rank computing at once. ``train3d.train_rank`` runs the same plans for
+real, in fp32, timing every step on the wall clock (the slowest rank, from a barrier). Lesson 09
+shows the table; lesson 10 explains the model.
+
+Three things differ from the GPU clusters the planner is written for, and are given to it as data,
+not hidden in it:
+
+- **4-byte values.** The planner counts 2-byte (bf16) activations and gradients; these runs send
+  fp32, so the calibrated bandwidth is halved before it goes into ``planner.Cluster``.
+- **Fewer cores than ranks.** Simulated devices share the machine's cores (and the machine may be
+  shared with other programs): ``calibrate`` measures how many ranks really compute at once
+  (``effective_cores``). With more ranks than that, a step takes at least all ranks' compute
+  divided by those cores, plus the communication; a rank idle in a pipeline bubble leaves its core
+  to the others, so that bound has no bubble. The prediction is the larger of it and the planner's
+  step time (a core per rank).
+- **The model's own FLOP/s.** ``planner.calibrate`` times one square matmul; the GPT's matrices are
+  smaller and come with per-operation overhead, and devices that share a machine slow each other
+  down, so ``validate`` predicts with the FLOP/s this very model achieves on all ranks at once
+  (``workload_tflops``) and also reports the matmul's.
+
+Timing is noisy on a shared machine (other processes, the OS); the grid reports medians over steps
+and the median relative error over plans. Tests check the machinery, never the accuracy.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+from parallel_lab.runtime import launcher
+from parallel_lab.planning import memory, memory_model, planner
+from parallel_lab.parallel3d import train3d
+
+GRID_4 = ((1, 2, 2), (2, 2, 1), (2, 1, 2), (1, 4, 1), (1, 1, 4), (4, 1, 1))
+SIZES = {
+    "hidden 128": dict(layers=4, hidden=128, heads=4, vocab=256, seq=32),
+    "hidden 256": dict(layers=4, hidden=256, heads=4, vocab=256, seq=32),
+}
+RUN = dict(batch=16, microbatches=4, schedule="1f1b", optimizer="sgd", lr=0.01, dtype="float32")
+
+
+def cores() -> int:
+    """CPU cores this process may run on (the ranks share them)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def cluster_from(calibration: dict, world_size: int, value_bytes: int = 4, tflops: float | None = None,
+                 group: int | None = None) -> planner.Cluster:
+    """A one-node ``planner.Cluster`` of ``world_size`` devices with the calibrated constants; the
+    bandwidth is scaled by ``2 / value_bytes`` because the planner counts 2-byte values. ``tflops``
+    replaces the calibrated matmul throughput (e.g. by ``workload_tflops``); ``group`` takes the
+    all-reduce α–β measured on groups of that size (``calibrate``'s ``groups``) where there is one."""
+    constants = calibration.get("groups", {}).get(group, calibration)
+    gbps = constants["intra_gbps"] * 2 / value_bytes
+    return planner.Cluster(nodes=1, gpus_per_node=world_size, gpu_mem_gb=1e6, intra_gbps=gbps, inter_gbps=gbps,
+                           tflops=tflops or calibration["tflops"], latency_us=constants["latency_us"])
+
+
+def group_all_reduce(size: int, sizes_bytes, repeats: int = 5) -> list[float]:
+    """Rank function: ``planner.all_reduce_in_situ`` in groups of ``size`` consecutive ranks, every
+    group at once (as a plan's tensor- or data-parallel groups run)."""
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    groups = [dist.new_group(list(range(start, start + size))) for start in range(0, world, size)]
+    try:
+        return planner.all_reduce_in_situ(sizes_bytes, repeats, group=groups[rank // size])
+    finally:
+        for group in groups:
+            dist.destroy_process_group(group)
+
+
+def calibrate(world_size: int = 4, sizes_bytes=(2**10, 2**14, 2**18, 2**22), timeout: float = 90.0) -> dict:
+    """``planner.calibrate`` on ``world_size`` ranks (messages up to 4 MB, so that the bandwidth is
+    well determined even on a noisy machine), plus
+    ``groups``: the all-reduce α–β per group size (each proper divisor >= 2 of ``world_size``),
+    measured with all groups of that size at once, and ``effective_cores``: how many of the ranks
+    really compute at once here (the sum of their CPU seconds over the wall seconds of a busy loop)."""
+    cal = planner.calibrate(world_size, sizes_bytes=sizes_bytes, timeout=timeout)
+    cal["groups"] = {world_size: {k: cal[k] for k in ("latency_us", "intra_gbps", "all_reduce_s")}}
+    for size in range(2, world_size):
+        if world_size % size == 0:
+            per_rank = launcher.run(group_all_reduce, world_size, args=(size, tuple(sizes_bytes)), timeout=timeout)
+            seconds = [max(r[i] for r in per_rank) for i in range(len(sizes_bytes))]
+            cal["groups"][size] = planner.all_reduce_constants(sizes_bytes, seconds, size)
+    busy = launcher.run(busy_loop, world_size, timeout=timeout)
+    cal["effective_cores"] = min(world_size, sum(cpu for cpu, _ in busy) / max(wall for _, wall in busy))
+    return cal
+
+
+def busy_loop(matmul: int = 128, repeats: int = 400) -> tuple[float, float]:
+    """Rank function: (thread CPU seconds, wall seconds) of ``repeats`` matmuls started together."""
+    import torch
+    import torch.distributed as dist
+
+    a = torch.randn(matmul, matmul)
+    dist.barrier()
+    wall, cpu = time.perf_counter(), time.thread_time()
+    for _ in range(repeats):
+        a = torch.tanh(a @ a)
+    return time.thread_time() - cpu, time.perf_counter() - wall
+
+
+def workload_seconds(cfg: train3d.Config, repeats: int = 3) -> float:
+    """Thread CPU seconds of one micro-batch's forward and backward (``batch / (dp · microbatches)``
+    sequences) through the whole model on one thread, median of ``repeats`` after a warm-up run.
+    Also a rank function: on ranks it starts together with the others (a barrier)."""
+    import torch
+    import torch.distributed as dist
+
+    from parallel_lab import models
+    from parallel_lab.pipeline.profile import one_thread
+
+    rows = cfg.batch // (cfg.dp * cfg.microbatches)
+    model = models.GPT(cfg.gpt, seed=cfg.seed).to(cfg.torch_dtype)
+    idx, targets = models.random_tokens(cfg.gpt, rows, seed=cfg.seed + 1)
+    if dist.is_initialized():
+        dist.barrier()
+    samples = []
+    with one_thread():
+        for _ in range(repeats + 1):  # the first run warms up
+            start = time.thread_time()
+            models.cross_entropy(model(idx), targets).backward()
+            samples.append(time.thread_time() - start)
+    return statistics.median(samples[1:])
+
+
+def workload_tflops(cfg: train3d.Config, repeats: int = 3, world_size: int | None = None) -> float:
+    """Achieved TFLOP/s of this model: the planner's ``6 · params · tokens`` FLOPs of one micro-batch
+    over ``workload_seconds``. With ``world_size``, measured on that many ranks computing at once
+    and taken from the slowest: simulated devices share the machine's caches, memory bandwidth and,
+    in a virtual machine, the host's cores, so each computes slower than it does alone, and a
+    synchronous step waits for the slowest."""
+    flops = 6 * memory_model.param_count(cfg.layers, cfg.hidden, cfg.vocab, cfg.seq) * \
+        (cfg.batch // (cfg.dp * cfg.microbatches)) * cfg.seq
+    if world_size is None:
+        seconds = workload_seconds(cfg, repeats)
+    else:
+        seconds = max(launcher.run(workload_seconds, world_size, args=(cfg, repeats), timeout=120))
+    return flops / seconds / 1e12
+
+
+def predict(cfg: train3d.Config, cluster: planner.Cluster, n_cores: float | None = None) -> dict:
+    """``planner.step_time`` of ``cfg`` on ``cluster`` (a core per rank), and the bound of ranks that
+    share ``n_cores`` cores: all ranks' compute divided by the cores, plus the communication (whose
+    constants were measured on the same shared cores). ``step_s`` is the larger; also returned:
+    the planner's parts, ``planner_s`` and ``shared_s`` (0 with a core per rank)."""
+    n_cores = cores() if n_cores is None else n_cores
+    model = memory.ModelConfig("tiny GPT", cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, cfg.seq)
+    parts = planner.step_time(model, cluster, cfg.batch, cfg.dp, cfg.pp, cfg.tp, cfg.microbatches,
+                              cfg.schedule, cfg.virtual)
+    ranks, shared = cfg.world_size, 0.0
+    if ranks > n_cores:  # a rank idle in the bubble leaves its core to the others: no bubble term
+        shared = parts["compute_s"] * ranks / n_cores + parts["tp_comm_s"] + parts["pp_comm_s"] + parts["dp_comm_s"]
+    return {**parts, "planner_s": parts["step_s"], "shared_s": shared, "step_s": max(parts["step_s"], shared)}
+
+
+def collective_counts(cfg: train3d.Config) -> dict:
+    """Rank function: ``{op: {"count", "bytes"}}`` of every communication call this rank makes in
+    ``cfg``'s training (``commlog``), to hold against what the planner counts."""
+    from parallel_lab.runtime import commlog
+
+    with commlog.recording() as log:
+        train3d.train_rank(cfg)
+    return log.as_dict()
+
+
+def measure(cfg: train3d.Config, timeout: float = 120.0) -> dict:
+    """Run ``cfg`` on real ranks (no reference check: timing only). Per step the slowest rank's wall
+    seconds; ``step_s`` is the median without the first (warm-up) step. ``cores_used``: the ranks'
+    CPU seconds over the wall seconds (median over the same steps): how many cores they really got."""
+    ranks = launcher.run(train3d.train_rank, cfg.world_size, kwargs=dict(cfg=cfg, timed=True), timeout=timeout)
+    per_step = [max(r["step_s"][k] for r in ranks) for k in range(cfg.steps)]
+    used = [sum(r["cpu_s"][k] for r in ranks) / per_step[k] for k in range(cfg.steps)]
+    kept = slice(1, None) if cfg.steps > 1 else slice(None)
+    return {"steps_s": per_step, "step_s": statistics.median(per_step[kept]),
+            "cores_used": statistics.median(used[kept])}
+
+
+def validate(grid=GRID_4, sizes=None, steps: int = 6, world_size: int = 4, calibration: dict | None = None,
+             progress=print, run: dict | None = None) -> dict:
+    """Calibrate (unless ``calibration`` is given), then for every model size and (dp, pp, tp) in
+    ``grid`` predict and measure a step. Two predictions per plan: with the calibrated matmul
+    throughput (``planner.calibrate`` as is) and with this model's own throughput
+    (``workload_tflops``). Returns ``rows`` (``size, dp, pp, tp, predicted_s, measured_s,
+    rel_error``, ``predicted_matmul_s``, ``rel_error_matmul``, ``rel_error_given_load`` -- the
+    prediction told how many cores the ranks really got during the run -- and the prediction's
+    parts), the three medians ``median_rel_error``, ``median_rel_error_matmul``,
+    ``median_rel_error_given_load``, ``calibration``, ``cores``."""
+    sizes = SIZES if sizes is None else sizes
+    say = progress or (lambda line: None)
+    if calibration is None:
+        say(f"calibrating on {world_size} ranks ...")
+        calibration = calibrate(world_size)
+    n_cores = min(cores(), calibration.get("effective_cores", cores()))
+    rows = []
+    for size, shape in sizes.items():
+        for dp, pp, tp in grid:
+            if dp * pp * tp != world_size:
+                raise ValueError(f"grid entry dp {dp} x pp {pp} x tp {tp} != world_size {world_size}")
+            cfg = train3d.Config(dp=dp, pp=pp, tp=tp, steps=steps, **{**RUN, **(run or {}), **shape})
+            train3d.check(cfg)
+            say(f"{size}: dp {dp} x pp {pp} x tp {tp} ...")
+            tflops = workload_tflops(cfg, world_size=world_size)
+            group = max(dp, tp)  # the all-reduce groups of these plans (where dp and tp are both > 1, equal)
+            cluster = cluster_from(calibration, world_size, tflops=tflops, group=group)
+            predicted = predict(cfg, cluster, n_cores)
+            matmul = predict(cfg, cluster_from(calibration, world_size, group=group), n_cores)
+            measured = measure(cfg)
+            given_load = predict(cfg, cluster, measured["cores_used"])
+            rows.append({"size": size, "dp": dp, "pp": pp, "tp": tp, "predicted_s": predicted["step_s"],
+                         "measured_s": measured["step_s"], "predicted_matmul_s": matmul["step_s"],
+                         "rel_error": abs(predicted["step_s"] - measured["step_s"]) / measured["step_s"],
+                         "rel_error_matmul": abs(matmul["step_s"] - measured["step_s"]) / measured["step_s"],
+                         "rel_error_given_load": abs(given_load["step_s"] - measured["step_s"]) / measured["step_s"],
+                         "cores_used": measured["cores_used"],
+                         "workload_tflops": tflops, "prediction": predicted, "steps_s": measured["steps_s"]})
+    return {"rows": rows, "median_rel_error": statistics.median(r["rel_error"] for r in rows),
+            "median_rel_error_matmul": statistics.median(r["rel_error_matmul"] for r in rows),
+            "median_rel_error_given_load": statistics.median(r["rel_error_given_load"] for r in rows),
+            "calibration": calibration, "cores": n_cores, "world_size": world_size}
+
+
+def format_table(result: dict) -> str:
+    """A text table of ``validate``'s rows and the median relative errors."""
+    head = (f"{'model':<11} {'dp':>3} {'pp':>3} {'tp':>3} {'measured ms':>12} {'predicted ms':>13} {'error':>6}"
+            f" {'(matmul FLOP/s)':>16} {'error':>6}")
+    lines = [head, "-" * len(head)]
+    for r in result["rows"]:
+        lines.append(f"{r['size']:<11} {r['dp']:>3} {r['pp']:>3} {r['tp']:>3} {r['measured_s'] * 1e3:>12.1f} "
+                     f"{r['predicted_s'] * 1e3:>13.1f} {r['rel_error']:>6.0%} {r['predicted_matmul_s'] * 1e3:>16.1f} "
+                     f"{r['rel_error_matmul']:>6.0%}")
+    cal = result["calibration"]
+    lines.append(f"median relative error {result['median_rel_error']:.0%} with the model's own FLOP/s "
+                 f"({result['rows'][0]['workload_tflops'] * 1e3:.1f} GFLOP/s for the first), "
+                 f"{result['median_rel_error_matmul']:.0%} with the matmul's ({cal['tflops'] * 1e3:.1f} GFLOP/s)")
+    lines.append(f"{result['median_rel_error_given_load']:.0%} when told the cores the ranks really got during each run "
+                 f"(a diagnostic: it separates the model's error from the machine's other load)")
+    lines.append(f"all-reduce α {cal['latency_us']:.0f} us, {cal['intra_gbps']:.2f} GB/s; {result['world_size']} "
+                 f"ranks on {result['cores']:.1f} effective cores")
+    return "\n".join(lines)

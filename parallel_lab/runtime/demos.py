@@ -1,0 +1,123 @@
+"""Small functions to run on ranks: the launcher's hello world and its failure modes.
+
+Lesson 01 runs them to show what a student sees when a rank fails or hangs; the launcher's tests
+run them to check that every failure is reported by rank and that no process is left behind.
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def hello():
+    """Each rank contributes ``rank + 1``; all-reduce sums them: ``world * (world + 1) / 2``."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)
+    return {"rank": rank, "world_size": world, "pid": os.getpid(), "sum": total.item()}
+
+
+def rank_id():
+    """The cheapest possible task: returns this rank's number (used to time warm re-runs)."""
+    return dist.get_rank()
+
+
+def echo(*args, **kwargs):
+    """Returns its arguments, to show that tensors and plain objects travel both ways."""
+    return {"rank": dist.get_rank(), "args": args, "kwargs": kwargs}
+
+
+def fail_on(rank, message="something went wrong"):
+    """Raises ValueError on ``rank``; the other ranks then wait in a barrier that never completes."""
+    if dist.get_rank() == rank:
+        raise ValueError(message)
+    dist.barrier()
+
+
+def unmatched_send(shape=(4, 8)):
+    """Rank 0 sends to rank 1, which never receives: rank 1 waits in a barrier rank 0 never joins
+    (gloo buffers small sends, so rank 0 goes on to wait for a reply that never comes)."""
+    if dist.get_rank() == 0:
+        dist.send(torch.ones(shape), dst=1)
+        dist.recv(torch.empty(shape), src=1)
+    else:
+        dist.barrier()
+
+
+def skipped_collective():
+    """Every rank but the last calls all_reduce; they wait forever for the one that skipped it."""
+    if dist.get_rank() != dist.get_world_size() - 1:
+        dist.all_reduce(torch.ones(3))
+    else:
+        time.sleep(3600)
+
+
+def die_on(rank, how="kill"):
+    """Rank ``rank`` ends abruptly: ``kill`` (SIGKILL), ``segfault`` (SIGSEGV) or ``exit`` (status 3)."""
+    if dist.get_rank() == rank:
+        if how == "exit":
+            os._exit(3)
+        os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSEGV)
+    dist.barrier()
+
+
+def sleep(seconds):
+    """Sleeps on every rank (used to test interrupting a running call)."""
+    time.sleep(seconds)
+    return dist.get_rank()
+
+
+def exit_early():
+    """Calls sys.exit on rank 0: reported as an error, not a silently missing rank."""
+    if dist.get_rank() == 0:
+        sys.exit(2)
+    return dist.get_rank()
+
+
+def unpicklable_result():
+    """Returns a lock, which cannot be pickled back to the notebook."""
+    return threading.Lock()
+
+
+def ring_matches_gloo(numel, dtype=torch.float64):
+    """Ring all-reduce of integer-valued data equals dist.all_reduce exactly on every rank."""
+    from parallel_lab.runtime.collectives import ring_all_reduce
+
+    rank = dist.get_rank()
+    x = torch.arange(numel, dtype=dtype) * (rank + 1) + rank
+    expected = x.clone()
+    dist.all_reduce(expected)
+    ring_all_reduce(x)
+    return bool(torch.equal(x, expected))
+
+
+def say_hello():
+    """Prints on every rank: the notebook shows each line prefixed with its rank, in rank order."""
+    print(f"hello from rank {dist.get_rank()} of {dist.get_world_size()}")
+    return dist.get_rank()
+
+
+def count_collectives():
+    """One all-reduce, one all-gather and a send/recv pair, recorded by commlog."""
+    from parallel_lab.runtime import commlog
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with commlog.recording() as log:
+        dist.all_reduce(torch.ones(4))
+        dist.all_gather_single(torch.empty(2 * world), torch.ones(2))
+        if rank == 0:
+            dist.send(torch.ones(3, dtype=torch.float64), dst=1)
+        elif rank == 1:
+            dist.recv(torch.empty(3, dtype=torch.float64), src=0)
+    return log.as_dict()
+
+
+def fail_on_all(message="the same bug on every rank"):
+    """Raises on every rank at once (a bug in code all ranks run): rank 0 is the one reported."""
+    time.sleep(0.01 * (dist.get_world_size() - dist.get_rank()))  # higher ranks fail first
+    raise ValueError(message)

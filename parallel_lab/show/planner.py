@@ -1,0 +1,322 @@
+"""Tables, a figure and the widget of lesson 10 (lessons/10_planner.ipynb): the planner, explained.
+
+    from parallel_lab.planning import planner
+    from parallel_lab.show import planner as pw
+    result = planner.plan(pw.GPT3, pw.CLUSTER, 1536)
+    print(pw.plans_table(result["plans"][:5]))          # where each plan's step time goes
+    print(pw.rejections_table(result))                  # why the others fail, by kind of reason
+    pw.breakdown_figure({"TP 4": row4, "TP 8": row8})   # stacked step-time parts (deterministic)
+    pw.planner_widget()                                 # cluster, bandwidth, memory, batch -> replan
+
+The arithmetic is ``parallel_lab.planning.planner`` and ``parallel_lab.planning.memory_model``; this module measures
+the course GPT to check the memory model against real tensors (``activation_check``,
+``param_check``) and formats, draws and wraps the planner for the lesson. Every table is
+deterministic text, so nbval compares it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from parallel_lab.planning import memory, memory_model, planner
+from parallel_lab.runtime.collectives import predict_all_reduce
+
+GPT3 = memory.ModelConfig("GPT-3 175B", 96, 12288, 96, 50257, 2048)
+CLUSTER = planner.Cluster(nodes=64, gpus_per_node=8, gpu_mem_gb=80)  # 512 GPUs of 80 GB, 8 per node
+BATCH = 1536  # GPT-3's batch: 1536 sequences of 2048 tokens (Brown et al. 2020)
+PARTS = ("compute_s", "tp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s")
+LABELS = {"compute_s": "compute", "tp_comm_s": "TP all-reduce", "bubble_s": "bubble",
+          "pp_comm_s": "PP send/recv", "dp_comm_s": "DP all-reduce"}
+COLORS = {"compute_s": "#4c78a8", "tp_comm_s": "#e45756", "bubble_s": "#bab0ac",
+          "pp_comm_s": "#f58518", "dp_comm_s": "#54a24b"}
+
+
+# ----------------------------------------------------------------------------------------------
+# The memory model against the real course GPT.
+
+
+def param_check(config=None, pps=(1, 2, 4)) -> list[dict]:
+    """Parameters per pipeline stage: ``memory_model`` against the modules of the course GPT cut by
+    ``pipeline.stages.cut`` (embedding on the first stage, head on the last). One row per stage."""
+    from parallel_lab.pipeline.stages import ModelSpec, cut
+
+    spec = ModelSpec("gpt", **(config or dict(hidden=32, layers=4, heads=2, seq=8, vocab=96)))
+    model = memory.ModelConfig("course GPT", spec.layers, spec.hidden, spec.heads, spec.vocab, spec.seq)
+    rows = []
+    for pp in pps:
+        for stage in cut(spec, pp):
+            real = sum(p.numel() for p in stage.module.parameters())
+            rows.append({"pp": pp, "stage": stage.index, "model": memory_model.stage_params(model, pp, 1, stage.index),
+                         "real": real})
+    return rows
+
+
+def activation_check(config=None, batch: int = 3) -> list[dict]:
+    """Bytes one transformer block saves for backward: ``memory_model.activation_bytes_per_layer``
+    (fp32 values, no dropout) against the tensors autograd really saves (``profile``'s
+    ``saved_tensors_counter``), for the three recomputation modes:
+
+    - none: attention computed the plain way (``SDPBackend.MATH``): the s x s scores are saved;
+    - selective: PyTorch's fused attention on the CPU, which recomputes the scores in backward --
+      selective recomputation by construction -- and saves a log-sum-exp per head and token;
+    - full: ``torch.utils.checkpoint`` keeps only the block's input.
+
+    ``stats`` is what the paper's formula leaves out: each LayerNorm's mean and 1/std per token
+    (2 x 2 values) and the fused kernel's log-sum-exp (one value per head and token)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.checkpoint import checkpoint
+
+    from parallel_lab import models
+    from parallel_lab.pipeline import profile
+
+    cfg = models.GPTConfig(**(config or dict(vocab=96, seq=32, hidden=64, heads=4, layers=1)))
+    block = models.GPT(cfg).blocks[0]
+    x = torch.randn(batch, cfg.seq, cfg.hidden, requires_grad=True, generator=torch.Generator().manual_seed(0))
+    tokens = cfg.seq * batch
+
+    def measure(run):
+        with profile.saved_tensors_counter(exclude=list(block.parameters())) as seen:
+            run()
+        return sum(seen.values())
+
+    def plain():
+        with sdpa_kernel(SDPBackend.MATH):
+            block(x)
+
+    measured = {"none": measure(plain), "selective": measure(lambda: block(x)),
+                "full": measure(lambda: checkpoint(block, x, use_reentrant=False))}
+    stats = {"none": 4 * tokens * 4, "selective": (4 + cfg.heads) * tokens * 4, "full": 0}
+    rows = []
+    for mode in memory_model.RECOMPUTE:
+        formula = memory_model.activation_bytes_per_layer(cfg.seq, batch, cfg.hidden, cfg.heads,
+                                                          recompute=mode, value_bytes=4, dropout=False)
+        rows.append({"recompute": mode, "formula": int(formula), "measured": measured[mode], "stats": stats[mode]})
+    return rows
+
+
+def in_flight_table(pp: int = 4, microbatches: int = 8) -> str:
+    """Micro-batches whose activations each pipeline rank keeps at its peak, per schedule (from the
+    simulator, as ``memory_model`` uses them)."""
+    lines = [f"{'schedule':<31}" + "".join(f"{'rank ' + str(r):>8}" for r in range(pp))]
+    for name, v in (("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2)):
+        label = name + (f" (v={v}, chunks)" if v > 1 else "")
+        lines.append(f"{label:<31}" + "".join(f"{x:>8}" for x in memory_model.in_flight(name, pp, microbatches, v)))
+    return "\n".join(lines)
+
+
+def memory_table(rows: dict) -> str:
+    """GB per device of the most loaded stage for each labelled configuration: ``rows`` maps a label
+    to the keyword arguments of ``memory_model.max_device_memory`` (model included)."""
+    lines = [f"{'configuration':<40} {'weights':>8} {'grads':>6} {'Adam':>6} {'activ.':>7} {'total':>7}"
+             f"  stage, in flight"]
+    for label, kwargs in rows.items():
+        m = memory_model.max_device_memory(**kwargs)
+        gb = {k: m[k] / memory.GB for k in ("weights", "gradients", "optimizer", "activations", "total")}
+        lines.append(f"{label:<40} {gb['weights']:>8.1f} {gb['gradients']:>6.1f} {gb['optimizer']:>6.1f} "
+                     f"{gb['activations']:>7.1f} {gb['total']:>7.1f}  {m['stage']}, {m['in_flight']}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# Plans.
+
+
+def plan_name(p: dict) -> str:
+    """``dp 8 x pp 16 x tp 4, zb-h1, m 192, selective``."""
+    schedule = p["schedule"] + (f" v={p['virtual']}" if p.get("virtual", 1) > 1 else "")
+    return f"dp {p['dp']} x pp {p['pp']} x tp {p['tp']}, {schedule}, m {p['microbatches']}, {p['recompute']}"
+
+
+def plans_table(plans: list[dict]) -> str:
+    """The plans with their step time split into the planner's parts (seconds) and their memory."""
+    lines = [f"{'dp':>3} {'pp':>3} {'tp':>3} {'schedule':<20} {'recompute':<9} {'m':>4} "
+             + " ".join(f"{LABELS[k].split()[0][:7]:>7}" for k in PARTS) + f" {'step s':>7} {'GB':>5}"]
+    for p in plans:
+        schedule = p["schedule"] + (f" v={p['virtual']}" if p["virtual"] > 1 else "")
+        parts = " ".join(f"{p['breakdown'][k]:>7.2f}" for k in PARTS)
+        lines.append(f"{p['dp']:>3} {p['pp']:>3} {p['tp']:>3} {schedule:<20} {p['recompute']:<9} "
+                     f"{p['microbatches']:>4} {parts} {p['step_s']:>7.2f} {p['memory_gb']:>5.1f}")
+    return "\n".join(lines)
+
+
+def best_plan(plans: list[dict], **match) -> dict | None:
+    """The fastest plan whose fields equal ``match`` (``tp=8, schedule="1f1b"``), or None."""
+    found = [p for p in plans if all(p.get(k) == v for k, v in match.items())]
+    return min(found, key=lambda p: p["step_s"]) if found else None
+
+
+_KINDS = (
+    (re.compile(r"^tp \d+ > devices_per_node"), "TP group would cross nodes"),
+    (re.compile(r"^layers \d+ % pp"), "layers do not split into pp equal stages"),
+    (re.compile(r"^heads \d+ % tp|^hidden \d+ % tp"), "heads or width do not split by tp"),
+    (re.compile(r"^batch \d+ % dp"), "batch does not split into dp replicas"),
+    (re.compile(r"^pp \d+ > "), "more stages than the simulator handles"),
+    (re.compile(r"^interleaved-1f1b needs"), "interleaving needs m % pp == 0"),
+    (re.compile(r"^needs [\d.]+ GB > "), "does not fit in memory"),
+)
+
+
+def rejection_kind(reason: str) -> str:
+    """The kind of a rejection reason (first matching pattern), or the reason itself."""
+    return next((kind for pattern, kind in _KINDS if pattern.search(reason)), reason)
+
+
+def rejections_table(result: dict) -> str:
+    """The planner's rejections grouped by kind: count, and one example (the first) with its reason.
+    A layout that cannot work at all counts once; a memory rejection once per schedule and
+    recomputation tried."""
+    groups: dict[str, list[dict]] = {}
+    for r in result["rejected"]:
+        groups.setdefault(rejection_kind(r["reason"]), []).append(r)
+    lines = [f"{result['considered']} candidates considered: {result['feasible']} fit, "
+             f"{len(result['rejected'])} rejected"]
+    for kind, rows in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        lines.append(f"{len(rows):>4} x {kind}")
+        examples = [("e.g.", rows[0])]
+        if kind == "does not fit in memory" and len(rows) > 1:  # the largest and the nearest miss
+            examples.append(("nearest miss:", min(rows, key=lambda r: float(r["reason"].split()[1]))))
+        for label, r in examples:
+            layout = "dp {dp} x pp {pp} x tp {tp}".format(**r["plan"])
+            extra = "".join(f", {r['plan'][k]}" for k in ("schedule", "recompute") if k in r["plan"])
+            lines.append(f"       {label} {layout}{extra}: {r['reason']}")
+    return "\n".join(lines)
+
+
+def breakdown_figure(plans: dict, title: str = "Where a training step goes (predicted, seconds)",
+                     parts=PARTS):
+    """Horizontal stacked bars: for each labelled plan, its step time split into the planner's
+    ``parts`` (all five by default; leave out ``compute_s`` to see the overheads). Deterministic
+    (values rounded to 3 decimals) and compact, so nbval compares it."""
+    import plotly.graph_objects as go
+
+    labels = list(plans)
+    fig = go.Figure([go.Bar(name=LABELS[k], y=labels, x=[round(plans[n]["breakdown"][k], 3) for n in labels],
+                            orientation="h", marker_color=COLORS[k]) for k in parts])
+    fig.update_layout(template="none", plot_bgcolor="white", barmode="stack", height=170 + 45 * len(labels),
+                      margin=dict(l=200, r=20, t=50, b=110), font=dict(family="sans-serif", size=12),
+                      title=title, title_x=0.01, xaxis=dict(title="seconds per step", gridcolor="#e5e5e5"),
+                      yaxis=dict(autorange="reversed"),
+                      legend=dict(orientation="h", x=0, y=-0.45, yanchor="top", traceorder="normal"))
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# Why TP stays inside a node, in the planner's own model.
+
+
+def tp_link_table(model=GPT3, cluster=CLUSTER, micro_batch: int = 1, tps=(2, 4, 8, 16)) -> str:
+    """Per transformer layer and micro-batch, on one device: the forward compute time against the
+    two forward all-reduces of tensor parallelism over the node's links and over the network (the
+    planner's constants: ``cluster.tflops``, ``intra_gbps``, ``inter_gbps``, ``latency_us``)."""
+    h, s = model.hidden, model.seq
+    flops = 2 * memory_model.layer_params(h) * s * micro_batch  # forward: 2 FLOPs per parameter and token
+    message = 2 * micro_batch * s * h  # one (b, s, h) bf16 tensor
+    alpha = cluster.latency_us * 1e-6
+    lines = [f"{'tp':>3} {'compute ms':>10} {'2 all-reduces, NVLink ms':>25} {'(share)':>8} "
+             f"{'2 all-reduces, network ms':>26} {'(share)':>8}"]
+    for tp in tps:
+        compute = flops / tp / (cluster.tflops * 1e12)
+        intra = 2 * predict_all_reduce(message, tp, alpha, cluster.intra_gbps * 1e9)
+        inter = 2 * predict_all_reduce(message, tp, alpha, cluster.inter_gbps * 1e9)
+        lines.append(f"{tp:>3} {compute * 1e3:>10.2f} {intra * 1e3:>25.2f} {intra / (compute + intra):>8.0%} "
+                     f"{inter * 1e3:>26.2f} {inter / (compute + inter):>8.0%}")
+    return "\n".join(lines)
+
+
+def across_nodes(model, cluster, batch: int, dp: int, pp: int, tp: int, microbatches: int,
+                 schedule: str = "zb-h1", recompute: str = "none") -> dict:
+    """``planner.step_time`` of a layout whose TP groups span nodes, which the planner refuses: the
+    same model on nodes of ``tp`` devices whose links are only as fast as the network. Returns the
+    breakdown (seconds)."""
+    wide = replace(cluster, nodes=cluster.world_size // tp, gpus_per_node=tp, intra_gbps=cluster.inter_gbps)
+    return planner.step_time(model, wide, batch, dp, pp, tp, microbatches, schedule, 1, recompute)
+
+
+# ----------------------------------------------------------------------------------------------
+# Cost.
+
+
+def cost_table(plan: dict, prices=(1.0, 2.0, 4.0), tokens: float = planner.GPT3_TOKENS) -> str:
+    """GPU-hours, days and price of training on ``tokens`` tokens with ``plan``, for each price in $
+    per GPU-hour (``planner.training_cost``)."""
+    base = planner.training_cost(plan, tokens, 1.0)
+    lines = [f"{plan_name(plan)}: {base['steps']:,.0f} steps of {plan['step_s']:.2f} s on "
+             f"{plan['world_size']} GPUs = {base['days']:.1f} days, {base['gpu_hours']:,.0f} GPU-hours"]
+    for price in prices:
+        lines.append(f"  at ${price:.2f} per GPU-hour: ${planner.training_cost(plan, tokens, price)['cost']:,.0f}")
+    return "\n".join(lines)
+
+
+def gpu_hours(step_s: float, gpus: int, tokens_billions: float, batch: int, seq: int) -> float:
+    """GPU-hours of a training run: steps = tokens / (batch x seq), each ``step_s`` on ``gpus``
+    devices (``planner.training_cost``'s arithmetic; quiz answers use it)."""
+    row = {"global_batch": batch, "seq": seq, "step_s": step_s, "world_size": gpus}
+    return planner.training_cost(row, tokens_billions * 1e9, 0.0)["gpu_hours"]
+
+
+def tp_per_device_ratio(tp_a: int, tp_b: int) -> float:
+    """How many times more TP all-reduce time per device per step ``tp_b`` costs than ``tp_a`` on the
+    same number of GPUs, same pipeline and micro-batch size, bandwidth-bound: each device carries
+    tokens in proportion to tp (dp shrinks as tp grows) and sends 2(t-1)/t of each message."""
+    return (tp_b * (tp_b - 1) / tp_b) / (tp_a * (tp_a - 1) / tp_a)
+
+
+# ----------------------------------------------------------------------------------------------
+# The widget.
+
+
+def planner_widget(layers: int = 96, hidden: int = 12288, heads: int = 96, vocab: int = 50257, seq: int = 2048,
+                   batch: int = BATCH, nodes: int = 64, gpus_per_node: int = 8, gpu_mem_gb: float = 80,
+                   intra_gbps: float = 300, inter_gbps: float = 25, tflops: float = 150, price: float = 2.0):
+    """Controls for the cluster (nodes, GPUs per node, memory, links, throughput), the batch and the
+    price; *Plan* runs ``planner.plan_from_args`` (a second or two for 512 GPUs) and shows the five
+    fastest plans with their breakdown, the cost of the best one and the rejections by kind."""
+    import ipywidgets as w
+
+    style, layout = dict(description_width="150px"), w.Layout(width="420px")
+
+    def slider(kind, value, options, description):
+        return kind(options=options, value=value, description=description, style=style, layout=layout)
+
+    controls = dict(
+        nodes=slider(w.SelectionSlider, nodes, [1, 2, 4, 8, 16, 32, 64, 128, 256], "nodes"),
+        gpus_per_node=slider(w.SelectionSlider, gpus_per_node, [4, 8, 16], "GPUs per node"),
+        gpu_mem_gb=slider(w.SelectionSlider, gpu_mem_gb, [16, 24, 40, 48, 80, 96, 141, 192], "GPU memory, GB"),
+        intra_gbps=slider(w.SelectionSlider, intra_gbps, [50, 100, 150, 300, 450, 900], "NVLink GB/s per GPU"),
+        inter_gbps=slider(w.SelectionSlider, inter_gbps, [3, 6, 12.5, 25, 50, 100], "network GB/s per GPU"),
+        tflops=slider(w.SelectionSlider, tflops, [50, 100, 150, 300, 400, 600], "achieved TFLOP/s"),
+        batch=slider(w.SelectionSlider, batch, [128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096], "batch (sequences)"),
+        price=w.BoundedFloatText(value=price, min=0, max=100, step=0.25, description="$ per GPU-hour",
+                                 style=style, layout=layout),
+    )
+    button = w.Button(description="Plan", button_style="primary")
+    out = w.Output()
+
+    def run(_=None):
+        values = {k: c.value for k, c in controls.items()}
+        with out:
+            out.clear_output(wait=True)
+            print("planning ...")
+            try:
+                result = planner.plan_from_args(layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq=seq,
+                                                top=5, **values)
+            except ValueError as exc:
+                out.clear_output(wait=True)
+                print(f"cannot plan: {exc}")
+                return
+            out.clear_output(wait=True)
+            if result["plans"]:
+                print(plans_table(result["plans"]))
+                print()
+                print(cost_table(result["plans"][0], prices=(values["price"],)))
+            else:
+                print("no plan fits: more GPUs, more memory per GPU, or a smaller batch")
+            print()
+            print(rejections_table(result))
+
+    button.on_click(run)
+    run()
+    boxes = list(controls.values())
+    return w.VBox([w.HBox([w.VBox(boxes[:4]), w.VBox(boxes[4:])]), button, out])

@@ -1,0 +1,214 @@
+"""The quiz widget (ipywidgets): instant feedback with the explanation, a live score, retry, a
+language switch for bilingual banks, and the answer sheet to paste for hand-in.
+
+What reaches the browser: prompts, option labels, the student's own choices and the feedback on
+them. The widget is built from ``PublicItem`` views that carry no answer, explanation or hint, and
+every check calls back into the kernel (``parallel_lab.course.quiz.check.feedback``), so the widget state
+JupyterLab or nbclient save into a notebook's metadata holds no answer key (tests/test_quizzes.py
+inspects that state). Where widgets do not render, the text form is shown instead (``text/plain``).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+
+import ipywidgets as widgets
+from ipywidgets.widgets.widget_bool import CheckboxStyle
+from ipywidgets.widgets.widget_description import DescriptionStyle
+from ipywidgets.widgets.widget_string import HTMLStyle, LabelStyle, TextStyle
+
+from parallel_lab.course.quiz import progress
+from parallel_lab.course.quiz.bank import Bank, Item, LANGUAGES, load, localize
+from parallel_lab.course.quiz.check import feedback, score
+from parallel_lab.course.quiz.text import KIND_NOTE, quiz_text
+
+COLOURS = {"correct": "#1a7f37", "wrong": "#b35900", "invalid": "#b35900", "unanswered": "#555"}
+LABELS = {
+    "en": {"check": "Check", "retry": "Try again", "score": "Score: {points:g} of {total:g} points "
+           "(pass mark {needed:g})", "passed": "Passed! Run <code>certificate(\"Your Name\")</code> "
+           "(from parallel_lab.course.certificate) for a certificate.", "sheet": "Your answer sheet (paste it "
+           "into the answer-sheet cell to hand in):", "number": "a number"},
+    "zh-Hant": {"check": "檢查", "retry": "再試一次", "score": "得分：{points:g} / {total:g} 分（及格 {needed:g} 分）",
+                "passed": "及格！執行 <code>certificate(\"你的名字\")</code>（來自 parallel_lab.course.certificate）取得證書。",
+                "sheet": "你的答案卷（貼到答案卷儲存格後繳交）：", "number": "一個數字"},
+}
+
+
+@dataclass(frozen=True)
+class PublicItem:
+    """What the browser may see of an item: no answer, no explanation, no hint."""
+
+    id: str
+    kind: str
+    points: float
+    unit: str
+    prompt: dict    # lang -> prompt with parameters filled in
+    options: tuple  # ((key, {lang: text}), ...)
+
+
+def public_item(item: Item, languages) -> PublicItem:
+    return PublicItem(item.id, item.kind, item.points, item.unit,
+                      {lang: item.prompt_text(lang) for lang in languages},
+                      tuple((o.key, {lang: localize(o.text, lang) for lang in languages}) for o in item.options))
+
+
+def _label(lang: str, key: str, **fields) -> str:
+    return LABELS.get(lang, LABELS["en"])[key].format(**fields)
+
+
+class Shared:
+    """One Layout and one Style model per kind, shared by every widget of a quiz: the saved widget
+    state (and the notebook) stays small -- a quiz has a hundred widgets."""
+
+    def __init__(self):
+        self._made = {}
+
+    def __call__(self, cls, **traits):
+        key = (cls, tuple(sorted(traits.items())))
+        if key not in self._made:
+            self._made[key] = cls(**traits)
+        return self._made[key]
+
+    def kw(self, style_cls, **layout) -> dict:
+        return {"layout": self(widgets.Layout, **layout), "style": self(style_cls)}
+
+
+class ItemView:
+    """The widgets of one question; ``response()`` reads the student's current answer."""
+
+    def __init__(self, item: PublicItem, number: int, on_check, shared: Shared):
+        self.item, self.number, self.status = item, number, "unanswered"
+        html_kw = shared.kw(HTMLStyle)
+        self.prompt = widgets.HTML(**html_kw)
+        if item.kind == "single":
+            self.choice = widgets.RadioButtons(options=[(k, k) for k, _ in item.options], value=None,
+                                               **shared.kw(DescriptionStyle, width="auto"))
+            self.input = self.choice
+        elif item.kind == "multiple":
+            self.boxes = [widgets.Checkbox(value=False, indent=False, **shared.kw(CheckboxStyle, width="auto"))
+                          for _ in item.options]
+            self.input = widgets.VBox(self.boxes, layout=shared(widgets.Layout))
+        else:
+            self.number_box = widgets.Text(**shared.kw(TextStyle, width="12em"))
+            self.input = widgets.HBox([self.number_box, widgets.Label(item.unit, **shared.kw(LabelStyle))],
+                                      layout=shared(widgets.Layout))
+        self.check_button = widgets.Button(button_style="primary", **shared.kw(widgets.ButtonStyle))
+        self.retry_button = widgets.Button(**shared.kw(widgets.ButtonStyle))
+        self.feedback = widgets.HTML(**html_kw)
+        self.check_button.on_click(lambda _: on_check(self))
+        self.retry_button.on_click(lambda _: self.reset())
+        buttons = widgets.HBox([self.check_button, self.retry_button], layout=shared(widgets.Layout))
+        self.box = widgets.VBox([self.prompt, self.input, buttons, self.feedback],
+                                layout=shared(widgets.Layout, margin="0 0 1em 0"))
+        # CSS classes the browser test (tests/browser_support.py, HOOKS) finds them by.
+        self.box.add_class("pl-quiz")
+        self.feedback.add_class("pl-quiz-feedback")
+
+    def set_language(self, lang: str) -> None:
+        item = self.item
+        note = KIND_NOTE.get(lang, KIND_NOTE["en"])[item.kind]
+        self.prompt.value = (f"<b>Q{self.number}</b> <small>({html.escape(note)})</small> "
+                             f"{html.escape(item.prompt.get(lang) or item.prompt['en'])}")
+        labels = [f"({k}) {texts.get(lang) or texts['en']}" for k, texts in item.options]
+        if item.kind == "single":
+            value = self.choice.value
+            self.choice.options = list(zip(labels, [k for k, _ in item.options]))
+            self.choice.value = value
+        elif item.kind == "multiple":
+            for box, label in zip(self.boxes, labels):
+                box.description = label
+        else:
+            self.number_box.placeholder = _label(lang, "number")
+        self.check_button.description = _label(lang, "check")
+        self.retry_button.description = _label(lang, "retry")
+
+    def response(self):
+        if self.item.kind == "single":
+            return self.choice.value
+        if self.item.kind == "multiple":
+            return [k for (k, _), box in zip(self.item.options, self.boxes) if box.value] or None
+        return self.number_box.value.strip() or None
+
+    def show(self, status: str, message: str) -> None:
+        self.status = status
+        text = html.escape(message).replace("\n", "<br>")
+        self.feedback.value = f'<div style="color:{COLOURS[status]}">{text}</div>' if text else ""
+
+    def reset(self) -> None:
+        if self.item.kind == "single":
+            self.choice.value = None
+        elif self.item.kind == "multiple":
+            for box in self.boxes:
+                box.value = False
+        else:
+            self.number_box.value = ""
+        self.show("unanswered", "")
+
+
+def _python(value) -> str:
+    """A response as Python source for the answer sheet (double quotes, like the lessons)."""
+    return "None" if value is None else json.dumps(value, ensure_ascii=False)
+
+
+class QuizBox(widgets.VBox):
+    """The quiz of one bank. Python-side attributes (``views``, ``answers``) are not widget traits
+    and never reach the browser."""
+
+    def __init__(self, bank: Bank, lang: str = "en"):
+        self._bank, self.lang, self.answers, shared = bank, lang, {}, Shared()
+        self.views = [ItemView(public_item(item, bank.languages), n, self._check, shared)
+                      for n, item in enumerate(bank.items, 1)]
+        html_kw = shared.kw(HTMLStyle)
+        self.header_html = widgets.HTML(**html_kw)
+        self.language = widgets.ToggleButtons(options=[(LANGUAGES[c], c) for c in bank.languages], value=lang)
+        self.language.observe(lambda change: self.set_language(change["new"]), names="value")
+        self.score_line, self.sheet = widgets.HTML(**html_kw), widgets.HTML(**html_kw)
+        header = [self.header_html] + ([self.language] if len(bank.languages) > 1 else [])
+        super().__init__(header + [v.box for v in self.views] + [self.score_line, self.sheet],
+                         layout=shared(widgets.Layout))
+        self.set_language(lang)
+
+    def set_language(self, lang: str) -> None:
+        self.lang = lang
+        self.header_html.value = f"<h3>Quiz: {html.escape(localize(self._bank.title, lang))}</h3>"
+        for view in self.views:
+            view.set_language(lang)
+            if view.status != "unanswered":
+                self._check(view)
+        self._update()
+
+    def _check(self, view: ItemView) -> None:
+        response = view.response()
+        result = feedback(self._bank.item(view.item.id), response, self.lang)
+        self.answers[view.item.id] = response
+        view.show(result.status, result.message)
+        self._update()
+
+    def _update(self) -> None:
+        result = score(self._bank, self.answers)
+        line = _label(self.lang, "score", points=result.points, total=result.total, needed=result.needed)
+        if result.passed:
+            progress.record_pass(self._bank.id, self._bank.lesson, result.points, result.total)
+            line += "<br>" + _label(self.lang, "passed")
+        self.score_line.value = f"<b>{line}</b>"
+        rows = "\n".join(f"    {json.dumps(item.id)}: {_python(self.answers.get(item.id))},"
+                         for item in self._bank.items)
+        self.sheet.value = (f"{html.escape(_label(self.lang, 'sheet'))}"
+                            f"<pre>{html.escape('my_answers = {' + chr(10) + rows + chr(10) + '}')}</pre>")
+
+    def _repr_mimebundle_(self, **kwargs):
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if bundle is not None:  # where the widget cannot render, the text quiz is what shows
+            bundle["text/plain"] = quiz_text(self._bank, self.lang)
+        return bundle
+
+
+def quiz(lesson: str, lang: str = "en") -> QuizBox:
+    """The quiz widget of a lesson (``"01"``) or bank (``"faq"``). Display it as the last expression
+    of a cell; ``parallel_lab.course.quiz.show`` prints the same questions as text."""
+    bank = load(str(lesson))
+    if lang not in bank.languages:
+        raise ValueError(f"quiz {bank.id} is available in {', '.join(bank.languages)}, not {lang!r}")
+    return QuizBox(bank, lang)

@@ -1,0 +1,76 @@
+"""Activation recomputation's trade-off (lesson 07, lessons/07_recompute_and_pipedream.ipynb): the
+extra compute of each mode and the memory it saves, from the memory model.
+
+    from parallel_lab.show import recompute as rf
+    rf.recompute_overhead("GPT-3 175B", "selective")    # extra compute, a fraction of the step
+    rf.recompute_tradeoff()                              # memory of the busiest GPU per mode
+
+Papers: activation recomputation (Chen et al. 2016; GPipe, Huang et al. 2019), selective
+recomputation (Korthikanti et al. 2022).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from parallel_lab.planning import memory, memory_model
+
+from parallel_lab.show.pipeline import plain_layout
+
+
+def recompute_overhead(model: memory.ModelConfig | str, recompute: str, seq: int | None = None) -> float:
+    """Extra compute of a training step with ``recompute``, as a fraction of the step without it
+    (FLOPs of the transformer layers; a backward costs two forwards).
+
+    A layer's forward is 24bsh^2 + 4bs^2h FLOPs (Narayanan et al. 2021), the step three times that.
+    "full" runs every forward again: 1/3. "selective" (Korthikanti et al. 2022) recomputes only the
+    attention core, QK^T and the product with V (4bs^2h): s / (3(6h + s)).
+    """
+    m = memory.MODELS[model] if isinstance(model, str) else model
+    recompute = memory_model._check_recompute(recompute)
+    s, h = (m.seq if seq is None else seq), m.hidden
+    return {"none": 0.0, "full": 1 / 3, "selective": s / (3 * (6 * h + s))}[recompute]
+
+
+def recompute_points(model: memory.ModelConfig | str = "GPT-3 175B", micro_batches: Sequence[int] = (1, 2, 4),
+                     **mesh) -> list[dict]:
+    """Per micro-batch size and recompute mode: ``micro_batch``, ``recompute``, ``overhead``
+    (fraction), ``activations_gb`` and ``total_gb`` on the busiest GPU
+    (``memory_model.max_device_memory`` with ``mesh``: pp, tp, schedule, microbatches, ...)."""
+    m = memory.MODELS[model] if isinstance(model, str) else model
+    mesh = {"pp": 8, "tp": 8, "schedule": "1f1b", "microbatches": 64, **mesh}
+    points = []
+    for b in micro_batches:
+        for mode in memory_model.RECOMPUTE:
+            row = memory_model.max_device_memory(m, micro_batch=b, recompute=mode, **mesh)
+            points.append({"micro_batch": b, "recompute": mode, "overhead": recompute_overhead(m, mode),
+                           "activations_gb": row["activations"] / memory.GB, "total_gb": row["total"] / memory.GB})
+    return points
+
+
+def recompute_tradeoff(model: memory.ModelConfig | str = "GPT-3 175B", micro_batches: Sequence[int] = (1, 2, 4),
+                       gpu_gb: float = 80, **mesh):
+    """Memory of the busiest GPU for each recompute mode (none, selective, full; the axis says the
+    extra compute each costs), one bar per micro-batch size; the dashed line is the GPU's memory."""
+    import plotly.graph_objects as go
+
+    m = memory.MODELS[model] if isinstance(model, str) else model
+    points = recompute_points(m, micro_batches, **mesh)
+    names = {q["recompute"]: f"{q['recompute']}<br>+{q['overhead']:.1%} compute" for q in points}
+    traces = []
+    for b in micro_batches:
+        mine = [q for q in points if q["micro_batch"] == b]
+        traces.append(go.Bar(
+            x=[names[q["recompute"]] for q in mine], y=[round(q["total_gb"], 1) for q in mine],
+            text=[f"{q['total_gb']:.0f}" for q in mine], textposition="outside", name=f"micro-batch {b}",
+            hovertemplate="%{x}: %{y} GB<extra></extra>"))
+    fig = go.Figure(traces)
+    fig.add_hline(y=gpu_gb, line=dict(color="#b00", dash="dash", width=1))
+    mesh = {"pp": 8, "tp": 8, "microbatches": 64, **mesh}
+    fig.update_layout(**plain_layout(
+        height=360, barmode="group", xaxis_title="activation recomputation (and its extra compute per step)",
+        yaxis_title="memory of the busiest GPU (GB)",
+        title=f"{m.name}, TP={mesh['tp']} × PP={mesh['pp']}, 1F1B, m={mesh['microbatches']} "
+              f"(dashed: a {gpu_gb:g} GB GPU)"))
+    fig.update_yaxes(rangemode="tozero")
+    return fig
