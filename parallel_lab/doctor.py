@@ -1,4 +1,7 @@
-"""``parallel-lab doctor``: is this machine ready for the course? Each check says why when it is not."""
+"""``parallel-lab doctor``: is this machine ready for the course? Each check says why when it is not.
+
+Each check imports what it checks, so that a missing or broken package is a failed check with its
+reason rather than an ImportError of the doctor itself."""
 
 from __future__ import annotations
 

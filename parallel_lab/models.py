@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from parallel_lab.checks import positive_int
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -35,9 +37,7 @@ class GPTConfig:
 
     def __post_init__(self):
         for name in ("vocab", "seq", "hidden", "heads", "layers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            positive_int(name, getattr(self, name))
         if self.hidden % self.heads:
             raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads}")
         if not 0.0 <= self.dropout < 1.0:

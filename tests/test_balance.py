@@ -12,7 +12,8 @@ from parallel_lab.exercises import check_balanced_cut
 from parallel_lab.pipeline import balance, partition
 from parallel_lab.show import balance as show_balance
 from parallel_lab.runtime import launcher
-from parallel_lab.planning import planner
+from parallel_lab.course.quiz import answers
+from parallel_lab.planning import cost, memory_check, planner
 from parallel_lab.show import planner as planner_widgets
 from parallel_lab.pipeline.stages import ModelSpec, bounds, cut, reference
 from parallel_lab.pipeline.schedules import build
@@ -195,9 +196,9 @@ def test_run_cut_checks_before_starting():
 
 
 def test_memory_model_matches_the_real_course_gpt():
-    rows = planner_widgets.param_check()
+    rows = memory_check.param_check()
     assert rows and all(r["model"] == r["real"] for r in rows)
-    for r in planner_widgets.activation_check():
+    for r in memory_check.activation_check():
         assert r["measured"] == r["formula"] + r["stats"]
 
 
@@ -221,8 +222,8 @@ def test_planner_tables_for_gpt3():
 
 def test_tp_across_nodes_runs_at_network_speed():
     m, c = planner_widgets.GPT3, planner_widgets.CLUSTER
-    inside = planner.step_time(m, c, 1536, 4, 16, 8, 384, "zb-h1")
-    across = planner_widgets.across_nodes(m, c, 1536, 4, 16, 8, 384)
+    inside = cost.step_time(m, c, 1536, 4, 16, 8, 384, "zb-h1")
+    across = cost.across_nodes(m, c, 1536, 4, 16, 8, 384)
     assert across["compute_s"] == inside["compute_s"]
     assert across["tp_comm_s"] > 8 * inside["tp_comm_s"]  # 300 vs 25 GB/s; the latency is the same
     table = planner_widgets.tp_link_table().splitlines()
@@ -232,8 +233,8 @@ def test_tp_across_nodes_runs_at_network_speed():
 def test_cost_helpers():
     row = {"global_batch": 1536, "seq": 2048, "step_s": 40.0, "world_size": 512, "dp": 8, "pp": 16, "tp": 4,
            "schedule": "zb-h1", "virtual": 1, "microbatches": 192, "recompute": "none"}
-    hours = planner_widgets.gpu_hours(40.0, 512, 1536 * 2048 * 900 / 1e9, 1536, 2048)
+    hours = answers.gpu_hours(40.0, 512, 1536 * 2048 * 900 / 1e9, 1536, 2048)
     assert hours == pytest.approx(900 * 40 * 512 / 3600)
     text = planner_widgets.cost_table(row, prices=(2.0,), tokens=1536 * 2048 * 900)
     assert "900 steps of 40.00 s on 512 GPUs" in text and f"${2 * hours:,.0f}" in text
-    assert planner_widgets.tp_per_device_ratio(4, 8) == pytest.approx(7 / 3)
+    assert cost.tp_per_device_ratio(4, 8) == pytest.approx(7 / 3)

@@ -1,4 +1,4 @@
-"""The parallel-lab command's contracts (shared/DESIGN.md): one JSON object with --json, exit status
+"""The parallel-lab command's contracts (ARCHITECTURE.md, "The command line"): one JSON object with --json, exit status
 0 on success and non-zero with a one-line reason on stderr otherwise."""
 
 import json
@@ -38,7 +38,7 @@ def test_bad_input_exits_non_zero_with_one_line_naming_the_invariant():
     out = cli("schedule", "interleaved-1f1b", "--stages", "4", "--microbatches", "6", "--virtual", "2")
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
-        "parallel-lab schedule: interleaved-1f1b needs microbatches % stages == 0, got microbatches 6, stages 4"]
+        "parallel-lab schedule: interleaved-1f1b needs microbatches % ranks == 0, got microbatches 6, ranks 4"]
 
 
 def test_unknown_benchmark_suite_is_refused():
@@ -76,3 +76,41 @@ def test_plan_json_contract_and_rejections_with_reasons():
     assert [p["step_s"] for p in report["plans"]] == sorted(p["step_s"] for p in report["plans"])
     assert report["rejected"] and all(r["reason"] for r in report["rejected"])
     assert any("would cross nodes" in r["reason"] for r in report["rejected"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Every technique's `run` sub-command, once each, on real ranks (run tensor: above).
+
+
+@pytest.mark.ranks
+def test_run_pipeline_json_contract():
+    out = cli("run", "pipeline", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "4", "--json",
+              timeout=300)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert {"max_grad_diff", "loss_diff", "bubble_measured", "bubble_predicted", "peak_activations"} <= set(report)
+    assert report["stages"] == 2 and report["max_grad_diff"] < 1e-10 and report["loss_diff"] < 1e-10
+    assert report["peak_activations"] == [2, 1]
+
+
+@pytest.mark.ranks
+def test_run_3d_json_contract():
+    out = cli("run", "3d", "--dp", "1", "--pp", "2", "--tp", "2", "--steps", "2", "--json", timeout=300)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["world_size"] == 4 and report["config"]["pp"] == 2 and len(report["losses"]) == 2
+    assert report["losses_equal"] and report["weights_equal"]
+    assert "step 2/2 loss" in out.stderr  # progress on stderr, the JSON object alone on stdout
+
+
+def test_stages_is_the_same_option_as_ranks():
+    one = cli("schedule", "gpipe", "--ranks", "3", "--microbatches", "2", "--json")
+    two = cli("schedule", "gpipe", "--stages", "3", "--microbatches", "2", "--json")
+    assert one.returncode == two.returncode == 0 and one.stdout == two.stdout
+
+
+def test_run_3d_bad_mesh_fails_before_launch():
+    out = cli("run", "3d", "--dp", "3", "--pp", "1", "--tp", "1", "--batch", "8")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == ["parallel-lab run: batch 8 is not divisible by dp 3 (replicas "
+                                               "need equal rows)"]

@@ -85,8 +85,8 @@ def test_block_keeps_shape_and_is_deterministic():
 
 @pytest.mark.parametrize("sizes,message", [
     (dict(hidden=30, heads=4), "hidden 30 is not divisible by heads 4"),
-    (dict(layers=0), "layers must be a positive int, got 0"),
-    (dict(vocab=2.5), "vocab must be a positive int"),
+    (dict(layers=0), "layers must be a positive integer, got layers 0"),
+    (dict(vocab=2.5), "vocab must be a positive integer, got vocab 2.5"),
     (dict(dropout=1.0), r"dropout must be in \[0, 1\)"),
 ])
 def test_config_errors_name_the_invariant(sizes, message):

@@ -16,8 +16,10 @@ import json
 import pytest
 import torch
 
+from parallel_lab.hardware import PCIE4
 from parallel_lab.runtime import launcher
-from parallel_lab.pipeline.schedules import Action, Schedule, ScheduleError, build, communication
+from parallel_lab.pipeline.schedules import Action, Schedule, ScheduleError, build
+from parallel_lab.pipeline.communication import communication
 from parallel_lab.pipeline.simulate import simulate
 from parallel_lab.bench import pipeline as bench
 from parallel_lab.pipeline import pipedream
@@ -105,7 +107,7 @@ def test_virtual_clock_starts_after_message_plus_link(p):
     from another rank was sent plus the modelled link cost, and lasts its thread CPU time."""
     for job, r in results(p).items():
         sched = build(job[0], p, job[1], job[2])
-        hop = prun.Link().cost(r["link"]["message_bytes"])
+        hop = PCIE4.cost(r["link"]["message_bytes"])
         end = {}
         for timed in r["timeline"]["virtual"]:
             for action, start, stop in timed:
@@ -129,12 +131,12 @@ def test_virtual_clock_starts_after_message_plus_link(p):
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(microbatches=4, batch=10), "batch 10 is not divisible by microbatches 4"),
-    (dict(stages=4, layers=3), "n_stages 4 > layers 3"),
-    (dict(schedule="zb-v", stages=4, layers=6), "n_stages 8 > layers 6"),
-    (dict(model="gpt", stages=4, layers=2), "n_stages 4 > layers 2"),
+    (dict(ranks=4, layers=3), "n_stages 4 > layers 3"),
+    (dict(schedule="zb-v", ranks=4, layers=6), "n_stages 8 > layers 6"),
+    (dict(model="gpt", ranks=4, layers=2), "n_stages 4 > layers 2"),
     (dict(model="cnn"), "model must be one of"),
     (dict(dtype=torch.float16), "dtype must be float64 or float32"),
-    (dict(stages=9), "world_size must be in 1..8"),
+    (dict(ranks=9), "world_size must be in 1..8"),
 ])
 def test_bad_runs_fail_before_launch(kwargs, message):
     before = launcher.pool_pids()
@@ -144,10 +146,10 @@ def test_bad_runs_fail_before_launch(kwargs, message):
 
 
 def test_bad_schedules_fail_before_launch():
-    with pytest.raises(ScheduleError, match="microbatches % stages == 0, got microbatches 6, stages 4"):
-        prun.run_pipeline("interleaved-1f1b", stages=4, microbatches=6, virtual=2)
+    with pytest.raises(ScheduleError, match="microbatches % ranks == 0, got microbatches 6, ranks 4"):
+        prun.run_pipeline("interleaved-1f1b", ranks=4, microbatches=6, virtual=2)
     with pytest.raises(ScheduleError, match="naive runs the whole batch as one microbatch"):
-        prun.run_pipeline("naive", stages=2, microbatches=2)
+        prun.run_pipeline("naive", ranks=2, microbatches=2)
 
 
 def test_cut_balances_the_middle_and_pins_embedding_and_head():
@@ -165,7 +167,7 @@ def test_cut_balances_the_middle_and_pins_embedding_and_head():
 @pytest.mark.timeout(120)
 def test_run_pipeline_contract_and_trace(tmp_path):
     path = tmp_path / "trace.json"
-    r = prun.run_pipeline("zb-h1", stages=4, microbatches=4, trace=str(path))
+    r = prun.run_pipeline("zb-h1", ranks=4, microbatches=4, trace=str(path))
     for key in ("schedule", "stages", "microbatches", "max_grad_diff", "loss_diff", "bubble_measured",
                 "bubble_predicted", "peak_activations"):
         assert key in r
@@ -182,7 +184,7 @@ def test_run_pipeline_contract_and_trace(tmp_path):
     assert any(e["ph"] == "C" for e in events)
 
 
-PREDICTION = dict(stages=4, microbatches=8, hidden=512, batch=256, dtype=torch.float32)
+PREDICTION = dict(ranks=4, microbatches=8, hidden=512, batch=256, dtype=torch.float32)
 
 
 @pytest.mark.ranks
@@ -195,7 +197,7 @@ def test_measured_bubble_matches_the_prediction_from_measured_costs(schedule):
         sched, spec = prun.plan(schedule, **PREDICTION)
         ranks = launcher.run(prun.pipeline_rank, 4, kwargs=dict(spec=spec, schedule=sched, grads=False),
                              timeout=120)
-        a = prun.analyse(sched, ranks, prun.Link())
+        a = prun.analyse(sched, ranks, PCIE4)
         error = abs(a["bubble_measured"] / a["bubble_predicted"] - 1)
         if error <= 0.10:
             break

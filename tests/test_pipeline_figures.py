@@ -114,7 +114,7 @@ def test_schedule_panel_updates_chart_and_numbers_in_place():
     chart = _bar_data(panel)
     panel.controls["schedule"].value = "interleaved-1f1b"
     panel.controls["microbatches"].value = 6  # 6 % 4 != 0: the reason is shown, the chart stays
-    assert "microbatches % stages == 0" in panel.numbers.value
+    assert "microbatches % ranks == 0" in panel.numbers.value
     panel.controls["microbatches"].value = 8
     panel.controls["virtual"].value = 2
     assert _bar_data(panel) != chart and "bubble" in panel.numbers.value

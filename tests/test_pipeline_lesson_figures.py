@@ -5,8 +5,8 @@ weight versions predicted from the schedule. Only the last test starts ranks (Pi
 
 import pytest
 
-from parallel_lab.planning import memory
-from parallel_lab.pipeline import pipedream
+from parallel_lab.planning import cost, memory
+from parallel_lab.pipeline import communication, pipedream
 from parallel_lab.show import pipedream as pf
 from parallel_lab.show import recompute as rf
 from parallel_lab.show import schedules as sf
@@ -37,9 +37,9 @@ def test_schedule_rows_follow_the_closed_forms(p, m):
 
 
 def test_message_count_is_the_quiz_answer():
-    assert sf.message_count("interleaved-1f1b", 4, 8, 2) == 112.0
-    assert sf.message_count("1f1b", 4, 8) == 48.0
-    assert sf.message_count("naive", 3, 1) == 4.0
+    assert communication.message_count("interleaved-1f1b", 4, 8, 2) == 112.0
+    assert communication.message_count("1f1b", 4, 8) == 48.0
+    assert communication.message_count("naive", 3, 1) == 4.0
 
 
 def test_schedule_table_has_a_row_per_case_and_schedule():
@@ -51,14 +51,14 @@ def test_schedule_table_has_a_row_per_case_and_schedule():
 
 
 def test_bubble_curves_are_the_simulated_bubbles_deterministic_and_compact():
-    fig = sf.bubble_curves(stages=4)
+    fig = sf.bubble_curves(ranks=4)
     names = [t.name for t in fig.data]
     assert names == ["1f1b", "interleaved-1f1b v=2", "zb-h1", "zb-v", "interleaved-1f1b v=4"]
     zb_v = fig.data[3]
     assert list(zb_v.y) == [round(simulate(build("zb-v", 4, m), sf.UNIT).bubble_fraction, 4) for m in zb_v.x]
     for trace in fig.data:  # more microbatches, smaller bubble
         assert list(trace.y) == sorted(trace.y, reverse=True)
-    assert fig.to_json() == sf.bubble_curves(stages=4).to_json()
+    assert fig.to_json() == sf.bubble_curves(ranks=4).to_json()
     assert len(fig.to_json()) < 3000
 
 
@@ -68,15 +68,15 @@ def test_bubble_curves_are_the_simulated_bubbles_deterministic_and_compact():
 
 def test_recompute_overhead_counts_flops():
     gpt3 = memory.MODELS["GPT-3 175B"]
-    assert rf.recompute_overhead(gpt3, "none") == 0
-    assert rf.recompute_overhead("GPT-3 175B", "full") == pytest.approx(1 / 3)
+    assert cost.recompute_overhead(gpt3, "none") == 0
+    assert cost.recompute_overhead("GPT-3 175B", "full") == pytest.approx(1 / 3)
     s, h = gpt3.seq, gpt3.hidden
-    selective = rf.recompute_overhead(gpt3, "selective")
+    selective = cost.recompute_overhead(gpt3, "selective")
     # the attention core's 4bs^2h over the step's 3 x (24bsh^2 + 4bs^2h)
     assert selective == pytest.approx(4 * s * s * h / (3 * (24 * s * h * h + 4 * s * s * h)))
     assert 0.005 < selective < 0.01
     with pytest.raises(ValueError, match="unknown recompute 'some'"):
-        rf.recompute_overhead(gpt3, "some")
+        cost.recompute_overhead(gpt3, "some")
 
 
 def test_recompute_points_trade_memory_for_compute():
@@ -106,7 +106,7 @@ def test_recompute_tradeoff_figure_is_deterministic_and_compact():
 
 @pytest.mark.parametrize("p, steps, m", [(4, 3, 4), (3, 2, 5), (2, 4, 2)])
 def test_expected_versions(p, steps, m):
-    v = pf.expected_versions(p, steps, m)
+    v = pipedream.expected_versions(p, steps, m)
     n = steps * m
     for s in range(p):
         assert [j for j, _, _ in v["no-stash"][s]] == list(range(n))
@@ -115,12 +115,12 @@ def test_expected_versions(p, steps, m):
         assert all(f == b for _, f, b in v["stash"][s])
         assert [f for _, f, _ in v["stash"][s]] == [f for _, f, _ in v["no-stash"][s]]
         assert [(f, b) for _, f, b in v["flush"][s]] == [(j // m, j // m) for j in range(n)]
-    assert [pf.staleness(p, s) for s in range(p)] == [p - 1 - s for s in range(p)]
-    assert [pf.stashed_versions(p, s) for s in range(p)] == [p - s for s in range(p)]
+    assert [pipedream.staleness(p, s) for s in range(p)] == [p - 1 - s for s in range(p)]
+    assert [pipedream.stashed_versions(p, s) for s in range(p)] == [p - s for s in range(p)]
 
 
 def test_versions_text_marks_backwards_with_other_weights():
-    text = pf.versions_text(pf.expected_versions(4, 3, 4), stage=0)
+    text = pf.versions_text(pipedream.expected_versions(4, 3, 4), stage=0)
     lines = text.splitlines()
     assert lines[1].split() == ["microbatch"] + [str(j) for j in range(12)]
     assert lines[2].split()[:5] == ["no-stash", "0/0", "0/1*", "0/2*", "0/3*"]
@@ -129,7 +129,7 @@ def test_versions_text_marks_backwards_with_other_weights():
 
 
 def test_versions_figure_shows_staleness_and_accepts_compare_modes_output():
-    expected = pf.expected_versions(4, 3, 4)
+    expected = pipedream.expected_versions(4, 3, 4)
     # compare_modes' shape: per mode a dict whose "versions" are per stage lists of lists
     measured = {mode: {"versions": [[list(t) for t in reversed(stage)] for stage in per_stage]}
                 for mode, per_stage in expected.items()}
@@ -147,8 +147,8 @@ def test_versions_figure_shows_staleness_and_accepts_compare_modes_output():
 @pytest.mark.timeout(120)
 def test_versions_recorded_on_ranks_are_those_of_the_schedule():
     out = pipedream.compare_modes(stages=4, steps=2, microbatches=3, lr=0.1)
-    expected = pf.expected_versions(4, 2, 3)
+    expected = pipedream.expected_versions(4, 2, 3)
     for mode in pipedream.MODES:
         assert [sorted(tuple(v) for v in stage) for stage in out[mode]["versions"]] == expected[mode], mode
-    assert out["stash"]["peak_versions"] == [pf.stashed_versions(4, s, microbatches=6) for s in range(4)]
+    assert out["stash"]["peak_versions"] == [pipedream.stashed_versions(4, s, microbatches=6) for s in range(4)]
     assert out["stash"]["peak_versions"] == [3, 3, 2, 1]  # 6 microbatches do not fill stage 0 yet

@@ -9,7 +9,8 @@ import pytest
 
 from parallel_lab.exercises import one_f_one_b as exercise
 from parallel_lab.show import pipeline as figures
-from parallel_lab.pipeline.schedules import Action, ScheduleError, build, validate
+from parallel_lab.pipeline.schedules import Action, ScheduleError, build
+from parallel_lab.pipeline.validate import validate
 from parallel_lab.pipeline.simulate import Costs, simulate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -200,7 +201,7 @@ def _cells(prefix):
 def test_lesson_03_has_the_schedule_panel_in_an_unchecked_cell():
     cells = [c for c in _cells("03") if "schedule_panel(" in c.source]
     assert len(cells) == 1 and "nbval-ignore-output" in cells[0].metadata.get("tags", [])
-    panel = figures.schedule_panel("gpipe", stages=4, microbatches=1)
+    panel = figures.schedule_panel("gpipe", ranks=4, microbatches=1)
     assert "bubble 75.0%" in panel.numbers.value  # GPipe with one micro-batch is the naive schedule
 
 

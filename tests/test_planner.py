@@ -7,8 +7,10 @@ import json
 import pytest
 
 from parallel_lab.planning import memory, memory_model, planner
-from parallel_lab.runtime.collectives import predict_all_reduce
-from parallel_lab.planning.planner import Cluster, pipeline_makespan, step_time
+from parallel_lab.hardware import ring_all_reduce_time
+from parallel_lab.hardware import Cluster
+from parallel_lab.planning import calibration
+from parallel_lab.planning.cost import pipeline_makespan, step_time
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import Costs, simulate
 
@@ -43,7 +45,7 @@ def test_pure_data_parallel_step_is_compute_plus_gradient_all_reduce():
     params = memory_model.param_count(4, 256, 1000, 128)
     assert parts["compute_s"] == pytest.approx(6 * params * 8 * 128 / 4 / 10e12)
     assert parts["bubble_s"] == pytest.approx(0) and parts["tp_comm_s"] == parts["pp_comm_s"] == 0
-    assert parts["dp_comm_s"] == pytest.approx(predict_all_reduce(2 * params, 4, 5e-6, 300e9))  # intra-node
+    assert parts["dp_comm_s"] == pytest.approx(ring_all_reduce_time(2 * params, 4, 5e-6, 300e9))  # intra-node
     assert parts["step_s"] == pytest.approx(sum(v for k, v in parts.items() if k != "step_s"))
     full = step_time(model, cluster, batch=8, dp=4, pp=1, tp=1, microbatches=2, recompute="full")
     assert full["compute_s"] == pytest.approx(parts["compute_s"] * 4 / 3)  # one more forward
@@ -53,18 +55,18 @@ def test_tp_all_reduces_per_layer_and_links():
     model = memory.ModelConfig("small", layers=4, hidden=256, heads=4, vocab=1000, seq=128)
     cluster = Cluster(nodes=2, gpus_per_node=4, gpu_mem_gb=16, intra_gbps=100, inter_gbps=10, latency_us=0)
     parts = step_time(model, cluster, batch=4, dp=2, pp=1, tp=4, microbatches=2)
-    one = predict_all_reduce(2 * 1 * 128 * 256, 4, 0.0, 100e9)  # b=1: one (s, b, h) bf16 tensor, NVLink
-    per_token = predict_all_reduce(4 * 1 * 128, 4, 0.0, 100e9)  # one fp32 value per token
+    one = ring_all_reduce_time(2 * 1 * 128 * 256, 4, 0.0, 100e9)  # b=1: one (s, b, h) bf16 tensor, NVLink
+    per_token = ring_all_reduce_time(4 * 1 * 128, 4, 0.0, 100e9)  # one fp32 value per token
     ends = 2 * one + 3 * per_token  # embedding (fwd), LM head (bwd), the vocab-parallel loss (3 fwd)
     assert parts["tp_comm_s"] == pytest.approx(2 * (4 * 4 * one + ends))  # 2 micro-batches x 4 layers x (2 fwd + 2 bwd)
     full = step_time(model, cluster, batch=4, dp=2, pp=1, tp=4, microbatches=2, recompute="full")
     assert full["tp_comm_s"] == pytest.approx(2 * (4 * 6 * one + ends))  # the recomputed forward all-reduces again
     staged = step_time(model, cluster, batch=4, dp=1, pp=2, tp=4, microbatches=2)  # b=2, 2 layers a stage
-    one, per_token = (predict_all_reduce(n, 4, 0.0, 100e9) for n in (2 * 2 * 128 * 256, 4 * 2 * 128))
+    one, per_token = (ring_all_reduce_time(n, 4, 0.0, 100e9) for n in (2 * 2 * 128 * 256, 4 * 2 * 128))
     assert staged["tp_comm_s"] == pytest.approx(2 * (2 * 4 * one + one + 3 * per_token))  # the last stage's ends
     # the dp group {0, 4}, {1, 5}, ... spans the two nodes: network bandwidth
     grads = 2 * memory_model.stage_params(model, 1, 4, 0)
-    assert parts["dp_comm_s"] == pytest.approx(predict_all_reduce(grads, 2, 0.0, 10e9))
+    assert parts["dp_comm_s"] == pytest.approx(ring_all_reduce_time(grads, 2, 0.0, 10e9))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -180,7 +182,7 @@ def test_cluster_errors():
 @pytest.mark.ranks
 @pytest.mark.timeout(120)
 def test_calibrate_on_two_ranks():
-    fit = planner.calibrate(world_size=2, sizes_bytes=(2**10, 2**14, 2**17), matmul=96, repeats=3)
+    fit = calibration.calibrate(world_size=2, sizes_bytes=(2**10, 2**14, 2**17), matmul=96, repeats=3)
     assert fit["tflops"] > 0 and fit["latency_us"] >= 0 and fit["intra_gbps"] > 0
     assert len(fit["all_reduce_s"]) == 3 and all(t > 0 for t in fit["all_reduce_s"])
     Cluster(nodes=1, gpus_per_node=2, gpu_mem_gb=1, intra_gbps=min(fit["intra_gbps"], 1e6),

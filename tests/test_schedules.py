@@ -9,21 +9,20 @@ import pytest
 from parallel_lab.pipeline.schedules import (
     SCHEDULES,
     Action,
-    Comm,
     Schedule,
     ScheduleError,
     build,
-    communication,
     format_grid,
     gpipe,
     interleaved_1f1b,
     naive,
     one_f_one_b,
     parse_actions,
-    validate,
     zb_h1,
     zb_v,
 )
+from parallel_lab.pipeline.communication import Comm, communication
+from parallel_lab.pipeline.validate import validate
 
 
 def all_schedules(max_p=6, max_m=10):
@@ -170,16 +169,16 @@ def test_registry_and_build_names():
 @pytest.mark.parametrize(
     "args,message",
     [
-        (("interleaved-1f1b", 4, 6, 2), "interleaved-1f1b needs microbatches % stages == 0, got microbatches 6, stages 4"),
-        (("1f1b", 0, 4), "1f1b needs stages >= 1, got stages 0"),
-        (("gpipe", 2, 0), "gpipe needs microbatches >= 1, got microbatches 0"),
-        (("interleaved-1f1b", 2, 4, 0), "needs virtual >= 1, got virtual 0"),
-        (("1f1b", 2.5, 4), "needs an integer stages, got stages 2.5"),
+        (("interleaved-1f1b", 4, 6, 2), "interleaved-1f1b needs microbatches % ranks == 0, got microbatches 6, ranks 4"),
+        (("1f1b", 0, 4), "1f1b: ranks must be a positive integer, got ranks 0"),
+        (("gpipe", 2, 0), "gpipe: microbatches must be a positive integer, got microbatches 0"),
+        (("interleaved-1f1b", 2, 4, 0), "virtual must be a positive integer, got virtual 0"),
+        (("1f1b", 2.5, 4), "ranks must be a positive integer, got ranks 2.5"),
         (("pipedream", 2, 4), "unknown schedule 'pipedream'; choose one of naive, gpipe"),
         (("naive", 4, 8), "naive runs the whole batch as one microbatch, got microbatches 8"),
         (("gpipe", 4, 8, 2), "gpipe has a fixed 1 stage(s) per rank, got virtual 2"),
         (("zb-v", 4, 8, 3), "zb-v has a fixed 2 stage(s) per rank, got virtual 3"),
-        (("1f1b", 65, 8), "stages 65 > 64"),
+        (("1f1b", 65, 8), "ranks 65 > 64"),
         (("1f1b", 4, 513), "microbatches 513 > 512"),
     ],
 )

@@ -17,10 +17,10 @@ from parallel_lab.pipeline.schedules import (
     naive,
     one_f_one_b,
     parse_actions,
-    validate,
     zb_h1,
     zb_v,
 )
+from parallel_lab.pipeline.validate import validate
 from parallel_lab.pipeline.simulate import Costs, parse_costs, simulate, summary, unit_grid
 
 GRID = [(p, m) for p in range(1, 9) for m in range(1, 17)]

@@ -10,10 +10,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from parallel_lab.runtime import collectives, launcher
+from parallel_lab.hardware import LINKS, Link, ring_all_reduce_time
+from parallel_lab.planning import cost
+from parallel_lab.runtime import launcher
 from parallel_lab import exercises
 from parallel_lab.exercises import check
-from parallel_lab.show import tensor as figures, tp_cost as widgets
+from parallel_lab.show import tensor as figures
+from parallel_lab.show import tp_cost as widgets
 from parallel_lab.tensor import demos as lesson
 
 # ----------------------------------------------------------------------------------------------
@@ -76,25 +79,26 @@ def test_heads_figure_gives_each_rank_consecutive_whole_heads():
 
 
 def test_compute_is_24_b_s_h_squared_over_t():
-    assert widgets.layer_flops(tokens=2048, hidden=12288) == 24 * 2048 * 12288**2
-    assert widgets.compute_s(2048, 12288, 8, 400e12) == pytest.approx(24 * 2048 * 12288**2 / 8 / 400e12)
+    assert cost.layer_flops(tokens=2048, hidden=12288) == 24 * 2048 * 12288**2
+    compute, _ = cost.tp_layer_forward(2048, 12288, 8, LINKS["nvlink"], 400e12)
+    assert compute == pytest.approx(24 * 2048 * 12288**2 / 8 / 400e12)
 
 
 def test_communication_is_two_ring_all_reduces_of_the_activation():
     n = 2048 * 12288 * 2
-    assert widgets.all_reduce_bytes(2048, 12288, 2) == n
-    expected = 2 * collectives.predict_all_reduce(n, 8, 3e-6, 300e9)
-    assert widgets.comm_s(2048, 12288, 8, 3e-6, 300e9) == pytest.approx(expected)
+    link = Link("test", 300e9, 3e-6)
+    expected = 2 * ring_all_reduce_time(n, 8, 3e-6, 300e9)
+    assert cost.tp_layer_forward(2048, 12288, 8, link, 1.0)[1] == pytest.approx(expected)
     assert expected == pytest.approx(2 * (2 * 7 / 8 * n / 300e9 + 14 * 3e-6))
-    assert widgets.comm_s(2048, 12288, 1, 3e-6, 300e9) == 0.0
+    assert cost.tp_layer_forward(2048, 12288, 1, link, 1.0)[1] == 0.0
 
 
 @pytest.mark.parametrize("tp", [2, 8, 64])
 def test_ratio_without_latency_is_t_minus_1_bytes_f_over_6_h_b(tp):
     # The lesson's closed form: the tokens cancel.
     for tokens in (512, 8192):
-        ratio = widgets.comm_s(tokens, 4096, tp, 0.0, 50e9) / widgets.compute_s(tokens, 4096, tp, 300e12)
-        assert ratio == pytest.approx((tp - 1) * 2 * 300e12 / (6 * 4096 * 50e9))
+        compute, comm = cost.tp_layer_forward(tokens, 4096, tp, Link("no latency", 50e9, 0.0), 300e12)
+        assert comm / compute == pytest.approx((tp - 1) * 2 * 300e12 / (6 * 4096 * 50e9))
 
 
 def test_default_summary_is_the_lessons_text():
@@ -114,10 +118,10 @@ def test_times_are_written_without_exponents():
 
 
 def test_cost_figure_draws_compute_and_communication_against_t():
-    link = widgets.LINKS["nvlink"]
-    fig = widgets.cost_figure(link, 12288, 8, 2048, 400e12, others=[widgets.LINKS["infiniband"]])
+    link = LINKS["nvlink"]
+    fig = widgets.cost_figure(link, 12288, 8, 2048, 400e12, others=[LINKS["infiniband"]])
     assert fig.to_json() == widgets.cost_figure(link, 12288, 8, 2048, 400e12,
-                                                others=[widgets.LINKS["infiniband"]]).to_json()
+                                                others=[LINKS["infiniband"]]).to_json()
     compute, comm, other = fig.data
     assert list(compute.x) == list(widgets.TPS) and list(comm.x) == list(widgets.TPS[1:])
     assert compute.y[3] == pytest.approx(2.319, rel=1e-3)  # t = 8
@@ -128,7 +132,7 @@ def test_cost_figure_draws_compute_and_communication_against_t():
 
 
 def test_cost_widget_presets_fill_the_editable_fields():
-    machine = {"link": widgets.Link("this machine (gloo)", 1.5e9, 80e-6), "flops": 20e9}
+    machine = {"link": Link("this machine (gloo)", 1.5e9, 80e-6), "flops": 20e9}
     box = widgets.cost_widget(machine)
     controls, _, text = box.children
     (hidden, tp, tokens, value_bytes), (preset, bandwidth, alpha, tflops) = (v.children for v in controls.children)
@@ -338,7 +342,7 @@ def test_lesson_numbers_are_the_models():
     # The text cells of the lesson quote these: 2·24·192·8 bytes per all-reduce, ratios 0.29 and 3.2.
     assert 2 * 24 * 192 * 8 == 73_728
     d = widgets.DEFAULTS
-    ratio = {k: widgets.comm_s(d["tokens"], d["hidden"], d["tp"], link.alpha, link.bandwidth)
-             / widgets.compute_s(d["tokens"], d["hidden"], d["tp"], widgets.DEVICE_FLOPS)
-             for k, link in widgets.LINKS.items()}
+    times = {k: cost.tp_layer_forward(d["tokens"], d["hidden"], d["tp"], link, widgets.DEVICE_FLOPS)
+             for k, link in LINKS.items()}
+    ratio = {k: comm / compute for k, (compute, comm) in times.items()}
     assert round(ratio["nvlink"], 2) == 0.29 and round(ratio["infiniband"], 1) == 3.2

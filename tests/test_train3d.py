@@ -16,7 +16,8 @@ import sys
 import pytest
 
 from parallel_lab.runtime import launcher
-from parallel_lab.planning import memory, planner
+from parallel_lab.planning import cost, memory, planner
+from parallel_lab.hardware import Cluster
 from parallel_lab.parallel3d import train3d, validate_plans
 from parallel_lab.show import train3d as show_train3d
 from parallel_lab.pipeline.schedules import ScheduleError
@@ -85,7 +86,7 @@ BAD = [
     (dict(tp=2, seq=7, sequence_parallel=True), None, ValueError, "sequence length 7 is not divisible by tp 2"),
     (dict(dp=1, pp=1, tp=2, nodes=2), None, ValueError, "tensor parallel groups would cross nodes"),
     (dict(schedule="interleaved-1f1b", virtual=2, microbatches=3, batch=6), None, ScheduleError,
-     "microbatches % stages == 0"),
+     "microbatches % ranks == 0"),
     (dict(schedule="nope"), None, ScheduleError, "unknown schedule 'nope'"),
     (dict(optimizer="lamb"), None, ValueError, "optimizer must be one of"),
 ]
@@ -182,9 +183,9 @@ def test_the_planner_counts_every_all_reduce_tensor_parallelism_makes(pp):
     counts = launcher.run(validate_plans.collective_counts, cfg.world_size, args=(cfg,))
     real = max(c.get("all_reduce", {"count": 0})["count"] for c in counts)
     model = memory.ModelConfig("tiny", cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, cfg.seq)
-    cluster = planner.Cluster(nodes=1, gpus_per_node=cfg.world_size, gpu_mem_gb=1, tflops=1.0,
+    cluster = Cluster(nodes=1, gpus_per_node=cfg.world_size, gpu_mem_gb=1, tflops=1.0,
                               intra_gbps=1e9, inter_gbps=1e9, latency_us=1.0)  # bandwidth: negligible
-    parts = planner.step_time(model, cluster, cfg.batch, cfg.dp, cfg.pp, cfg.tp, cfg.microbatches)
+    parts = cost.step_time(model, cluster, cfg.batch, cfg.dp, cfg.pp, cfg.tp, cfg.microbatches)
     assert parts["tp_comm_s"] / 2e-6 == pytest.approx(real)
 
 
@@ -212,7 +213,7 @@ def test_measure_times_every_step_of_a_real_run():
     assert len(timed["steps_s"]) == 2 and all(t > 0 for t in timed["steps_s"])
     assert timed["step_s"] == timed["steps_s"][1] and timed["cores_used"] > 0
     assert isinstance(validate_plans.cluster_from({"tflops": 1.0, "latency_us": 1.0, "intra_gbps": 1.0}, 4),
-                      planner.Cluster)
+                      Cluster)
     assert launcher.MAX_WORLD_SIZE == 8
 
 

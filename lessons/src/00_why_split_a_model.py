@@ -85,9 +85,9 @@ print(memory.table(gpu="H100 80GB"))
 # models fit under the 80 GB line.
 
 # %%
-from parallel_lab.show import memory as widgets_memory
+from parallel_lab.show import memory as memory_figures
 
-widgets_memory.models_figure()
+memory_figures.models_figure()
 
 # %% [markdown]
 # ### Try it
@@ -101,7 +101,7 @@ widgets_memory.models_figure()
 # 3. With recomputation on, how much of GPT-3 175B's memory is still activations?
 
 # %% tags=["nbval-ignore-output"]
-widgets_memory.memory_widget()
+memory_figures.memory_widget()
 
 # %% [markdown]
 # The widget starts in this configuration (printed here so the check has something to compare):
@@ -248,41 +248,3 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 #   inside an NVLink node. **Pipeline parallelism** splits the stack of layers and only passes
 #   activations between neighbours: it spans nodes, but has a **bubble** that micro-batches shrink.
 # - Big runs combine them: tensor inside a node, pipeline across nodes, data parallelism on top.
-
-# %% [markdown]
-# ## Quiz
-# Answer in the quiz below: each answer gets instant feedback with its explanation, and you can
-# retry as often as you like. Where widgets do not show (a terminal, a static view), the text form
-# under it has the same questions; answer one with `answer("00", "<question id>", <answer>)`.
-#
-# **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
-# paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
-# `certificate("Your Name")`.
-
-# %% tags=["nbval-ignore-output"]
-from parallel_lab.course.quiz import quiz
-
-quiz("00")
-
-# %%
-from parallel_lab.course.quiz import show
-
-show("00")
-
-# %%
-my_answers = {
-    "why-split/model-state-gb":  None,  # a number
-    "why-split/fp32-vs-mixed":   None,  # one option key
-    "why-split/min-gpus":        None,  # a number
-    "why-split/what-helps":      None,  # a list of option keys
-    "why-split/recompute-trade": None,  # one option key
-    "why-split/flavours":        None,  # one option key
-    "why-split/where-each-runs": None,  # one option key
-    "why-split/long-sequences":  None,  # one option key
-}
-
-# %% tags=["check:quiz:00", "points:3"]
-from parallel_lab.course.quiz import check_quiz
-
-quiz_verdict = check_quiz("00", my_answers)

@@ -71,6 +71,7 @@ except launcher.RanksHung as err:
 
 # %%
 from parallel_lab.show import collectives as collective_figures
+from parallel_lab.planning import calibration
 from parallel_lab.runtime import collectives
 
 for name in collectives.COLLECTIVES:
@@ -94,8 +95,8 @@ for name in collectives.COLLECTIVES:
 
 # %% tags=["nbval-ignore-output"]
 sizes = [2**k for k in range(10, 23, 2)]  # 1 KB .. 4 MB
-measured = launcher.run(collectives.time_all_reduce, world_size=4, args=(sizes,))[0]
-fit = collectives.fit_alpha_beta(sizes, measured, world_size=4)
+measured = launcher.run(calibration.time_all_reduce, world_size=4, args=(sizes,))[0]
+fit = calibration.fit_alpha_beta(sizes, measured, world_size=4)
 print(f"α ≈ {fit['alpha_s'] * 1e6:.0f} µs per step, bandwidth ≈ {fit['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s")
 collective_figures.alpha_beta_figure(sizes, {"gloo all_reduce": measured}, fit, world_size=4).show()
 
@@ -160,8 +161,8 @@ verdict = check_ring_all_reduce(my_ring_all_reduce)
 
 # %% tags=["nbval-ignore-output"]
 size = [4 * 2**20]
-gloo_s = launcher.run(collectives.time_all_reduce, world_size=4, args=(size,), kwargs={"algorithm": "gloo"})[0][0]
-ring_s = launcher.run(collectives.time_all_reduce, world_size=4, args=(size,), kwargs={"algorithm": "ring"})[0][0]
+gloo_s = launcher.run(calibration.time_all_reduce, world_size=4, args=(size,), kwargs={"algorithm": "gloo"})[0][0]
+ring_s = launcher.run(calibration.time_all_reduce, world_size=4, args=(size,), kwargs={"algorithm": "ring"})[0][0]
 print(f"4 MB on 4 ranks: gloo {gloo_s * 1e3:.1f} ms, our ring {ring_s * 1e3:.1f} ms, ratio {ring_s / gloo_s:.2f}")
 
 # %% [markdown]
@@ -171,41 +172,3 @@ print(f"4 MB on 4 ranks: gloo {gloo_s * 1e3:.1f} ms, our ring {ring_s * 1e3:.1f}
 #   skips one leaves the others waiting forever (here: reported after a timeout).
 # - all-reduce = reduce-scatter + all-gather; a ring sends 2(p−1)/p of the data per rank, whatever *p*.
 # - Cost ≈ α per message + bytes × β. Latency rules small messages, bandwidth rules large ones.
-
-# %% [markdown]
-# ## Quiz
-# Answer in the quiz below: each answer gets instant feedback with its explanation, and you can
-# retry as often as you like. Where widgets do not show (a terminal, a static view), the text form
-# under it has the same questions; answer one with `answer("01", "<question id>", <answer>)`.
-#
-# **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
-# paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
-# `certificate("Your Name")`.
-
-# %% tags=["nbval-ignore-output"]
-from parallel_lab.course.quiz import quiz
-
-quiz("01")
-
-# %%
-from parallel_lab.course.quiz import show
-
-show("01")
-
-# %%
-my_answers = {
-    "collectives/identity":         None,  # one option key
-    "collectives/ring-bytes":       None,  # a number
-    "collectives/ring-scaling":     None,  # one option key
-    "collectives/everyone-has-all": None,  # a list of option keys
-    "collectives/skipped":          None,  # one option key
-    "collectives/alpha-beta-time":  None,  # a number
-    "collectives/small-messages":   None,  # one option key
-    "collectives/isend-first":      None,  # one option key
-}
-
-# %% tags=["check:quiz:01", "points:3"]
-from parallel_lab.course.quiz import check_quiz
-
-quiz_verdict = check_quiz("01", my_answers)

@@ -326,11 +326,12 @@ for r in block_runs:
 # and change from run to run):
 
 # %% tags=["nbval-ignore-output"]
+from parallel_lab.planning import calibration
 from parallel_lab.show import tp_cost as widgets
 
-machine = widgets.measure_machine()
+machine = calibration.measure_machine()
 link = machine["link"]
-print(f"this machine: α ≈ {link.alpha * 1e6:.0f} µs, bandwidth ≈ {link.bandwidth / 1e9:.2f} GB/s, "
+print(f"this machine: α ≈ {link.latency * 1e6:.0f} µs, bandwidth ≈ {link.bandwidth / 1e9:.2f} GB/s, "
       f"one core ≈ {machine['flops'] / 1e9:.1f} GFLOP/s")
 
 # %% [markdown]
@@ -472,41 +473,3 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 # - Sequence parallelism turns each all-reduce into reduce-scatter + all-gather: same bytes, t times
 #   less activation memory; the vocabulary-parallel loss needs three tiny all-reduces instead of the
 #   full logits.
-
-# %% [markdown]
-# ## Quiz
-# Answer in the quiz below: each answer gets instant feedback with its explanation, and you can
-# retry as often as you like. Where widgets do not show (a terminal, a static view), the text form
-# under it has the same questions; answer one with `answer("02", "<question id>", <answer>)`.
-#
-# **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
-# paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
-# `certificate("Your Name")`.
-
-# %% tags=["nbval-ignore-output"]
-from parallel_lab.course.quiz import quiz
-
-quiz("02")
-
-# %%
-from parallel_lab.course.quiz import show
-
-show("02")
-
-# %%
-my_answers = {
-    "tensor-parallel/mlp-split":             None,  # one option key
-    "tensor-parallel/f-operator":            None,  # one option key
-    "tensor-parallel/all-reduces-per-layer": None,  # one option key
-    "tensor-parallel/sequence-parallel":     None,  # a list of option keys
-    "tensor-parallel/vocab-loss":            None,  # one option key
-    "tensor-parallel/ib-time":               None,  # a number
-    "tensor-parallel/inside-node":           None,  # one option key
-    "tensor-parallel/column-output":         None,  # one option key
-}
-
-# %% tags=["check:quiz:02", "points:3"]
-from parallel_lab.course.quiz import check_quiz
-
-quiz_verdict = check_quiz("02", my_answers)

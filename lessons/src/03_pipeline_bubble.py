@@ -123,7 +123,7 @@ for p in (1, 2, 4, 8):
 # ## 3. A broken schedule is rejected before anything runs
 #
 # A schedule can be wrong in ways that would make real ranks compute garbage or wait for each other
-# forever. `schedules.validate` checks every invariant first: every (stage, micro-batch) has exactly
+# forever. `pipeline.validate` checks every invariant first: every (stage, micro-batch) has exactly
 # one F and one B, each on the rank that holds its stage; no action comes before its input on its
 # own rank; and executing the lists with blocking receives cannot deadlock. Its message names the
 # **first offending action** and marks it in the grid as `>2B0<`.
@@ -132,8 +132,9 @@ for p in (1, 2, 4, 8):
 # of strings into a schedule): one with rank 2's row in the wrong order, one that forgot an action.
 
 # %%
-from parallel_lab.exercises.one_f_one_b import as_schedule
-from parallel_lab.pipeline.schedules import ScheduleError, validate
+from parallel_lab.pipeline.schedules import as_schedule
+from parallel_lab.pipeline.schedules import ScheduleError
+from parallel_lab.pipeline.validate import validate
 
 attempts = {
     "swapped": [["0F0", "0B0"], ["1F0", "1B0"], ["2B0", "2F0"], ["3F0", "3B0"]],
@@ -231,7 +232,7 @@ print("virtual-clock bubble within 0.05 of (p−1)/p:", abs(result["bubble_measu
 # 3. Raise the number of micro-batches to 2, 4, 8 — a preview of lesson 04.
 
 # %% tags=["nbval-ignore-output"]
-figures.schedule_panel("gpipe", stages=4, microbatches=1)
+figures.schedule_panel("gpipe", ranks=4, microbatches=1)
 
 # %% [markdown]
 # ## What to remember
@@ -246,39 +247,3 @@ figures.schedule_panel("gpipe", stages=4, microbatches=1)
 #   device time (FAQ 4), and it grows with p.
 # - Measured timelines come on two clocks: the virtual clock (p dedicated devices) and this
 #   machine's wall clock. Say which one you show.
-
-# %% [markdown]
-# ## Quiz
-# Answer in the quiz below: each answer gets instant feedback with its explanation, and you can
-# retry as often as you like. Where widgets do not show (a terminal, a static view), the text form
-# under it has the same questions; answer one with `answer("03", "<question id>", <answer>)`.
-#
-# **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
-# paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
-# `certificate("Your Name")`.
-
-# %% tags=["nbval-ignore-output"]
-from parallel_lab.course.quiz import quiz
-
-quiz("03")
-
-# %%
-from parallel_lab.course.quiz import show
-
-show("03")
-
-# %%
-my_answers = {
-    "pipeline-line/naive-bubble":   None,  # a number
-    "pipeline-line/what-is-bubble": None,  # one option key
-    "pipeline-line/order-not-time": None,  # one option key
-    "pipeline-line/more-gpus":      None,  # one option key
-    "pipeline-line/validator":      None,  # a list of option keys
-    "pipeline-line/two-clocks":     None,  # one option key
-}
-
-# %% tags=["check:quiz:03", "points:3"]
-from parallel_lab.course.quiz import check_quiz
-
-quiz_verdict = check_quiz("03", my_answers)

@@ -215,39 +215,3 @@ print("gradients equal the single-process model:", traced["max_grad_diff"] < 1e-
 # - The price: each stage keeps all m micro-batches' activations until its backwards start — the
 #   whole batch's worth, however finely it is cut. Lesson 05 (1F1B) removes most of it; lessons
 #   06-07 shrink the bubble itself further.
-
-# %% [markdown]
-# ## Quiz
-# Answer in the quiz below: each answer gets instant feedback with its explanation, and you can
-# retry as often as you like. Where widgets do not show (a terminal, a static view), the text form
-# under it has the same questions; answer one with `answer("04", "<question id>", <answer>)`.
-#
-# **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
-# paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
-# `certificate("Your Name")`.
-
-# %% tags=["nbval-ignore-output"]
-from parallel_lab.course.quiz import quiz
-
-quiz("04")
-
-# %%
-from parallel_lab.course.quiz import show
-
-show("04")
-
-# %%
-my_answers = {
-    "pipeline-bubble/gpipe-fraction":        None,  # a number
-    "pipeline-bubble/why-microbatches":      None,  # one option key
-    "pipeline-bubble/bubble-ratio":          None,  # a number
-    "pipeline-bubble/how-many-microbatches": None,  # a number
-    "pipeline-bubble/gpipe-memory":          None,  # a number
-    "pipeline-bubble/too-many-microbatches": None,  # one option key
-}
-
-# %% tags=["check:quiz:04", "points:3"]
-from parallel_lab.course.quiz import check_quiz
-
-quiz_verdict = check_quiz("04", my_answers)

@@ -195,7 +195,7 @@ def my_one_f_one_b(p, m):
 # schedule; its grid lists each rank's actions in order):
 
 # %%
-from parallel_lab.exercises.one_f_one_b import as_schedule
+from parallel_lab.pipeline.schedules import as_schedule
 
 print(as_schedule(my_one_f_one_b(4, 6), p=4, m=6, name="my_one_f_one_b"))
 
@@ -215,39 +215,3 @@ verdict = check_one_f_one_b(my_one_f_one_b)
 #   memory no longer grows with m — many micro-batches (a small bubble) become affordable.
 # - Recomputation keeps only each stage's input and runs the forward again in the backward: much less
 #   memory for about a third more compute.
-
-# %% [markdown]
-# ## Quiz
-# Answer in the quiz below: each answer gets instant feedback with its explanation, and you can
-# retry as often as you like. Where widgets do not show (a terminal, a static view), the text form
-# under it has the same questions; answer one with `answer("05", "<question id>", <answer>)`.
-#
-# **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
-# paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
-# `certificate("Your Name")`.
-
-# %% tags=["nbval-ignore-output"]
-from parallel_lab.course.quiz import quiz
-
-quiz("05")
-
-# %%
-from parallel_lab.course.quiz import show
-
-show("05")
-
-# %%
-my_answers = {
-    "pipeline-1f1b/same-bubble":     None,  # a number
-    "pipeline-1f1b/stage-memory":    None,  # a number
-    "pipeline-1f1b/warm-up":         None,  # one option key
-    "pipeline-1f1b/memory-saving":   None,  # a number
-    "pipeline-1f1b/recompute":       None,  # one option key
-    "pipeline-1f1b/what-shrinks-it": None,  # a list of option keys
-}
-
-# %% tags=["check:quiz:05", "points:3"]
-from parallel_lab.course.quiz import check_quiz
-
-quiz_verdict = check_quiz("05", my_answers)

@@ -94,18 +94,19 @@ figures.gantt(interleaved_t).update_xaxes(range=[0, 68])
 #
 # - **more messages**: a micro-batch now crosses p·v − 1 chunk boundaries instead of p − 1, each
 #   one an activation forward and a gradient backward — about v times the point-to-point traffic
-#   (`schedule_figures.messages` counts the sends of one step from the schedule);
+#   (`communication.messages` counts the sends of one step from the schedule);
 # - **more activation memory on the first GPUs**: GPU 0 starts 11 chunk-forwards (5.5 stages' worth)
 #   before its first backward arrives, against 4 in 1F1B;
 # - m must be a multiple of p.
 
 # %%
+from parallel_lab.pipeline import communication
 from parallel_lab.show import schedules as schedule_figures
 
 for name, schedule, timeline in (("1f1b", build("1f1b", p, m), one_f_one_b),
                                  ("interleaved v=2", interleaved, interleaved_t)):
     stash = [n / schedule.virtual for n in timeline.peak_rank_activations]
-    print(f"{name:<16} messages per step: {schedule_figures.messages(schedule):>4}   "
+    print(f"{name:<16} messages per step: {communication.messages(schedule):>4}   "
           f"peak stash per GPU (in stages): {stash}")
 
 try:
@@ -131,11 +132,11 @@ except ValueError as err:
 # %%
 import inspect
 
-from parallel_lab.pipeline import stages
+from parallel_lab.pipeline import worker
 
-print(inspect.getsource(stages.StageWorker.input_grad))
-print(inspect.getsource(stages.StageWorker.weight_grad))
-print(inspect.getsource(stages._weight_grads))
+print(inspect.getsource(worker.StageWorker.input_grad))
+print(inspect.getsource(worker.StageWorker.weight_grad))
+print(inspect.getsource(worker._weight_grads))
 
 # %% [markdown]
 # **ZB-H1** keeps 1F1B's order of forwards and input gradients, but GPU r holds back its first r
@@ -172,7 +173,7 @@ zb_v_t = simulate(zb_v, Costs(F=1, B=2, I=1, W=1))
 print(f"ZB-V: step {zb_v_t.makespan:g} units, idle per GPU {[zb_v_t.makespan - b for b in zb_v_t.busy]}, "
       f"idle share {zb_v_t.bubble_fraction:.1%}")
 print("peak stash per GPU (in stages):", [n / 2 for n in zb_v_t.peak_rank_activations],
-      "  messages per step:", schedule_figures.messages(zb_v))
+      "  messages per step:", communication.messages(zb_v))
 figures.gantt(zb_v_t).update_xaxes(range=[0, 68])
 
 # %% [markdown]
@@ -197,7 +198,7 @@ print(schedule_figures.schedule_table(schedule_figures.compare_schedules([(4, 8)
 # needs m a multiple of 4):
 
 # %%
-schedule_figures.bubble_curves(stages=4)
+schedule_figures.bubble_curves(ranks=4)
 
 # %% [markdown]
 # ### Try it
@@ -211,7 +212,7 @@ schedule_figures.bubble_curves(stages=4)
 # 3. With the button, run the schedule you picked on real ranks and see its measured Gantt.
 
 # %% tags=["nbval-ignore-output"]
-figures.schedule_panel("zb-v", stages=4, microbatches=8)
+figures.schedule_panel("zb-v", ranks=4, microbatches=8)
 
 # %% [markdown]
 # ## 6. On real ranks
@@ -275,42 +276,3 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 #   every GPU, and a local turn at the bottom of the V.
 # - Whatever the schedule, the gradients are exactly those of one process: schedules move work in
 #   time, they never change what is computed.
-
-# %% [markdown]
-# ## Quiz
-# Answer in the quiz below: each answer gets instant feedback with its explanation, and you can
-# retry as often as you like. Where widgets do not show (a terminal, a static view), the text form
-# under it has the same questions; answer one with `answer("06", "<question id>", <answer>)`.
-#
-# **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
-# paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
-# `certificate("Your Name")`.
-
-# %% tags=["nbval-ignore-output"]
-from parallel_lab.course.quiz import quiz
-
-quiz("06")
-
-# %%
-from parallel_lab.course.quiz import show
-
-show("06")
-
-# %%
-my_answers = {
-    "pipeline-schedules/interleaved-fraction": None,  # a number
-    "pipeline-schedules/interleaving-cost":    None,  # one option key
-    "pipeline-schedules/zero-bubble-idea":     None,  # one option key
-    "pipeline-schedules/zb-h1-fraction":       None,  # a number
-    "pipeline-schedules/memory-per-rank":      None,  # one option key
-    "pipeline-schedules/zb-h1-memory":         None,  # a number
-    "pipeline-schedules/zb-v-placement":       None,  # one option key
-    "pipeline-schedules/interleaved-messages": None,  # a number
-}
-
-# %% tags=["check:quiz:06", "points:3"]
-from parallel_lab.course.quiz import check_quiz
-
-quiz_verdict = check_quiz("06", my_answers)
-

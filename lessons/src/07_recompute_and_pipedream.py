@@ -40,10 +40,10 @@ setup()
 # %%
 import inspect
 
-from parallel_lab.pipeline import stages
+from parallel_lab.pipeline import worker
 
-print(inspect.getsource(stages.StageWorker.forward))
-print(inspect.getsource(stages.StageWorker._take))
+print(inspect.getsource(worker.StageWorker.forward))
+print(inspect.getsource(worker.StageWorker._take))
 
 # %% [markdown]
 # **Predict:** with recomputation, does a stage stash *fewer micro-batches*, or the *same number of
@@ -109,14 +109,14 @@ for name in ("gpipe", "1f1b"):
 # for a step:
 
 # %%
-from parallel_lab.planning import memory
+from parallel_lab.planning import cost, memory
 from parallel_lab.show import recompute as recompute_figures
 
 gpt3 = memory.MODELS["GPT-3 175B"]
 for mode in ("none", "selective", "full"):
-    print(f"{mode:<9} extra compute per step: {recompute_figures.recompute_overhead(gpt3, mode):6.1%}")
+    print(f"{mode:<9} extra compute per step: {cost.recompute_overhead(gpt3, mode):6.1%}")
 print()
-print(inspect.getdoc(recompute_figures.recompute_overhead))
+print(inspect.getdoc(cost.recompute_overhead))
 
 # %% [markdown]
 # GPT-3 175B on 8-way tensor × 8-way pipeline parallelism (1F1B, 64 micro-batches) — the busiest GPU,
@@ -264,42 +264,3 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 # - **Weight stashing** makes each backward use its forward's weights (p−s versions on stage s); the
 #   stages still sit at different versions. Only the **flushed** schedule (PipeDream-Flush / 1F1B)
 #   is exactly synchronous SGD.
-
-# %% [markdown]
-# ## Quiz
-# Answer in the quiz below: each answer gets instant feedback with its explanation, and you can
-# retry as often as you like. Where widgets do not show (a terminal, a static view), the text form
-# under it has the same questions; answer one with `answer("07", "<question id>", <answer>)`.
-#
-# **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
-# paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
-# `certificate("Your Name")`.
-
-# %% tags=["nbval-ignore-output"]
-from parallel_lab.course.quiz import quiz
-
-quiz("07")
-
-# %%
-from parallel_lab.course.quiz import show
-
-show("07")
-
-# %%
-my_answers = {
-    "recompute-pipedream/what-is-kept":    None,  # one option key
-    "recompute-pipedream/selective":       None,  # one option key
-    "recompute-pipedream/stash-count":     None,  # a number
-    "recompute-pipedream/bubble":          None,  # one option key
-    "recompute-pipedream/staleness":       None,  # a number
-    "recompute-pipedream/weight-stashing": None,  # one option key
-    "recompute-pipedream/versions-held":   None,  # a number
-    "recompute-pipedream/flush":           None,  # one option key
-}
-
-# %% tags=["check:quiz:07", "points:3"]
-from parallel_lab.course.quiz import check_quiz
-
-quiz_verdict = check_quiz("07", my_answers)
-

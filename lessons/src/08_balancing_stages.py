@@ -43,6 +43,7 @@ setup()
 
 # %%
 from parallel_lab.pipeline import balance, partition
+from parallel_lab.show import balance as balance_figures
 from parallel_lab.show import pipeline as figures
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import simulate
@@ -94,7 +95,7 @@ limits = {name: balance.limit_bubble(partition.stage_loads(layer_f, parts)) for 
 print("m:          " + " ".join(f"{m:>6}" for m in ms))
 for name, ys in curves.items():
     print(f"{name:<12}" + " ".join(f"{y:>6.1%}" for y in ys) + f"   limit {limits[name]:.1%}")
-show_balance.bubble_figure(ms, curves, limits, title="1F1B on 4 stages: bubble against micro-batches")
+balance_figures.bubble_figure(ms, curves, limits, title="1F1B on 4 stages: bubble against micro-batches")
 
 # %% [markdown]
 # Better schedules (interleaving, zero bubble: lesson 06) attack the fill-and-drain part; none of
@@ -285,7 +286,7 @@ for name, r in runs.items():
 # the same measured costs. Your numbers will differ; the order should not.
 
 # %% tags=["nbval-ignore-output"]
-print(show_balance.measured_table(runs))
+print(balance_figures.measured_table(runs))
 slow, fast = runs["even blocks"]["makespan_measured"], runs["time-balanced"]["makespan_measured"]
 worst = runs["DeepSpeed parameters"]["makespan_measured"]
 print(f"\ntime-balanced is {slow / fast:.2f}x faster than even blocks and {worst / fast:.2f}x faster "
@@ -357,42 +358,3 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 # - Profiles are **measurements**: thread CPU time on one thread, medians, warm-up; parameter counts and
 #   activation bytes are facts you can check exactly.
 # - Data parallelism on top averages gradients with a **bucketed all-reduce** per replica group.
-
-# %% [markdown]
-# ## Quiz
-# Answer in the quiz below: each answer gets instant feedback with its explanation, and you can
-# retry as often as you like. Where widgets do not show (a terminal, a static view), the text form
-# under it has the same questions; answer one with `answer("08", "<question id>", <answer>)`.
-#
-# **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
-# paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
-# `certificate("Your Name")`.
-
-# %% tags=["nbval-ignore-output"]
-from parallel_lab.course.quiz import quiz
-
-quiz("08")
-
-# %%
-from parallel_lab.course.quiz import show
-
-show("08")
-
-# %%
-my_answers = {
-    "balancing/limit":                None,  # a number
-    "balancing/min-bottleneck":       None,  # a number
-    "balancing/deepspeed-parameters": None,  # one option key
-    "balancing/more-microbatches":    None,  # one option key
-    "balancing/profile-what":         None,  # a list of option keys
-    "balancing/speedup":              None,  # a number
-    "balancing/type-regex":           None,  # one option key
-    "balancing/buckets":              None,  # one option key
-}
-
-# %% tags=["check:quiz:08", "points:3"]
-from parallel_lab.course.quiz import check_quiz
-
-quiz_verdict = check_quiz("08", my_answers)
-

@@ -95,10 +95,9 @@ for layout in (dict(dp=1, pp=1, tp=8, nodes=2), dict(dp=1, pp=3, tp=2, nodes=2))
 # nodes, α = 5 µs, and GPUs that achieve 150 TFLOP/s.
 
 # %%
-from parallel_lab.planning import planner
-from parallel_lab.runtime.collectives import predict_all_reduce
+from parallel_lab.hardware import Cluster, ring_all_reduce_time
 
-links = planner.Cluster(nodes=2, gpus_per_node=8, gpu_mem_gb=80)
+links = Cluster(nodes=2, gpus_per_node=8, gpu_mem_gb=80)
 alpha = links.latency_us * 1e-6
 nvlink, infiniband = links.intra_gbps * 1e9, links.inter_gbps * 1e9
 b, s, h, t = 1, 2048, 12288, 8
@@ -106,8 +105,8 @@ activation = b * s * h * 2  # bytes of one (b, s, h) bf16 activation
 compute = 72 * b * s * h * h / t / (links.tflops * 1e12)  # forward 24bsh², backward twice that
 rows = [
     ("compute of one layer, forward + backward", compute, compute),
-    ("TP: 4 all-reduces of the activation", 4 * predict_all_reduce(activation, t, alpha, nvlink),
-     4 * predict_all_reduce(activation, t, alpha, infiniband)),
+    ("TP: 4 all-reduces of the activation", 4 * ring_all_reduce_time(activation, t, alpha, nvlink),
+     4 * ring_all_reduce_time(activation, t, alpha, infiniband)),
     ("PP: activation + gradient to the next stage", 2 * (alpha + activation / t / nvlink),
      2 * (alpha + activation / t / infiniband)),
 ]
@@ -133,6 +132,7 @@ print("(PP pays its message once per stage boundary, not per layer: a stage of 1
 
 # %%
 from parallel_lab.parallel3d import train3d
+from parallel_lab.show import train3d as train3d_figures
 from parallel_lab.pipeline.schedules import ScheduleError
 
 base = train3d.Config(dp=1, pp=2, tp=2, layers=4, hidden=16, heads=4, vocab=32, seq=8, batch=8, microbatches=2)
@@ -196,7 +196,7 @@ for group in dims.pp_groups():
 
 # %%
 runs = [train3d.train(base, steps=6)]
-print(train3d.format_result(runs[0]))
+print(train3d_figures.format_result(runs[0]))
 
 # %% [markdown]
 # The other two ways to use 4 ranks with two of the three dimensions, with other schedules:
@@ -207,10 +207,10 @@ print(train3d.format_result(runs[0]))
 runs.append(train3d.train(base, dp=2, pp=2, tp=1, schedule="gpipe", steps=6))
 runs.append(train3d.train(base, dp=2, pp=1, tp=2, steps=6, progress=None))
 for r in runs:
-    print(train3d.format_result(r))
+    print(train3d_figures.format_result(r))
 
 # %%
-train3d.loss_figure(runs, title="tiny GPT, Adam, fp64: three meshes of 4 ranks on the one-process curve")
+train3d_figures.loss_figure(runs, title="tiny GPT, Adam, fp64: three meshes of 4 ranks on the one-process curve")
 
 # %% [markdown]
 # Every marker sits on the single-process line; the checks above compare every step's loss and every
@@ -222,7 +222,7 @@ train3d.loss_figure(runs, title="tiny GPT, Adam, fp64: three meshes of 4 ranks o
 # Lesson 10's planner ranks plans by a predicted step time built from a few constants: achieved
 # FLOP/s per device and the α–β of an all-reduce. Here we measure those constants on this machine's
 # ranks the way a planner profiles a cluster before it searches (`validate_plans.calibrate`, which
-# wraps `planner.calibrate`): all-reduces timed between computations, as training issues them, on
+# is `planning.calibration.calibrate` with `groups=True`): all-reduces timed between computations, as training issues them, on
 # groups of each size a plan uses, all groups at once; and the FLOP/s this very model reaches with
 # every rank computing at once. Then we predict four real 4-rank plans of a larger GPT (hidden 128,
 # 4 layers, sequences of 32 tokens, fp32, 4 micro-batches, 1F1B) and time each for real. The
@@ -294,42 +294,3 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 #   replicas make means of means the mean; element-wise optimizers update shards like the whole.
 # - A cost model calibrated with a few constants ranks plans well but can miss real step times by
 #   tens of percent: measure before you trust it.
-
-# %% [markdown]
-# ## Quiz
-# Answer in the quiz below: each answer gets instant feedback with its explanation, and you can
-# retry as often as you like. Where widgets do not show (a terminal, a static view), the text form
-# under it has the same questions; answer one with `answer("09", "<question id>", <answer>)`.
-#
-# **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
-# paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
-# `certificate("Your Name")`.
-
-# %% tags=["nbval-ignore-output"]
-from parallel_lab.course.quiz import quiz
-
-quiz("09")
-
-# %%
-from parallel_lab.course.quiz import show
-
-show("09")
-
-# %%
-my_answers = {
-    "3d-parallelism/coords":          None,  # one option key
-    "3d-parallelism/crossing-groups": None,  # a list of option keys
-    "3d-parallelism/tp-fastest":      None,  # one option key
-    "3d-parallelism/tp-ib-ratio":     None,  # a number
-    "3d-parallelism/dp-size":         None,  # a number
-    "3d-parallelism/bad-plan":        None,  # a list of option keys
-    "3d-parallelism/exact":           None,  # one option key
-    "3d-parallelism/prediction":      None,  # one option key
-}
-
-# %% tags=["check:quiz:09", "points:3"]
-from parallel_lab.course.quiz import check_quiz
-
-quiz_verdict = check_quiz("09", my_answers)
-

@@ -46,10 +46,11 @@ setup()
 # (the embedding rides on the first stage, the head on the last):
 
 # %%
-from parallel_lab.planning import memory_model, planner
+from parallel_lab.hardware import Cluster
+from parallel_lab.planning import cost, memory_check, planner
 from parallel_lab.show import planner as pw
 
-rows = pw.param_check()
+rows = memory_check.param_check()
 print(f"{'pp':>3} {'stage':>6} {'memory_model':>13} {'real modules':>13}")
 for r in rows:
     print(f"{r['pp']:>3} {r['stage']:>6} {r['model']:>13,} {r['real']:>13,}")
@@ -64,7 +65,7 @@ print("every stage equal:", all(r["model"] == r["real"] for r in rows))
 
 # %%
 print(f"{'recompute':<10} {'formula':>9} {'measured':>9} {'difference':>10}  difference = per-token statistics?")
-for r in pw.activation_check():
+for r in memory_check.activation_check():
     diff = r["measured"] - r["formula"]
     print(f"{r['recompute']:<10} {r['formula']:>9,} {r['measured']:>9,} {diff:>10,}  {diff == r['stats']}")
 
@@ -99,7 +100,7 @@ print(pw.memory_table({
 #
 # ## 2. The time model: five parts of a step
 #
-# For a layout and a number of micro-batches m, `planner.step_time` predicts the step of the slowest
+# For a layout and a number of micro-batches m, `cost.step_time` predicts the step of the slowest
 # GPU (constants: 150 TFLOP/s achieved per GPU, NVLink 300 GB/s and network 25 GB/s per GPU, α 5 µs):
 #
 # - **compute**: 6 FLOPs per parameter and token, divided over all GPUs (+ the recomputed forward);
@@ -112,7 +113,7 @@ print(pw.memory_table({
 # %%
 import inspect
 
-print(inspect.getsource(planner.pipeline_makespan))
+print(inspect.getsource(cost.pipeline_makespan))
 
 # %% [markdown]
 # ## 3. The search: GPT-3 175B on 64 servers of 8 GPUs
@@ -157,7 +158,7 @@ pw.breakdown_figure(compare, title="GPT-3 175B on 512 GPUs: the step beyond comp
 #   adds 0.4 s of selective recomputation: with half the tensor parallelism it needs the memory.
 # - **TP all-reduces**: with TP 8 the data-parallel degree halves (512 = dp × pp × tp), so each GPU
 #   pushes twice as many tokens through its layers, and each all-reduce sends 2·7/8 instead of 2·3/4
-#   of the message: about 2.3× the bytes (`pw.tp_per_device_ratio(4, 8)`), plus 14 ring steps of
+#   of the message: about 2.3× the bytes (`cost.tp_per_device_ratio(4, 8)`), plus 14 ring steps of
 #   latency instead of 6: 3.46 s against 1.37 s.
 # - **The bubble**: TP 4 has half as many micro-batches per replica, each twice as long, so its
 #   fill-and-drain is twice as long. With 1F1B that costs (p − 1)(F + B): 3.5 s against 1.7 s, and
@@ -200,7 +201,7 @@ print(pw.tp_link_table(gpt3, pw.CLUSTER))
 
 # %%
 inside = pw.best_plan(result["plans"], tp=8, pp=16, schedule="zb-h1")
-spanning = pw.across_nodes(gpt3, pw.CLUSTER, pw.BATCH, dp=2, pp=16, tp=16, microbatches=768)
+spanning = cost.across_nodes(gpt3, pw.CLUSTER, pw.BATCH, dp=2, pp=16, tp=16, microbatches=768)
 print(f"TP 8 inside nodes  : step {inside['step_s']:6.1f} s, TP all-reduces {inside['breakdown']['tp_comm_s']:5.1f} s")
 print(f"TP 16 across nodes : step {spanning['step_s']:6.1f} s, TP all-reduces {spanning['tp_comm_s']:5.1f} s")
 
@@ -229,7 +230,7 @@ print(f"the best TP 8 + 1F1B plan would cost ${extra:,.0f} more ({megatron['step
 # Fifty days on 512 GPUs, a million dollars, and a choice of layout worth tens of thousands —
 # which is why the article's guidance applies here as much as anywhere: **define latency, quality and
 # cost targets before you start; benchmark under realistic load** (the planner's constants —
-# TFLOP/s, α, bandwidths — should come from your cluster; `planner.calibrate` fits them on real
+# TFLOP/s, α, bandwidths — should come from your cluster; `planning.calibration.calibrate` fits them on real
 # ranks); and do not let one benchmark hide the weaknesses of the whole system (the model leaves out
 # kernel efficiency, overlap of communication with compute, and congestion).
 #
@@ -251,7 +252,7 @@ pw.planner_widget()
 
 # %%
 for nodes, mem in ((16, 80), (64, 141)):
-    smaller = planner.plan(gpt3, planner.Cluster(nodes=nodes, gpus_per_node=8, gpu_mem_gb=mem), pw.BATCH, top=3)
+    smaller = planner.plan(gpt3, Cluster(nodes=nodes, gpus_per_node=8, gpu_mem_gb=mem), pw.BATCH, top=3)
     print(f"{nodes} nodes x 8 GPUs of {mem} GB: {smaller['feasible']} plans fit; the three fastest:")
     print(pw.plans_table(smaller["plans"]))
     print(pw.cost_table(smaller["plans"][0], prices=(price_per_gpu_hour,), tokens=tokens).splitlines()[0])
@@ -295,42 +296,3 @@ print("\n".join(out.stdout.splitlines()[:7]))
 #   TP 4 edges ahead (2 % in this model — measure before you believe it).
 # - A step time is a budget: GPU-hours = steps × step time × GPUs. Calibrate the model on your
 #   cluster and benchmark the top few plans under realistic load before committing it.
-
-# %% [markdown]
-# ## Quiz
-# Answer in the quiz below: each answer gets instant feedback with its explanation, and you can
-# retry as often as you like. Where widgets do not show (a terminal, a static view), the text form
-# under it has the same questions; answer one with `answer("10", "<question id>", <answer>)`.
-#
-# **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
-# paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
-# `certificate("Your Name")`.
-
-# %% tags=["nbval-ignore-output"]
-from parallel_lab.course.quiz import quiz
-
-quiz("10")
-
-# %%
-from parallel_lab.course.quiz import show
-
-show("10")
-
-# %%
-my_answers = {
-    "planner/state-per-device": None,  # a number
-    "planner/zero1":            None,  # one option key
-    "planner/in-flight":        None,  # a number
-    "planner/tp-in-node":       None,  # one option key
-    "planner/why-tp4":          None,  # one option key
-    "planner/gpu-hours":        None,  # a number
-    "planner/make-it-fit":      None,  # a list of option keys
-    "planner/trust":            None,  # one option key
-}
-
-# %% tags=["check:quiz:10", "points:3"]
-from parallel_lab.course.quiz import check_quiz
-
-quiz_verdict = check_quiz("10", my_answers)
-

@@ -35,6 +35,7 @@ setup()
 
 # %%
 from parallel_lab.parallel3d import train3d
+from parallel_lab.show import train3d as train3d_figures
 
 my_plan = train3d.Config(
     dp=1, pp=2, tp=2,             # the mesh: dp x pp x tp ranks
@@ -114,11 +115,11 @@ if schedule is not None:
 # %%
 if schedule is not None:
     result = train3d.train(my_plan, timed=True, memory_limit_gb=memory_limit_gb)
-    print(train3d.format_result(result))
+    print(train3d_figures.format_result(result))
 
 # %%
 if schedule is not None:
-    train3d.loss_figure(result, title=f"your plan: dp {my_plan.dp} x pp {my_plan.pp} x tp {my_plan.tp}, "
+    train3d_figures.loss_figure(result, title=f"your plan: dp {my_plan.dp} x pp {my_plan.pp} x tp {my_plan.tp}, "
                                       f"{my_plan.schedule}").show()
 
 # %% [markdown]
@@ -209,12 +210,13 @@ print(f"and here: torchrun --standalone --nproc-per-node {my_plan.world_size} -m
 # lesson 10: 150 TFLOP/s achieved per GPU, NVLink in a node, InfiniBand between nodes):
 
 # %%
-from parallel_lab.planning import planner
+from parallel_lab.hardware import Cluster
+from parallel_lab.planning import cost, planner
 
 gpt3 = memory.MODELS["GPT-3 175B"]
-cluster = planner.Cluster(nodes=64, gpus_per_node=8, gpu_mem_gb=80)
+cluster = Cluster(nodes=64, gpus_per_node=8, gpu_mem_gb=80)
 for dp, pp, tp, m, schedule_name in ((8, 16, 4, 192, "zb-h1"), (16, 32, 1, 96, "gpipe")):
-    t = planner.step_time(gpt3, cluster, 1536, dp, pp, tp, m, schedule_name, recompute="selective")
+    t = cost.step_time(gpt3, cluster, 1536, dp, pp, tp, m, schedule_name, recompute="selective")
     row = {"global_batch": 1536, "seq": gpt3.seq, "step_s": t["step_s"], "world_size": dp * pp * tp}
     cost = planner.training_cost(row, tokens=300e9, price_per_gpu_hour=2.0)
     print(f"dp {dp:>2} x pp {pp:>2} x tp {tp}, {schedule_name:<6} m={m:<3}: {t['step_s']:6.1f} s per step, "
@@ -245,42 +247,3 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 #   `torch.distributed.pipelining` schedules.
 # - Set latency, quality and cost targets first; benchmark under realistic load; monitor; keep a way
 #   back.
-
-# %% [markdown]
-# ## Quiz
-# Answer in the quiz below: each answer gets instant feedback with its explanation, and you can
-# retry as often as you like. Where widgets do not show (a terminal, a static view), the text form
-# under it has the same questions; answer one with `answer("11", "<question id>", <answer>)`.
-#
-# **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
-# paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
-# `certificate("Your Name")`.
-
-# %% tags=["nbval-ignore-output"]
-from parallel_lab.course.quiz import quiz
-
-quiz("11")
-
-# %%
-from parallel_lab.course.quiz import show
-
-show("11")
-
-# %%
-my_answers = {
-    "capstone/megatron-tp":         None,  # one option key
-    "capstone/pytorch-schedules":   None,  # a list of option keys
-    "capstone/deepspeed-partition": None,  # one option key
-    "capstone/zero-stage":          None,  # one option key
-    "capstone/gpu-hours":           None,  # a number
-    "capstone/targets-first":       None,  # one option key
-    "capstone/realistic-benchmark": None,  # a list of option keys
-    "capstone/equal-check":         None,  # one option key
-}
-
-# %% tags=["check:quiz:11", "points:3"]
-from parallel_lab.course.quiz import check_quiz
-
-quiz_verdict = check_quiz("11", my_answers)
-

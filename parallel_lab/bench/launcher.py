@@ -17,6 +17,7 @@ import torch.multiprocessing as tmp
 from parallel_lab.bench.measure import median_time, row
 from parallel_lab.runtime import demos, launcher
 
+
 def _spawned_rank(rank, world_size, port):
     """What torch.multiprocessing.spawn users write: init, one all-reduce, tear down."""
     torch.set_num_threads(1)

@@ -10,7 +10,7 @@ They are timed inside the same rank function, alternating step by step, so they 
 machine's state. A step is one forward and backward of the whole batch; gradients are reset
 between steps (not timed); each step starts after a barrier, lasts as long as its slowest rank,
 and a row reports the median over ``repeats``. Ours runs without recording (no timestamps sent).
-Quote the ratio, not the absolute times (shared/DESIGN.md).
+Quote the ratio, not the absolute times.
 """
 
 from __future__ import annotations
@@ -18,16 +18,15 @@ from __future__ import annotations
 import copy
 import statistics
 import time
-from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
-
-from parallel_lab.runtime import commlog, launcher
-from parallel_lab.pipeline.schedules import build
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from parallel_lab.pipeline.executor import Executor
+from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.stages import ModelSpec, cut
+from parallel_lab.runtime import commlog, launcher
 
 PEER = "torch.distributed.pipelining"
 HIDDEN = (256, 1024)
@@ -36,8 +35,6 @@ SCHEDULES = ("gpipe", "1f1b")
 
 
 def _peer(module, name: str, rank: int, p: int, loss_fn):
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
     stage = PipelineStage(module, rank, p, torch.device("cpu"))
     kind = ScheduleGPipe if name == "gpipe" else Schedule1F1B
     return kind(stage, MICROBATCHES, loss_fn=loss_fn)

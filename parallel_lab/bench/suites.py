@@ -15,7 +15,6 @@ from parallel_lab.bench.pipeline import bench_pipeline
 from parallel_lab.bench.simulator import bench_simulator
 from parallel_lab.bench.tensor import bench_tensor
 
-
 SUITES = {
     "launcher": bench_launcher,
     "collectives": bench_collectives,

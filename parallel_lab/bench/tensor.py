@@ -8,7 +8,7 @@ alternating iteration by iteration, so they share the machine's state (cores, ca
 One iteration is a forward and a backward (the input requires grad, as it would inside a model,
 so both sides pay the backward all-reduce of the input gradient). Each rank first waits at a
 barrier; an iteration's time is the slowest rank's; a row reports the median over ``repeats``.
-Quote the ratio, not the absolute times (see shared/DESIGN.md). With more ranks than cores, wall
+Quote the ratio, not the absolute times. With more ranks than cores, wall
 time is mostly waiting for a descheduled rank; ``*_cpu_s`` (thread CPU time of the busiest rank)
 and ``cpu_ratio`` compare the work each side does, unaffected by that.
 """
@@ -19,10 +19,9 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from parallel_lab.runtime import launcher
 from parallel_lab import models
+from parallel_lab.runtime import launcher
 from parallel_lab.tensor.dtensor import dtensor_parallelize
 from parallel_lab.tensor.plan import parallelize
 

@@ -41,6 +41,8 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
+from parallel_lab.course.quiz import progress
+
 COURSE = "parallel-lab: model parallelism (tensor and pipeline), run for real"
 VERSION = 1
 PUBLIC_SECRET = b"parallel-lab public course key v1 (not a secret: certificates signed with it are tamper-evident only)"
@@ -237,8 +239,6 @@ class Certificate(dict):
 def certificate(name: str, require=None, out: str | os.PathLike = "certificate.json") -> Certificate:
     """Issue a certificate for every quiz you have passed (``parallel_lab.course.quiz``) and save it to
     ``out``. ``require``: lessons that must be among them (e.g. ``["00", "01"]``)."""
-    from parallel_lab.course.quiz import progress
-
     passed = progress.lessons_passed()
     missing = sorted(set(map(str, require or ())) - set(passed))
     if missing:

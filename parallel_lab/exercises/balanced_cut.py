@@ -51,4 +51,3 @@ def check_balanced_cut(fn, cases=EXERCISE_CASES) -> Verdict:
     verdict = Verdict(not failures, lines)
     print(verdict)
     return verdict
-

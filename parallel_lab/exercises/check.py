@@ -11,7 +11,9 @@ printed in the notebook is deterministic (no timings, no addresses) so that nbva
 
 from __future__ import annotations
 
+import ast
 import inspect
+import linecache
 import textwrap
 from dataclasses import dataclass
 
@@ -94,12 +96,10 @@ def _run_check(source, name, checker, args):
     return checker(compile_on_rank(source, name), *args)
 
 
-
 def short(t: torch.Tensor) -> str:
     values = t.flatten()[:6].tolist()
     more = ", ..." if t.numel() > 6 else ""
     return "[" + ", ".join(f"{v:g}" for v in values) + more + "]"
-
 
 
 # ----------------------------------------------------------------------------------------------
@@ -123,9 +123,6 @@ def source_of_class(cls) -> tuple[str, str]:
 
 
 def _class_source_from_methods(cls) -> str:
-    import ast
-    import linecache
-
     codes = [getattr(inspect.unwrap(v.__func__ if isinstance(v, (staticmethod, classmethod)) else v),
                      "__code__", None) for v in vars(cls).values()]
     codes = [c for c in codes if c is not None]
@@ -169,4 +166,3 @@ def row_problem(leading, n_in, n_out, seed):
     """``(X, W, bias)`` of a dense ``Y = X·W + bias``, the same on every rank that uses ``seed``."""
     gen = torch.Generator().manual_seed(seed)
     return integers(gen, *leading, n_in), integers(gen, n_in, n_out), integers(gen, n_out)
-

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from parallel_lab.exercises.check import Verdict, check_class_on_ranks, integers, row_problem, short, tp_groups
 
+
 def g_operator_cases(student_cls):
     """On a rank: ``student_cls.apply(x, group)`` as Megatron's g. (1) forward: the sum over the
     group; (2) inside a row-parallel layer ``g(x_r·W_r) + bias``: output, and the gradients of

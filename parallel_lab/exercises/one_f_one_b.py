@@ -10,94 +10,24 @@ and on real ranks (lessons/05_1f1b_memory.ipynb).
 A schedule is data, so unlike lesson 01's exercise (whose *code* runs on the ranks, see
 ``parallel_lab.exercises``) the student's function runs here, in the notebook's process: what it
 returns is turned into a ``schedules.Schedule``, validated before any process starts, simulated, and
-only then sent to the ranks, which run exactly that schedule with ``run.pipeline_rank``. Every verdict
-line is deterministic (no timings), so nbval can grade it.
-
-``as_schedule`` is the friendly door from plain lists to a Schedule; lesson 03 uses it to show the
-validator rejecting a broken schedule.
+only then sent to the ranks, which run exactly that schedule (``pipeline.run.run_pipeline``). Every
+verdict line is deterministic (no timings), so nbval can grade it. Plain lists become a Schedule with
+``pipeline.schedules.as_schedule``.
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
-
-import torch
-
-from parallel_lab.runtime import launcher
 from parallel_lab.exercises.check import Verdict, source_of
-from parallel_lab.pipeline.schedules import Action, Schedule, ScheduleError, one_f_one_b, validate
+from parallel_lab.pipeline.run import run_pipeline
+from parallel_lab.pipeline.schedules import ScheduleError, as_schedule, one_f_one_b
 from parallel_lab.pipeline.simulate import Costs, simulate
-
-from parallel_lab.pipeline.run import make_spec, pipeline_rank, report
-from parallel_lab.pipeline.stages import check_stages
+from parallel_lab.pipeline.validate import validate
+from parallel_lab.runtime import launcher
 
 # (p, m): more micro-batches than stages, fewer than stages (a short steady state), on 2 and 4 ranks
 CASES = ((2, 3), (4, 8), (4, 2))
 EXACT = 1e-10  # fp64 pipeline vs one process: the same operations in the same order per micro-batch
 RUN_TIMEOUT = 60.0
-
-
-# ----------------------------------------------------------------------------------------------
-# From plain lists to a Schedule.
-
-
-def _action(item, rank: int, position: int) -> Action | None:
-    if item is None or item == ".":
-        return None
-    if isinstance(item, Action):
-        return item
-    if isinstance(item, str):
-        try:
-            return Action.parse(item)
-        except ScheduleError as err:
-            raise ScheduleError(f"rank {rank}, position {position}: {err}") from None
-    if isinstance(item, tuple) and len(item) == 3:
-        return Action(*item)
-    raise ScheduleError(f"rank {rank}, position {position}: expected an action like '0F1' (a string) or "
-                        f"an Action, got {type(item).__name__} {item!r}")
-
-
-def as_schedule(ranks, p: int, m: int, name: str = "my schedule") -> Schedule:
-    """A Schedule of ``p`` ranks (stage r on rank r) and ``m`` micro-batches from plain data.
-
-    ranks: one entry per rank (a list, or a dict rank -> entry), each an ordered list of actions as
-    strings (``"1F3"``: stage 1, forward, micro-batch 3), ``Action``s, ``(stage, kind, micro-batch)``
-    tuples, or None / ``"."`` for an idle slot; a single string ``"0F0 0F1 0B0"`` works too.
-    Raises ScheduleError naming the rank and position of anything it cannot read. The result is not
-    validated: call ``schedules.validate`` (which names the first broken action).
-    """
-    if isinstance(ranks, Mapping):
-        ranks = [ranks[key] for key in sorted(ranks)]
-    if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
-        raise ScheduleError(f"{name}: expected one list of actions per rank, got {type(ranks).__name__}")
-    if len(ranks) != p:
-        raise ScheduleError(f"{name}: returned {len(ranks)} rank lists for p={p}; expected one per rank")
-    rows = []
-    for rank, entry in enumerate(ranks):
-        items = entry.split() if isinstance(entry, str) else entry
-        if not isinstance(items, Sequence):
-            raise ScheduleError(f"{name}: rank {rank}: expected a list of actions, got {type(entry).__name__}")
-        rows.append([_action(item, rank, i) for i, item in enumerate(items)])
-    return Schedule(name, p, m, 1, tuple(range(p)), rows)
-
-
-# ----------------------------------------------------------------------------------------------
-# A Schedule object on real ranks.
-
-
-def run_schedule(schedule: Schedule, model: str = "mlp", dtype=torch.float64, seed: int = 0,
-                 timeout: float = RUN_TIMEOUT, **sizes) -> dict:
-    """``run.run_pipeline`` for a Schedule object instead of a name: validate it, run it on
-    ``schedule.n_ranks`` real ranks (``run.pipeline_rank``), and return the same result dict
-    (``max_grad_diff``, ``loss_diff``, ``peak_activations`` measured, bubbles on both clocks, ...)."""
-    validate(schedule)
-    launcher.check_world_size(schedule.n_ranks)
-    spec = make_spec(model, schedule.n_ranks, schedule.n_microbatches, dtype, seed,
-                     **{k: sizes.get(k) for k in ("hidden", "layers", "batch")})
-    check_stages(spec, schedule.n_stages)
-    ranks = launcher.run(pipeline_rank, schedule.n_ranks, kwargs=dict(spec=spec, schedule=schedule),
-                         timeout=timeout)
-    return report(schedule, spec, ranks)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -139,7 +69,7 @@ def one_f_one_b_case(fn, p: int, m: int, name: str, show_grid: bool = True) -> t
     shape = f"valid; stash per stage {mine.peak_activations} = min(m, p−r); bubble {mine.bubble_fraction:.1%} as 1F1B"
 
     try:
-        result = run_schedule(sched)
+        result = run_pipeline(sched, timeout=RUN_TIMEOUT)
     except (launcher.RankError, launcher.RanksHung, launcher.RankDied) as err:
         return False, [f"{label}: FAILED on {p} real ranks: {str(err).splitlines()[0]}"]
     equal = result["max_grad_diff"] < EXACT and result["loss_diff"] < EXACT

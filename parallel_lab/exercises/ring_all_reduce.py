@@ -40,4 +40,3 @@ def check_ring_all_reduce(fn, world_sizes=(2, 4)) -> Verdict:
     verdict = check_on_ranks(fn, ring_all_reduce_cases, world_sizes, "ring all-reduce")
     print(verdict)
     return verdict
-

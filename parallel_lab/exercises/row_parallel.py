@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from parallel_lab.exercises.check import Verdict, check_on_ranks, integers, row_problem, short, tp_groups
+from parallel_lab.exercises.check import Verdict, check_on_ranks, row_problem, short, tp_groups
 
 ROW_SHAPES = (((3,), 8, 5), ((2, 4), 8, 6))  # (leading dims of x, in features, out features)
 
@@ -58,4 +58,3 @@ def check_row_parallel_forward(fn, world_sizes=(2, 4)) -> Verdict:
     verdict = check_on_ranks(fn, row_parallel_forward_cases, world_sizes, "row-parallel forward")
     print(verdict)
     return verdict
-

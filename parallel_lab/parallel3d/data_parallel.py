@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from parallel_lab.runtime import commlog
 from parallel_lab import models
+from parallel_lab.runtime import commlog
 from parallel_lab.runtime.mesh import ParallelDims, build_groups
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20

@@ -47,14 +47,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from parallel_lab.runtime import commlog, launcher, torchrun
-from parallel_lab.parallel3d import data_parallel
-from parallel_lab.planning import memory, memory_model
 from parallel_lab import models
-from parallel_lab.runtime.mesh import ParallelDims, build_groups
+from parallel_lab.checks import positive_int
+from parallel_lab.parallel3d import data_parallel
 from parallel_lab.pipeline.executor import Executor
+from parallel_lab.pipeline.schedules import Schedule, build
 from parallel_lab.pipeline.stages import DTYPES, Stage, bounds
-from parallel_lab.pipeline.schedules import Schedule, build, validate
+from parallel_lab.pipeline.validate import validate
+from parallel_lab.planning import memory, memory_model
+from parallel_lab.runtime import commlog, launcher, torchrun
+from parallel_lab.runtime.mesh import ParallelDims, build_groups
+from parallel_lab.tensor import layers
+from parallel_lab.tensor.layers import allreduce_sequence_parallel_grads, vocab_parallel_cross_entropy
+from parallel_lab.tensor.plan import check_tensor_parallel, parallelize
 
 OPTIMIZERS = ("sgd", "adam")
 TOLERANCE = 1e-9  # fp64: what "the same numbers" means for losses and weights
@@ -138,9 +143,7 @@ def check(cfg: Config, world_size: int | None = None, memory_limit_gb: float | N
     if cfg.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {cfg.dtype!r}")
     for name in ("steps", "batch", "microbatches"):
-        value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {name} {value!r}")
+        positive_int(name, getattr(cfg, name))
     schedule = validate(build(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual))
     gpt = cfg.gpt  # positive sizes, hidden % heads
     if schedule.n_stages > cfg.layers:
@@ -154,7 +157,6 @@ def check(cfg: Config, world_size: int | None = None, memory_limit_gb: float | N
         raise ValueError(f"batch / dp = {cfg.batch // cfg.dp} rows per replica are not divisible by "
                          f"microbatches {cfg.microbatches} (micro-batches must be equal for the loss to "
                          f"be the whole-batch mean)")
-    from parallel_lab.tensor.plan import check_tensor_parallel
 
     check_tensor_parallel(gpt, cfg.tp, cfg.sequence_parallel and cfg.tp > 1)
     if memory_limit_gb is not None:
@@ -238,8 +240,6 @@ class _StageSpec:
 
 
 def _parallel_loss(logits, targets, group):
-    from parallel_lab.tensor.layers import vocab_parallel_cross_entropy
-
     return vocab_parallel_cross_entropy(logits, targets, group).mean()  # (B, T, V/tp) -> scalar
 
 
@@ -250,8 +250,6 @@ def _model_pieces(cfg: Config, groups, state=None) -> list[nn.Module]:
     if state is not None:
         dense.load_state_dict(state)
     if cfg.tp > 1:
-        from parallel_lab.tensor.plan import parallelize
-
         dense = parallelize(dense, group=groups.tp_group, sequence_parallel=cfg.sequence_parallel)
     return list(dense.as_sequential())
 
@@ -272,8 +270,6 @@ def build_stages(cfg: Config, schedule: Schedule, groups, device=None, state=Non
 
 def _sharded(module: nn.Module) -> set[int]:
     """ids of the parameters split across the TP group (the others are replicated copies)."""
-    from parallel_lab.tensor import layers
-
     out = set()
     for m in module.modules():
         if isinstance(m, layers.ColumnParallelLinear):
@@ -330,7 +326,6 @@ def _train(cfg, schedule, groups, reference_state, timed, verbose) -> dict:
         ex.zero_grad()
         loss = ex.step(idx, targets)  # the pipeline, with TP collectives inside every action
         if sp:  # replicated parameters used on a sequence shard: sum their partial gradients
-            from parallel_lab.tensor.layers import allreduce_sequence_parallel_grads
 
             for st in stages.values():
                 allreduce_sequence_parallel_grads(st.module, groups.tp_group)

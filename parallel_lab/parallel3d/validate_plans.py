@@ -5,7 +5,7 @@
     print(validate_plans.format_table(result))    # per plan: predicted and measured seconds per step
     result["median_rel_error"]
 
-``planner.step_time`` predicts a step from a handful of constants: achieved FLOP/s per device and the
+``planning.cost.step_time`` predicts a step from a handful of constants: achieved FLOP/s per device and the
 α–β of an all-reduce. ``calibrate`` measures those on this machine's CPU ranks, the way a planner
 profiles a cluster before it searches: all-reduces timed between computations, as training issues
 them, on groups of every size a plan uses with all groups at once; and ``workload_tflops``, this
@@ -17,14 +17,14 @@ Three things differ from the GPU clusters the planner is written for, and are gi
 not hidden in it:
 
 - **4-byte values.** The planner counts 2-byte (bf16) activations and gradients; these runs send
-  fp32, so the calibrated bandwidth is halved before it goes into ``planner.Cluster``.
+  fp32, so the calibrated bandwidth is halved before it goes into ``Cluster``.
 - **Fewer cores than ranks.** Simulated devices share the machine's cores (and the machine may be
   shared with other programs): ``calibrate`` measures how many ranks really compute at once
   (``effective_cores``). With more ranks than that, a step takes at least all ranks' compute
   divided by those cores, plus the communication; a rank idle in a pipeline bubble leaves its core
   to the others, so that bound has no bubble. The prediction is the larger of it and the planner's
   step time (a core per rank).
-- **The model's own FLOP/s.** ``planner.calibrate`` times one square matmul; the GPT's matrices are
+- **The model's own FLOP/s.** ``planning.calibration.calibrate`` times one square matmul; the GPT's matrices are
   smaller and come with per-operation overhead, and devices that share a machine slow each other
   down, so ``validate`` predicts with the FLOP/s this very model achieves on all ranks at once
   (``workload_tflops``) and also reports the matmul's.
@@ -35,13 +35,14 @@ and the median relative error over plans. Tests check the machinery, never the a
 
 from __future__ import annotations
 
-import os
 import statistics
-import time
 
-from parallel_lab.runtime import launcher
-from parallel_lab.planning import memory, memory_model, planner
+from parallel_lab.hardware import Cluster
 from parallel_lab.parallel3d import train3d
+from parallel_lab.planning import calibration as calib
+from parallel_lab.planning import memory
+from parallel_lab.planning.cost import step_time
+from parallel_lab.runtime import commlog, launcher
 
 GRID_4 = ((1, 2, 2), (2, 2, 1), (2, 1, 2), (1, 4, 1), (1, 1, 4), (4, 1, 1))
 SIZES = {
@@ -49,120 +50,41 @@ SIZES = {
     "hidden 256": dict(layers=4, hidden=256, heads=4, vocab=256, seq=32),
 }
 RUN = dict(batch=16, microbatches=4, schedule="1f1b", optimizer="sgd", lr=0.01, dtype="float32")
-
-
-def cores() -> int:
-    """CPU cores this process may run on (the ranks share them)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+CALIBRATION_SIZES = (2**10, 2**14, 2**18, 2**22)
 
 
 def cluster_from(calibration: dict, world_size: int, value_bytes: int = 4, tflops: float | None = None,
-                 group: int | None = None) -> planner.Cluster:
-    """A one-node ``planner.Cluster`` of ``world_size`` devices with the calibrated constants; the
+                 group: int | None = None) -> Cluster:
+    """A one-node ``Cluster`` of ``world_size`` devices with the calibrated constants; the
     bandwidth is scaled by ``2 / value_bytes`` because the planner counts 2-byte values. ``tflops``
     replaces the calibrated matmul throughput (e.g. by ``workload_tflops``); ``group`` takes the
     all-reduce α–β measured on groups of that size (``calibrate``'s ``groups``) where there is one."""
     constants = calibration.get("groups", {}).get(group, calibration)
     gbps = constants["intra_gbps"] * 2 / value_bytes
-    return planner.Cluster(nodes=1, gpus_per_node=world_size, gpu_mem_gb=1e6, intra_gbps=gbps, inter_gbps=gbps,
+    return Cluster(nodes=1, gpus_per_node=world_size, gpu_mem_gb=1e6, intra_gbps=gbps, inter_gbps=gbps,
                            tflops=tflops or calibration["tflops"], latency_us=constants["latency_us"])
 
 
-def group_all_reduce(size: int, sizes_bytes, repeats: int = 5) -> list[float]:
-    """Rank function: ``planner.all_reduce_in_situ`` in groups of ``size`` consecutive ranks, every
-    group at once (as a plan's tensor- or data-parallel groups run)."""
-    import torch.distributed as dist
-
-    world, rank = dist.get_world_size(), dist.get_rank()
-    groups = [dist.new_group(list(range(start, start + size))) for start in range(0, world, size)]
-    try:
-        return planner.all_reduce_in_situ(sizes_bytes, repeats, group=groups[rank // size])
-    finally:
-        for group in groups:
-            dist.destroy_process_group(group)
+def calibrate(world_size: int = 4, sizes_bytes=CALIBRATION_SIZES, timeout: float = 90.0) -> dict:
+    """``planning.calibration.calibrate`` with ``groups`` on ``world_size`` ranks, messages up to 4 MB (so that
+    the bandwidth is well determined even on a noisy machine): what ``validate`` predicts with."""
+    return calib.calibrate(world_size, sizes_bytes=sizes_bytes, groups=True, timeout=timeout)
 
 
-def calibrate(world_size: int = 4, sizes_bytes=(2**10, 2**14, 2**18, 2**22), timeout: float = 90.0) -> dict:
-    """``planner.calibrate`` on ``world_size`` ranks (messages up to 4 MB, so that the bandwidth is
-    well determined even on a noisy machine), plus
-    ``groups``: the all-reduce α–β per group size (each proper divisor >= 2 of ``world_size``),
-    measured with all groups of that size at once, and ``effective_cores``: how many of the ranks
-    really compute at once here (the sum of their CPU seconds over the wall seconds of a busy loop)."""
-    cal = planner.calibrate(world_size, sizes_bytes=sizes_bytes, timeout=timeout)
-    cal["groups"] = {world_size: {k: cal[k] for k in ("latency_us", "intra_gbps", "all_reduce_s")}}
-    for size in range(2, world_size):
-        if world_size % size == 0:
-            per_rank = launcher.run(group_all_reduce, world_size, args=(size, tuple(sizes_bytes)), timeout=timeout)
-            seconds = [max(r[i] for r in per_rank) for i in range(len(sizes_bytes))]
-            cal["groups"][size] = planner.all_reduce_constants(sizes_bytes, seconds, size)
-    busy = launcher.run(busy_loop, world_size, timeout=timeout)
-    cal["effective_cores"] = min(world_size, sum(cpu for cpu, _ in busy) / max(wall for _, wall in busy))
-    return cal
-
-
-def busy_loop(matmul: int = 128, repeats: int = 400) -> tuple[float, float]:
-    """Rank function: (thread CPU seconds, wall seconds) of ``repeats`` matmuls started together."""
-    import torch
-    import torch.distributed as dist
-
-    a = torch.randn(matmul, matmul)
-    dist.barrier()
-    wall, cpu = time.perf_counter(), time.thread_time()
-    for _ in range(repeats):
-        a = torch.tanh(a @ a)
-    return time.thread_time() - cpu, time.perf_counter() - wall
-
-
-def workload_seconds(cfg: train3d.Config, repeats: int = 3) -> float:
-    """Thread CPU seconds of one micro-batch's forward and backward (``batch / (dp · microbatches)``
-    sequences) through the whole model on one thread, median of ``repeats`` after a warm-up run.
-    Also a rank function: on ranks it starts together with the others (a barrier)."""
-    import torch
-    import torch.distributed as dist
-
-    from parallel_lab import models
-    from parallel_lab.pipeline.profile import one_thread
-
+def workload_tflops(cfg: train3d.Config, world_size: int | None = None) -> float:
+    """``planning.calibration.workload_tflops`` of ``cfg``'s GPT on one micro-batch (``batch / (dp · m)`` rows)."""
     rows = cfg.batch // (cfg.dp * cfg.microbatches)
-    model = models.GPT(cfg.gpt, seed=cfg.seed).to(cfg.torch_dtype)
-    idx, targets = models.random_tokens(cfg.gpt, rows, seed=cfg.seed + 1)
-    if dist.is_initialized():
-        dist.barrier()
-    samples = []
-    with one_thread():
-        for _ in range(repeats + 1):  # the first run warms up
-            start = time.thread_time()
-            models.cross_entropy(model(idx), targets).backward()
-            samples.append(time.thread_time() - start)
-    return statistics.median(samples[1:])
+    return calib.workload_tflops(cfg.gpt, rows, cfg.torch_dtype, cfg.seed, world_size=world_size)
 
 
-def workload_tflops(cfg: train3d.Config, repeats: int = 3, world_size: int | None = None) -> float:
-    """Achieved TFLOP/s of this model: the planner's ``6 · params · tokens`` FLOPs of one micro-batch
-    over ``workload_seconds``. With ``world_size``, measured on that many ranks computing at once
-    and taken from the slowest: simulated devices share the machine's caches, memory bandwidth and,
-    in a virtual machine, the host's cores, so each computes slower than it does alone, and a
-    synchronous step waits for the slowest."""
-    flops = 6 * memory_model.param_count(cfg.layers, cfg.hidden, cfg.vocab, cfg.seq) * \
-        (cfg.batch // (cfg.dp * cfg.microbatches)) * cfg.seq
-    if world_size is None:
-        seconds = workload_seconds(cfg, repeats)
-    else:
-        seconds = max(launcher.run(workload_seconds, world_size, args=(cfg, repeats), timeout=120))
-    return flops / seconds / 1e12
-
-
-def predict(cfg: train3d.Config, cluster: planner.Cluster, n_cores: float | None = None) -> dict:
-    """``planner.step_time`` of ``cfg`` on ``cluster`` (a core per rank), and the bound of ranks that
+def predict(cfg: train3d.Config, cluster: Cluster, n_cores: float | None = None) -> dict:
+    """``planning.cost.step_time`` of ``cfg`` on ``cluster`` (a core per rank), and the bound of ranks that
     share ``n_cores`` cores: all ranks' compute divided by the cores, plus the communication (whose
     constants were measured on the same shared cores). ``step_s`` is the larger; also returned:
     the planner's parts, ``planner_s`` and ``shared_s`` (0 with a core per rank)."""
-    n_cores = cores() if n_cores is None else n_cores
+    n_cores = calib.cores() if n_cores is None else n_cores
     model = memory.ModelConfig("tiny GPT", cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, cfg.seq)
-    parts = planner.step_time(model, cluster, cfg.batch, cfg.dp, cfg.pp, cfg.tp, cfg.microbatches,
+    parts = step_time(model, cluster, cfg.batch, cfg.dp, cfg.pp, cfg.tp, cfg.microbatches,
                               cfg.schedule, cfg.virtual)
     ranks, shared = cfg.world_size, 0.0
     if ranks > n_cores:  # a rank idle in the bubble leaves its core to the others: no bubble term
@@ -173,8 +95,6 @@ def predict(cfg: train3d.Config, cluster: planner.Cluster, n_cores: float | None
 def collective_counts(cfg: train3d.Config) -> dict:
     """Rank function: ``{op: {"count", "bytes"}}`` of every communication call this rank makes in
     ``cfg``'s training (``commlog``), to hold against what the planner counts."""
-    from parallel_lab.runtime import commlog
-
     with commlog.recording() as log:
         train3d.train_rank(cfg)
     return log.as_dict()
@@ -196,7 +116,7 @@ def validate(grid=GRID_4, sizes=None, steps: int = 6, world_size: int = 4, calib
              progress=print, run: dict | None = None) -> dict:
     """Calibrate (unless ``calibration`` is given), then for every model size and (dp, pp, tp) in
     ``grid`` predict and measure a step. Two predictions per plan: with the calibrated matmul
-    throughput (``planner.calibrate`` as is) and with this model's own throughput
+    throughput (``planning.calibration.calibrate`` as is) and with this model's own throughput
     (``workload_tflops``). Returns ``rows`` (``size, dp, pp, tp, predicted_s, measured_s,
     rel_error``, ``predicted_matmul_s``, ``rel_error_matmul``, ``rel_error_given_load`` -- the
     prediction told how many cores the ranks really got during the run -- and the prediction's
@@ -207,7 +127,7 @@ def validate(grid=GRID_4, sizes=None, steps: int = 6, world_size: int = 4, calib
     if calibration is None:
         say(f"calibrating on {world_size} ranks ...")
         calibration = calibrate(world_size)
-    n_cores = min(cores(), calibration.get("effective_cores", cores()))
+    n_cores = min(calib.cores(), calibration.get("effective_cores", calib.cores()))
     rows = []
     for size, shape in sizes.items():
         for dp, pp, tp in grid:

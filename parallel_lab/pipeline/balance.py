@@ -34,13 +34,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from parallel_lab.runtime import launcher
-from parallel_lab.pipeline import partition
-from parallel_lab.pipeline.executor import Executor, Link
+from parallel_lab.hardware import PCIE4, Link
+from parallel_lab.pipeline import partition, profile
+from parallel_lab.pipeline.executor import Executor
 from parallel_lab.pipeline.run import make_spec, report
-from parallel_lab.pipeline.stages import ModelSpec, check_parts, cut_at
-from parallel_lab.pipeline.schedules import Schedule, build, validate
+from parallel_lab.pipeline.schedules import Schedule, build
 from parallel_lab.pipeline.simulate import Costs, simulate
+from parallel_lab.pipeline.stages import ModelSpec, bounds, check_parts, check_stages, cut_at
+from parallel_lab.pipeline.validate import validate
+from parallel_lab.runtime import launcher
 
 # The lesson's real model: a tiny GPT whose vocabulary makes the LM head (projection to 4096 logits
 # and the loss) cost about two transformer blocks, as a 50k-token vocabulary does in a real GPT
@@ -54,7 +56,7 @@ def spec(model: str = "gpt", microbatches: int = 8, rows: int = 2, dtype: str = 
     micro-batch. Raises ValueError (naming the values) before anything starts."""
     base = dict(LESSON_GPT) if model == "gpt" else {}
     base.update({k: v for k, v in sizes.items() if v is not None})
-    return make_spec(model, 1, microbatches, dtype, seed, batch=rows * microbatches, **base)
+    return make_spec(model, microbatches, dtype, seed, batch=rows * microbatches, **base)
 
 
 def piece_names(spec: ModelSpec) -> list[str]:
@@ -81,8 +83,6 @@ def profile_pieces(spec: ModelSpec, microbatches: int = 8, repeats: int = 5) -> 
     """``parallel_lab.pipeline.profile.profile_layers`` of the pieces a pipeline of ``spec`` cuts, on one
     micro-batch (``spec.batch / microbatches`` rows), in ``spec``'s dtype, the loss included in the
     last piece (``WithLoss``): one ``LayerProfile`` per piece, ready for ``partition(..., "time")``."""
-    from parallel_lab.pipeline import profile
-
     pieces, _, _ = spec.pieces()
     x, target = spec.data()
     rows = spec.batch // microbatches
@@ -90,7 +90,7 @@ def profile_pieces(spec: ModelSpec, microbatches: int = 8, repeats: int = 5) -> 
     return profile.profile_layers(pieces, x[:rows], repeats=repeats)
 
 
-def cut_rank(spec: ModelSpec, schedule: Schedule, parts: Sequence[int], link: Link = Link(),
+def cut_rank(spec: ModelSpec, schedule: Schedule, parts: Sequence[int], link: Link = PCIE4,
              warmup: int = 1, steps: int = 1) -> dict:
     """Rank function: ``pipeline.run.pipeline_rank`` with the stages cut at ``parts``. Runs
     ``warmup`` unrecorded steps, then ``steps`` recorded ones and keeps the records of the one
@@ -123,9 +123,9 @@ def cut_rank(spec: ModelSpec, schedule: Schedule, parts: Sequence[int], link: Li
 
 
 def run_cut(spec: ModelSpec, parts: Sequence[int], schedule: str = "1f1b", microbatches: int = 8,
-            link: Link = Link(), warmup: int = 1, steps: int = 1, timeout: float = 60.0) -> dict:
+            link: Link = PCIE4, warmup: int = 1, steps: int = 1, timeout: float = 60.0) -> dict:
     """Run ``schedule`` on ``len(parts) - 1`` ranks with the model cut at ``parts``; returns the
-    ``parallel_lab.pipeline.run_pipeline`` dict (``max_grad_diff``, ``loss_diff`` against one
+    ``parallel_lab.pipeline.run.run_pipeline`` dict (``max_grad_diff``, ``loss_diff`` against one
     process, ``bubble_measured`` on the virtual clock, ``bubble_predicted``, ``costs`` per stage,
     ``timeline``, ...) plus ``parts``. ``spec.batch`` must split into ``microbatches`` equal rows."""
     pieces, _, _ = spec.pieces()
@@ -210,7 +210,6 @@ def step_speedup(loads_before, loads_after, microbatches: int, schedule: str = "
     return makespan(loads_before) / makespan(loads_after)
 
 
-
 # ----------------------------------------------------------------------------------------------
 # What lesson 08 prints and draws.
 
@@ -218,9 +217,6 @@ def step_speedup(loads_before, loads_after, microbatches: int, schedule: str = "
 def default_parts(spec: ModelSpec, n_stages: int) -> list[int]:
     """The cut ``pipeline.stages.cut`` makes (and so ``run_pipeline``): the GPT's embedding on the
     first stage, its head on the last, the blocks spread evenly (the first stages get one more)."""
-    from parallel_lab.pipeline.stages import bounds, check_stages
-
     check_stages(spec, n_stages)
     pieces, head, tail = spec.pieces()
     return [0] + [last for _, last in bounds(len(pieces), head, tail, n_stages)]
-

@@ -4,7 +4,7 @@
     loss = ex.step(x, target)                        # one training step; .grad of every parameter set
     ex.records                                       # per action: wall and virtual start/end, memory
 
-The rank runs exactly the op list that ``schedules.communication(schedule)[rank]`` prints: before an
+The rank runs exactly the op list that ``communication.communication(schedule)[rank]`` prints: before an
 action it waits for the receive the action needs (as the validator assumes), then runs the action,
 then sends (``isend``: sends never block, again as validated). Receives are posted a few ops ahead
 (``Inbox``) so the data can land while the rank computes, and from each peer in the order that peer
@@ -27,7 +27,7 @@ Qi et al. 2023):
 With ``recompute`` (GPipe's re-materialisation) F runs without a graph and keeps only the stage
 input; B or I first runs the forward again.
 
-Recording (``record=True``), see shared/DESIGN.md "Honest timelines on few cores":
+Recording (``record=True``), see ARCHITECTURE.md, "Honest timelines on few cores":
     wall clock     time.perf_counter from a common start (a barrier): what this machine did, with
                    ranks sharing few cores
     virtual clock  an action lasts its thread CPU time (time.thread_time) and starts no earlier than
@@ -41,28 +41,34 @@ from __future__ import annotations
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
 
+from parallel_lab.hardware import PCIE4, Link
+from parallel_lab.pipeline.communication import Comm, communication
+from parallel_lab.pipeline.schedules import Action, Schedule
+from parallel_lab.pipeline.worker import StageWorker
 from parallel_lab.runtime import commlog
-from parallel_lab.pipeline.schedules import Action, Comm, Schedule, communication
-
-from parallel_lab.pipeline.stages import StageWorker
 
 
-@dataclass(frozen=True)
-class Link:
-    """The modelled link between two devices: a message of n bytes costs latency + n / bandwidth
-    seconds on the virtual clock. Defaults: roughly PCIe 4.0 x16 (10 us, 25 GB/s)."""
+class StageSpec(Protocol):
+    """What an Executor needs to know about the model it runs, whoever built the stages
+    (``pipeline.stages.ModelSpec`` for the course models, ``parallel3d.train3d`` for a 3D replica):
 
-    latency: float = 10e-6
-    bandwidth: float = 25e9
+    batch:            rows of the whole batch a step sees; a micro-batch is ``batch / m`` of them
+    torch_dtype:      the dtype of the tensors that cross between stages
+    loss(out, target): the mean loss of one micro-batch, a scalar (the last stage computes it)
+    boundary_shape(rows): the shape of what crosses between two stages for ``rows`` rows
+    """
 
-    def cost(self, nbytes: int) -> float:
-        return self.latency + nbytes / self.bandwidth
+    batch: int
+    torch_dtype: torch.dtype
+
+    def loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor: ...
+
+    def boundary_shape(self, rows: int) -> tuple[int, ...]: ...
 
 
 class Op(NamedTuple):
@@ -182,7 +188,7 @@ class Executor:
     """Runs ``schedule``'s actions for the stages this rank holds, one training step per ``step``.
 
     stages:  {stage index: parallel_lab.pipeline.stages.Stage} for this rank's stages
-    spec:    the ModelSpec (loss, boundary shape, dtype)
+    spec:    a ``StageSpec`` (loss, boundary shape, dtype, batch rows)
     record:  keep ``records`` (both clocks, memory) and send virtual timestamps beside tensors
     link:    the modelled link for the virtual clock
     check:   validate the schedule first (False only to demonstrate a hang)
@@ -195,8 +201,8 @@ class Executor:
              without tags the messages of a pair match in order, as on NCCL
     """
 
-    def __init__(self, schedule: Schedule, stages: dict, spec, rank: int, *, recompute: bool = False,
-                 record: bool = False, link: Link = Link(), check: bool = True, prefetch: int = 4,
+    def __init__(self, schedule: Schedule, stages: dict, spec: StageSpec, rank: int, *, recompute: bool = False,
+                 record: bool = False, link: Link = PCIE4, check: bool = True, prefetch: int = 4,
                  fuse: bool = True, peers=None, tags: bool | None = None):
         self.schedule, self.spec, self.rank = schedule, spec, rank
         self.m, self.n_stages = schedule.n_microbatches, schedule.n_stages

@@ -31,19 +31,19 @@ the bubble). DeepSpeed's earlier releases searched for the same bottleneck by bi
 
 from __future__ import annotations
 
-import numbers
 import re
 from typing import Sequence
 
 import numpy as np
 from torch import nn
 
+from parallel_lab.checks import positive_int
+
 METHODS = ("uniform", "parameters", "type:<regex>", "time")
 
 
 def _check_stages(n_layers: int, stages) -> int:
-    if isinstance(stages, bool) or not isinstance(stages, numbers.Integral) or stages < 1:
-        raise ValueError(f"stages must be a positive integer, got stages {stages!r}")
+    positive_int("stages", stages)
     if n_layers < 1:
         raise ValueError("cannot partition an empty list of layers")
     if stages > n_layers:

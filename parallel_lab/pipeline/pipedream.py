@@ -29,11 +29,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.func import functional_call
 
-from parallel_lab.runtime import launcher
-from parallel_lab.pipeline.schedules import one_f_one_b
-
 from parallel_lab.pipeline.executor import Executor, _tag, message, program
+from parallel_lab.pipeline.schedules import one_f_one_b
 from parallel_lab.pipeline.stages import ModelSpec, cut
+from parallel_lab.runtime import launcher
 
 MODES = ("no-stash", "stash", "flush")
 
@@ -242,3 +241,48 @@ def compare_modes(stages: int = 4, steps: int = 3, microbatches: int = 4, lr: fl
             "diff_vs_replay": _max_diff(weights, replay),
         }
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Weight versions read off the schedule (no processes): what lesson 07 and its quiz compare with.
+
+
+def expected_versions(stages: int, steps: int, microbatches: int) -> dict:
+    """The weight versions of ``pipedream.compare_modes``, read off the schedule (no processes):
+    per mode, per stage, ``(microbatch, forward version, backward version)``.
+
+    Asynchronous 1F1B updates a stage after each of its backwards, which it runs in microbatch
+    order, so B of microbatch j sees j updates when nothing is stashed; F of j sees the backwards
+    that came before it (``forward_versions``). Stashing makes B use F's version. The flushed
+    schedule updates once per step: step t's microbatches all use version t."""
+    n = steps * microbatches
+    fwd = forward_versions(stages, n)
+    return {
+        "no-stash": [[(j, fwd[s][j], j) for j in range(n)] for s in range(stages)],
+        "stash": [[(j, fwd[s][j], fwd[s][j]) for j in range(n)] for s in range(stages)],
+        "flush": [[(j, j // microbatches, j // microbatches) for j in range(n)] for s in range(stages)],
+    }
+
+
+def staleness(stages: int, stage: int) -> float:
+    """Updates stage ``stage`` applies between a microbatch's forward and its backward in the steady
+    state of asynchronous 1F1B: p - 1 - s (read off the schedule, as in ``expected_versions``)."""
+    n = 2 * stages + 1  # past the warm-up
+    forward, backward = expected_versions(stages, 1, n)["no-stash"][stage][-1][1:]
+    return float(backward - forward)
+
+
+def stashed_versions(stages: int, stage: int, microbatches: int | None = None) -> float:
+    """Most weight versions stage ``stage`` holds at once with weight stashing: the current one and
+    every older one a microbatch in flight still needs (p - s once the pipeline is full). Walks
+    the 1F1B order of the stage, as ``pipedream.AsyncStage`` does on a rank."""
+    n = microbatches or 2 * stages + 1
+    current, inflight, peak = 0, {}, 1
+    for a in one_f_one_b(stages, n).ranks[stage]:
+        if a.kind == "F":
+            inflight[a.microbatch] = current
+            peak = max(peak, len(set(inflight.values()) | {current}))
+        else:
+            inflight.pop(a.microbatch)
+            current += 1
+    return float(peak)

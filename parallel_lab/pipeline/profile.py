@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from parallel_lab import models
+
 
 @dataclass(frozen=True)
 class LayerProfile:
@@ -152,8 +154,6 @@ def profile_layers(model, inputs, repeats: int = 5, warmup: int = 1, seed: int =
 def profile_course_model(kind: str = "gpt", batch: int = 4, repeats: int = 5, **config) -> list[LayerProfile]:
     """Profile a course model from ``parallel_lab.models``: ``"gpt"`` (``GPTConfig(**config)``) or
     ``"mlp"`` (an ``nn.Sequential`` of ``layers`` MLP blocks of width ``hidden``)."""
-    from parallel_lab import models
-
     if kind == "gpt":
         cfg = models.GPTConfig(**config)
         return profile_layers(models.GPT(cfg), models.random_tokens(cfg, batch)[0], repeats=repeats)

@@ -1,10 +1,10 @@
 """``parallel-lab run pipeline``: a schedule on real ranks, checked against one process and the simulator.
 
     from parallel_lab.pipeline import run_pipeline
-    result = run_pipeline("1f1b", stages=4, microbatches=8, trace="1f1b.json")
+    result = run_pipeline("1f1b", ranks=4, microbatches=8, trace="1f1b.json")
     result["max_grad_diff"], result["bubble_measured"], result["bubble_predicted"]
 
-What happens (the four uses of one schedule, shared/DESIGN.md):
+What happens (the four uses of one schedule, ARCHITECTURE.md):
 1. everything is checked here, before a process starts: the schedule (``schedules.build`` and
    ``validate``), the model sizes, that the batch splits into equal microbatches, the world size;
 2. every rank (``pipeline_rank``) rebuilds the same model from the seed, keeps its stages, and runs
@@ -22,19 +22,20 @@ ranks share fewer cores than there are ranks.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 
 import torch
 import torch.distributed as dist
 
-from parallel_lab.runtime import launcher
-from parallel_lab.pipeline.schedules import Action, Schedule, build, validate
+from parallel_lab.hardware import PCIE4, Link
+from parallel_lab.pipeline.executor import Executor
+from parallel_lab.pipeline.schedules import Action, Schedule, build
 from parallel_lab.pipeline.simulate import Costs, simulate
-
-from parallel_lab.pipeline.executor import Executor, Link
 from parallel_lab.pipeline.stages import DTYPES, ModelSpec, check_stages, cut, reference
+from parallel_lab.pipeline.trace import write_trace
+from parallel_lab.pipeline.validate import validate
+from parallel_lab.runtime import launcher
 
 DEFAULTS = {"mlp": dict(hidden=32, layers=8), "gpt": dict(hidden=32, layers=4, heads=2, seq=8, vocab=32)}
 ROWS_PER_MICROBATCH = {"mlp": 4, "gpt": 2}
@@ -52,7 +53,7 @@ def build_executor(spec: ModelSpec, schedule: Schedule, rank: int, **options) ->
     return Executor(schedule, stages, spec, rank, **options)
 
 
-def pipeline_rank(spec: ModelSpec, schedule: Schedule, recompute: bool = False, link: Link = Link(),
+def pipeline_rank(spec: ModelSpec, schedule: Schedule, recompute: bool = False, link: Link = PCIE4,
                   warmup: int = 1, check: bool = True, grads: bool = True, fuse: bool = True,
                   tags: bool | None = None) -> dict:
     """Rank function: ``warmup`` unrecorded steps, then one recorded step. Returns this rank's
@@ -79,7 +80,7 @@ def pipeline_rank(spec: ModelSpec, schedule: Schedule, recompute: bool = False, 
 # Checks before anything starts.
 
 
-def make_spec(model: str, stages: int, microbatches: int, dtype, seed: int, **sizes) -> ModelSpec:
+def make_spec(model: str, microbatches: int, dtype, seed: int, **sizes) -> ModelSpec:
     """The ModelSpec of a run, with the course defaults filled in; raises ValueError naming the
     broken invariant with its values."""
     if model not in DEFAULTS:
@@ -95,12 +96,18 @@ def make_spec(model: str, stages: int, microbatches: int, dtype, seed: int, **si
     return ModelSpec(model=model, batch=batch, seed=seed, dtype=name, **{**DEFAULTS[model], **given})
 
 
-def plan(schedule="1f1b", stages=4, microbatches=8, model="mlp", virtual=1, dtype=torch.float64,
-         seed=0, **sizes) -> tuple[Schedule, ModelSpec]:
-    """The validated schedule and model of a run (raises ScheduleError / ValueError; starts nothing)."""
-    launcher.check_world_size(stages)
-    sched = validate(build(schedule, stages, microbatches, virtual))
-    spec = make_spec(model, stages, microbatches, dtype, seed, **sizes)
+def plan(schedule: str | Schedule = "1f1b", ranks: int = 4, microbatches: int = 8, model: str = "mlp",
+         virtual: int = 1, dtype=torch.float64, seed: int = 0, **sizes) -> tuple[Schedule, ModelSpec]:
+    """The validated schedule and model of a run (raises ScheduleError / ValueError; starts nothing).
+    ``schedule`` is a name, built for ``ranks``, ``microbatches`` and ``virtual``, or a Schedule
+    (a student's, say), which carries its own."""
+    if isinstance(schedule, Schedule):
+        sched = validate(schedule)
+    else:
+        launcher.check_world_size(ranks)
+        sched = validate(build(schedule, ranks, microbatches, virtual))
+    launcher.check_world_size(sched.n_ranks)
+    spec = make_spec(model, sched.n_microbatches, dtype, seed, **sizes)
     check_stages(spec, sched.n_stages)
     return sched, spec
 
@@ -109,25 +116,26 @@ def plan(schedule="1f1b", stages=4, microbatches=8, model="mlp", virtual=1, dtyp
 # The parent side.
 
 
-def run_pipeline(schedule: str = "1f1b", stages: int = 4, microbatches: int = 8, model: str = "mlp",
+def run_pipeline(schedule: str | Schedule = "1f1b", ranks: int = 4, microbatches: int = 8, model: str = "mlp",
                  virtual: int = 1, recompute: bool = False, trace: str | None = None, dtype=torch.float64,
                  seed: int = 0, *, hidden: int | None = None, layers: int | None = None,
-                 batch: int | None = None, link: Link = Link(), warmup: int = 1,
+                 batch: int | None = None, link: Link = PCIE4, warmup: int = 1,
                  timeout: float = 60.0) -> dict:
-    """``parallel-lab run pipeline --json``: run ``schedule`` on ``stages`` ranks, check it, predict it.
+    """``parallel-lab run pipeline --json``: run ``schedule`` on ``ranks`` ranks, check it, predict it.
 
-    stages is p, the number of ranks (model stages: p, or p*virtual, or 2p for zb-v). Returns
+    ranks is p (model stages: p, or p*virtual, or 2p for zb-v); a Schedule object brings its own p, m
+    and v (see ``plan``). Returns
     ``schedule, stages, microbatches, max_grad_diff, loss_diff, bubble_measured (virtual clock),
     bubble_predicted, bubble_wall (wall clock), peak_activations`` (per model stage, measured) and
     more: ``peak_activations_predicted``, ``peak_bytes``, ``bytes_sent`` per rank, per-stage
     ``costs`` and ``timeline`` (``virtual``, ``wall``, ``predicted``: per rank ``[action, start,
     end]``; ``memory``: per stage ``[time on the virtual clock, stashed, bytes]``).
     """
-    sched, spec = plan(schedule, stages, microbatches, model, virtual, dtype, seed,
+    sched, spec = plan(schedule, ranks, microbatches, model, virtual, dtype, seed,
                        hidden=hidden, layers=layers, batch=batch)
     kwargs = dict(spec=spec, schedule=sched, recompute=recompute, link=link, warmup=warmup)
-    ranks = launcher.run(pipeline_rank, stages, kwargs=kwargs, timeout=timeout)
-    return report(sched, spec, ranks, recompute=recompute, link=link, trace=trace)
+    answers = launcher.run(pipeline_rank, sched.n_ranks, kwargs=kwargs, timeout=timeout)
+    return report(sched, spec, answers, recompute=recompute, link=link, trace=trace)
 
 
 def pipeline_jobs(jobs: list[dict]) -> list[dict]:
@@ -136,7 +144,7 @@ def pipeline_jobs(jobs: list[dict]) -> list[dict]:
 
 
 def report(sched: Schedule, spec: ModelSpec, ranks: list[dict], *, recompute: bool = False,
-           link: Link = Link(), trace=None) -> dict:
+           link: Link = PCIE4, trace=None) -> dict:
     """The run_pipeline dict from the ranks' answers: compared with ``stages.reference(spec)``,
     analysed against the simulator, and written to ``trace`` when given."""
     result = {
@@ -233,53 +241,3 @@ def memory_series(schedule: Schedule, ranks: list[dict]) -> list[list]:
             t = rec["virtual"][0] if a.kind == "F" else rec["virtual"][1]
             series[a.stage].append([_round(t), rec["stashed"], rec["bytes"]])
     return series
-
-
-# ----------------------------------------------------------------------------------------------
-# Chrome / Perfetto trace.
-
-
-def chrome_trace(result: dict) -> dict:
-    """The run as a Chrome trace (open in https://ui.perfetto.dev or chrome://tracing).
-
-    One process per rank with three labelled tracks: the virtual clock, the wall clock and the
-    simulator's prediction (all in microseconds from the common start), plus one counter per model
-    stage for its stashed activations on the virtual clock.
-    """
-    tracks = {"virtual": (1, "virtual clock: thread CPU time + modelled link (p dedicated devices)"),
-              "wall": (2, f"wall clock: {result['clocks']['wall']}"),
-              "predicted": (3, "predicted: simulator fed the measured per-stage costs")}
-    events = []
-    timeline = result["timeline"]
-    for rank in range(result["stages"]):
-        events.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
-        for clock, (tid, name) in tracks.items():
-            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}})
-            for action, start, end in timeline[clock][rank]:
-                a = Action.parse(action)
-                events.append({"ph": "X", "name": action, "cat": a.kind, "pid": rank, "tid": tid,
-                               "ts": round(start * 1e6, 3), "dur": round((end - start) * 1e6, 3),
-                               "args": {"stage": a.stage, "kind": a.kind, "microbatch": a.microbatch,
-                                        "clock": clock}})
-    owner = _stage_owner(result)
-    for stage, series in enumerate(timeline["memory"]):
-        for t, count, nbytes in series:
-            events.append({"ph": "C", "name": f"stage {stage} activations (virtual clock)",
-                           "pid": owner[stage], "ts": round(t * 1e6, 3),
-                           "args": {"stashed microbatches": count, "MB": round(nbytes / 1e6, 6)}})
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {k: result[k] for k in ("schedule", "stages", "microbatches", "model",
-                                                 "bubble_measured", "bubble_predicted", "bubble_wall")}}
-
-
-def _stage_owner(result: dict) -> list[int]:
-    owner = [0] * result["model_stages"]
-    for rank, timed in enumerate(result["timeline"]["virtual"]):
-        for action, _, _ in timed:
-            owner[Action.parse(action).stage] = rank
-    return owner
-
-
-def write_trace(result: dict, path) -> None:
-    with open(path, "w") as f:
-        json.dump(chrome_trace(result), f, separators=(",", ":"))

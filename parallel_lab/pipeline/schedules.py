@@ -2,8 +2,9 @@
 
 A schedule is a pure function of integers (ranks p, microbatches m, virtual stages v) that returns,
 for every rank, the order in which it runs forward and backward passes of its model stages. The same
-object is validated here, turned into send/recv lists here (`communication`), simulated in
-`parallel_lab.pipeline.simulate`, executed on real ranks, and drawn. Nothing in this module starts a process.
+object is validated (``pipeline.validate``), turned into send/recv lists (``pipeline.communication``),
+simulated (``pipeline.simulate``), executed on real ranks (``pipeline.executor``) and drawn
+(``parallel_lab.show.pipeline``). Nothing in this module starts a process.
 
 Action kinds (PyTorch `torch.distributed.pipelining` notation, `{stage}{kind}{microbatch}`, e.g. `1F3`):
     F  forward of one microbatch through one stage
@@ -25,6 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Iterable, Iterator, Mapping, NamedTuple, Sequence
+
+from parallel_lab.checks import positive_int
 
 KINDS = ("F", "B", "I", "W")
 MAX_STAGES = 64  # caps for `build`: keep validation and simulation interactive on a laptop
@@ -143,15 +146,12 @@ class Schedule:
 
 def _check_positive(name: str, **values: int) -> None:
     for key, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ScheduleError(f"{name} needs an integer {key}, got {key} {value!r}")
-        if value < 1:
-            raise ScheduleError(f"{name} needs {key} >= 1, got {key} {value}")
+        positive_int(key, value, error=ScheduleError, context=f"{name}: ")
 
 
-def _check_caps(stages: int, microbatches: int, virtual: int) -> None:
+def _check_caps(ranks: int, microbatches: int, virtual: int) -> None:
     for key, value, cap in (
-        ("stages", stages, MAX_STAGES),
+        ("ranks", ranks, MAX_STAGES),
         ("microbatches", microbatches, MAX_MICROBATCHES),
         ("virtual", virtual, MAX_VIRTUAL),
     ):
@@ -214,7 +214,7 @@ def naive(p: int) -> Schedule:
 
     Rank r runs `rF0` then `rB0`; only one rank works at a time, so the bubble is (p-1)/p.
     """
-    _check_positive("naive", stages=p)
+    _check_positive("naive", ranks=p)
     return _make("naive", p, 1, 1, range(p), ([Action(r, "F", 0), Action(r, "B", 0)] for r in range(p)))
 
 
@@ -226,7 +226,7 @@ def gpipe(p: int, m: int) -> Schedule:
     (with equal costs the reverse order gives the same makespan). Peak stash: m microbatches on
     every stage. Bubble fraction (p-1)/(m+p-1).
     """
-    _check_positive("gpipe", stages=p, microbatches=m)
+    _check_positive("gpipe", ranks=p, microbatches=m)
     rows = (_actions(r, "F", range(m)) + _actions(r, "B", range(m)) for r in range(p))
     return _make("gpipe", p, m, 1, range(p), rows)
 
@@ -246,7 +246,7 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     more than min(m, p-r) microbatches instead of m. Works for any m >= 1 (m < p just means shorter
     steady state).
     """
-    _check_positive("1f1b", stages=p, microbatches=m)
+    _check_positive("1f1b", ranks=p, microbatches=m)
     return _make("1f1b", p, m, 1, range(p), (_one_f_one_b_rank(r, p, m) for r in range(p)))
 
 
@@ -284,10 +284,10 @@ def interleaved_1f1b(p: int, m: int, v: int) -> Schedule:
     price of v times more point-to-point messages. Needs m % p == 0 (Megatron's constraint:
     microbatches move through the chunks in groups of p). With v = 1 this is exactly 1F1B.
     """
-    _check_positive("interleaved-1f1b", stages=p, microbatches=m, virtual=v)
+    _check_positive("interleaved-1f1b", ranks=p, microbatches=m, virtual=v)
     if m % p != 0:
         raise ScheduleError(
-            f"interleaved-1f1b needs microbatches % stages == 0, got microbatches {m}, stages {p}"
+            f"interleaved-1f1b needs microbatches % ranks == 0, got microbatches {m}, ranks {p}"
         )
     stage_to_rank = [s % p for s in range(p * v)]
     rows = (_interleaved_rank(r, p, m, v) for r in range(p))
@@ -316,7 +316,7 @@ def zb_h1(p: int, m: int) -> Schedule:
     (p-1)/(3m) of the ideal time 3mF. Activations are freed by I (the paper's accounting: W keeps only
     the small M_W), so stage r stashes at most min(m, p-r) microbatches, exactly as 1F1B.
     """
-    _check_positive("zb-h1", stages=p, microbatches=m)
+    _check_positive("zb-h1", ranks=p, microbatches=m)
     return _make("zb-h1", p, m, 1, range(p), (_zb_h1_rank(r, p, m) for r in range(p)))
 
 
@@ -356,7 +356,7 @@ def zb_v(p: int, m: int) -> Schedule:
     >= m are dropped (removing whole microbatches keeps every remaining dependency in order).
     Peak activation memory per rank is that of 1F1B (2p half-size stashes = p full ones).
     """
-    _check_positive("zb-v", stages=p, microbatches=m)
+    _check_positive("zb-v", ranks=p, microbatches=m)
     stage_to_rank = [s if s < p else 2 * p - 1 - s for s in range(2 * p)]
     return _make("zb-v", p, m, 2, stage_to_rank, (_zb_v_rank(r, p, m) for r in range(p)))
 
@@ -371,10 +371,10 @@ SCHEDULES = {
 }
 
 
-def build(name: str, stages: int, microbatches: int, virtual: int = 1) -> Schedule:
+def build(name: str, ranks: int, microbatches: int, virtual: int = 1) -> Schedule:
     """Build a schedule by CLI name, checking parameters first (`parallel-lab schedule NAME ...`).
 
-    stages:        p, the number of pipeline RANKS (the CLI's `--stages P`). Total model stages are
+    ranks:         p, the number of pipeline ranks (the CLI's `--ranks P`, alias `--stages`). Model stages are
                    p for most schedules, p * virtual for interleaved-1f1b, and 2p for zb-v.
     microbatches:  m; naive needs m == 1; interleaved-1f1b needs m % p == 0.
     virtual:       stages per rank; only interleaved-1f1b takes it (zb-v always has 2, and accepts
@@ -382,286 +382,66 @@ def build(name: str, stages: int, microbatches: int, virtual: int = 1) -> Schedu
     """
     if name not in SCHEDULES:
         raise ScheduleError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
-    _check_positive(name, stages=stages, microbatches=microbatches, virtual=virtual)
-    _check_caps(stages, microbatches, virtual)
+    _check_positive(name, ranks=ranks, microbatches=microbatches, virtual=virtual)
+    _check_caps(ranks, microbatches, virtual)
     if name == "naive":
         if microbatches != 1:
             raise ScheduleError(
                 f"naive runs the whole batch as one microbatch, got microbatches {microbatches} "
                 "(use gpipe to split the batch)"
             )
-        return naive(stages)
+        return naive(ranks)
     if name == "interleaved-1f1b":
-        return interleaved_1f1b(stages, microbatches, virtual)
+        return interleaved_1f1b(ranks, microbatches, virtual)
     allowed = (1, 2) if name == "zb-v" else (1,)
     if virtual not in allowed:
         raise ScheduleError(f"{name} has a fixed {allowed[-1]} stage(s) per rank, got virtual {virtual}")
-    return SCHEDULES[name](stages, microbatches)
+    return SCHEDULES[name](ranks, microbatches)
 
 
 # --------------------------------------------------------------------------------------------
-# Validation
+# From plain lists (a student's, a notebook's) to a Schedule
 # --------------------------------------------------------------------------------------------
 
 
-def _inputs(s: int, kind: str, j: int, n_stages: int) -> tuple[tuple[int, str, int], ...]:
-    """Keys of what action (s, kind, j) consumes. Key kind "G" is the input-gradient pass of a
-    (stage, microbatch): its B, or its I when the backward is split.
+def _action(item, rank: int, position: int) -> Action | None:
+    if item is None or item == ".":
+        return None
+    if isinstance(item, Action):
+        return item
+    if isinstance(item, str):
+        try:
+            return Action.parse(item)
+        except ScheduleError as err:
+            raise ScheduleError(f"rank {rank}, position {position}: {err}") from None
+    if isinstance(item, tuple) and len(item) == 3:
+        return Action(*item)
+    raise ScheduleError(f"rank {rank}, position {position}: expected an action like '0F1' (a string) or "
+                        f"an Action, got {type(item).__name__} {item!r}")
 
-    F(s,j) needs F(s-1,j); B or I (s,j) needs F(s,j) and G(s+1,j); W(s,j) needs G(s,j) = I(s,j).
+
+def as_schedule(ranks, p: int, m: int, name: str = "my schedule") -> Schedule:
+    """A Schedule of ``p`` ranks (stage r on rank r) and ``m`` micro-batches from plain data.
+
+    ranks: one entry per rank (a list, or a dict rank -> entry), each an ordered list of actions as
+    strings (``"1F3"``: stage 1, forward, micro-batch 3), ``Action``s, ``(stage, kind, micro-batch)``
+    tuples, or None / ``"."`` for an idle slot; a single string ``"0F0 0F1 0B0"`` works too.
+    Raises ScheduleError naming the rank and position of anything it cannot read. The result is not
+    validated: call ``pipeline.validate.validate`` (which names the first broken action).
     """
-    if kind == "F":
-        return ((s - 1, "F", j),) if s > 0 else ()
-    if kind == "W":
-        return ((s, "G", j),)
-    return ((s, "F", j), (s + 1, "G", j)) if s + 1 < n_stages else ((s, "F", j),)
-
-
-def _describe(key: tuple[int, str, int], where: Mapping) -> str:
-    s, kind, j = key
-    if kind == "G":
-        kind = "B" if (s, "B", j) in where else "I"
-    return f"{Action(s, kind, j)} (stage {s}, microbatch {j})"
-
-
-def _error(schedule: Schedule, message: str, mark: tuple[int, int] | None = None) -> ScheduleError:
-    """A ScheduleError whose message ends with the grid, the offending cell marked `>1B3<`."""
-    rows = None if mark is None else (mark[1] - 8, mark[1] + 8)
-    return ScheduleError(f"{schedule.name}: {message}\n{format_grid(schedule, mark=mark, rows=rows)}")
-
-
-def _check_structure(schedule: Schedule) -> None:
-    p, m, n_stages = schedule.n_ranks, schedule.n_microbatches, schedule.n_stages
-    owner = schedule.stage_to_rank
-    if len(schedule.ranks) != p:
-        raise _error(schedule, f"has {len(schedule.ranks)} rank lists, expected n_ranks {p}")
-    bad = [s for s, r in enumerate(owner) if not 0 <= r < p]
-    if bad:
-        raise _error(schedule, f"stage {bad[0]} maps to rank {owner[bad[0]]}, not in 0..{p - 1}")
-    for rank, step, a in schedule.actions():
-        if not isinstance(a, Action) or a.kind not in KINDS:
-            problem = f"is not an Action with kind in {KINDS}"
-        elif not (0 <= a.stage < n_stages and 0 <= a.microbatch < m):
-            problem = f"is out of range (stages 0..{n_stages - 1}, microbatches 0..{m - 1})"
-        elif owner[a.stage] != rank:
-            problem = f"is on rank {rank} but stage {a.stage} lives on rank {owner[a.stage]}"
-        else:
-            continue
-        raise _error(schedule, f"rank {rank}, step {step}: {a} {problem}", (rank, step))
-
-
-def _index(schedule: Schedule) -> dict[tuple[int, str, int], tuple[int, int]]:
-    """(stage, kind, microbatch) -> (rank, step), plus "G" keys for B/I; rejects duplicates and a
-    full backward B mixed with split I/W for the same (stage, microbatch)."""
-    where: dict[tuple[int, str, int], tuple[int, int]] = {}
-    backward: dict[tuple[int, int], tuple[bool, int, int]] = {}  # (stage, mb) -> (is B, rank, step)
-    for rank, step, a in schedule.actions():
-        s, kind, j = a
-        if a in where:
-            r0, s0 = where[a]
-            message = f"rank {rank}, step {step}: {a} appears twice (first at rank {r0}, step {s0})"
-            raise _error(schedule, message, (rank, step))
-        if kind != "F":
-            full, r0, s0 = backward.setdefault((s, j), (kind == "B", rank, step))
-            if full != (kind == "B"):
-                raise _error(
-                    schedule,
-                    f"rank {rank}, step {step}: {a} mixes full backward B with split I/W for stage {s}, "
-                    f"microbatch {j} ({schedule.ranks[r0][s0]} is at rank {r0}, step {s0})",
-                    (rank, step),
-                )
-        where[a] = (rank, step)
-        if kind == "B" or kind == "I":
-            where[s, "G", j] = (rank, step)
-    return where
-
-
-def _check_complete(schedule: Schedule, where: Mapping) -> None:
-    for s in range(schedule.n_stages):
-        for j in range(schedule.n_microbatches):
-            if (s, "F", j) not in where:
-                missing = "F"
-            elif (s, "B", j) in where:
-                continue
-            elif (s, "I", j) in where or (s, "W", j) in where:
-                missing = "I" if (s, "I", j) not in where else "W" if (s, "W", j) not in where else None
-            else:
-                missing = "B"
-            if missing:
-                raise _error(
-                    schedule,
-                    f"{_describe((s, missing, j), where)} is missing (expected on rank "
-                    f"{schedule.stage_to_rank[s]}); every (stage, microbatch) needs one F and either one B "
-                    "or one I and one W",
-                )
-
-
-def _run_dataflow(schedule: Schedule, where: Mapping) -> dict[int, tuple[int, Action, tuple]]:
-    """Execute the schedule symbolically; return {rank: (step, action, awaited key)} of stuck ranks.
-
-    Each rank runs its actions in order and blocks on an action until every input exists (a
-    blocking recv); results are sent asynchronously (isend, as in torch.distributed.pipelining), so
-    sends never block. A blocked rank parks on the input it misses (key stage*m + microbatch for an
-    activation, ~key for a gradient) and resumes when it is produced: O(actions). An input missing
-    from the rank's own past is an order error, raised at once. Empty result = no deadlock.
-    """
-    n_stages, m, ranks = schedule.n_stages, schedule.n_microbatches, schedule.ranks
-    owner = schedule.stage_to_rank
-    fwd_done, grad_done = [False] * (n_stages * m), [False] * (n_stages * m)
-    pos = [0] * len(ranks)
-    parked: dict[int, list[int]] = {}
-    ready = list(range(len(ranks)))
-    while ready:
-        rank = ready.pop()
-        actions, i = ranks[rank], pos[rank]
-        while i < len(actions):
-            a = actions[i]
-            if a is not None:
-                s, kind, j = a
-                key = s * m + j
-                if kind == "F":
-                    wait = key - m if s > 0 and not fwd_done[key - m] else None
-                elif kind == "W":
-                    wait = ~key if not grad_done[key] else None
-                elif not fwd_done[key]:
-                    wait = key
-                else:
-                    wait = ~(key + m) if s + 1 < n_stages and not grad_done[key + m] else None
-                if wait is not None:
-                    if owner[(wait if wait >= 0 else ~wait) // m] == rank:
-                        _raise_order_error(schedule, where, rank, i, a)
-                    parked.setdefault(wait, []).append(rank)
-                    break
-                if kind == "F":
-                    fwd_done[key] = True
-                    ready.extend(parked.pop(key, ()))
-                elif kind != "W":
-                    grad_done[key] = True
-                    ready.extend(parked.pop(~key, ()))
-            i += 1
-        pos[rank] = i
-    return {
-        rank: (pos[rank], a, _first_missing(a, n_stages, fwd_done, grad_done, m))
-        for rank, actions in enumerate(ranks)
-        if pos[rank] < len(actions)
-        for a in [actions[pos[rank]]]
-    }
-
-
-def _first_missing(a: Action, n_stages: int, fwd_done, grad_done, m: int) -> tuple[int, str, int]:
-    for s, kind, j in _inputs(*a, n_stages):
-        if not (fwd_done if kind == "F" else grad_done)[s * m + j]:
-            return (s, kind, j)
-    raise AssertionError(f"{a} is not waiting for anything")
-
-
-def _raise_order_error(schedule: Schedule, where: Mapping, rank: int, step: int, a: Action) -> None:
-    for need in _inputs(*a, schedule.n_stages):
-        r0, s0 = where[need]
-        if r0 == rank and s0 > step:
-            raise _error(
-                schedule,
-                f"rank {rank}, step {step}: {a} runs before its input {_describe(need, where)}, "
-                f"which comes later on the same rank (step {s0})",
-                (rank, step),
-            )
-    raise AssertionError(f"rank {rank}, step {step}: {a} blocked on its own rank without an order error")
-
-
-def _deadlock_message(stuck: Mapping[int, tuple], where: Mapping) -> tuple[str, tuple[int, int]]:
-    """Follow the chain of waits from the earliest stuck action until it closes into a cycle."""
-    first = min(stuck, key=lambda r: (stuck[r][0], r))
-    parts, seen, rank = [], set(), first
-    while rank in stuck and rank not in seen:
-        seen.add(rank)
-        step, a, missing = stuck[rank]
-        source = where[missing][0]
-        need = _describe(missing, where)
-        parts.append(f"rank {rank}, step {step}: {a} waits for its input {need} from rank {source}")
-        rank = source
-    cycle = f"; back to rank {rank}, a cycle" if rank in seen else ""
-    return "no rank can progress (deadlock): " + "; ".join(parts) + cycle, (first, stuck[first][0])
-
-
-def validate(schedule: Schedule) -> Schedule:
-    """Check every invariant of a schedule; return it unchanged or raise ScheduleError.
-
-    1. shape: one list per rank, actions in range, each action on the rank that owns its stage;
-    2. completeness: per (stage, microbatch) exactly one F and either one B or one I and one W;
-    3. order on one rank: an action never precedes one of its inputs on the same rank
-       (F(s-1) before F(s), F before B/I, B/I of stage s+1 before B/I of s, I before W);
-    4. deadlock freedom: executing with blocking receives (sends are asynchronous) finishes.
-    The message names the first offending action (rank, step, action) and shows the grid around it
-    with that cell marked `>1B3<`.
-    """
-    _check_structure(schedule)
-    where = _index(schedule)
-    _check_complete(schedule, where)
-    stuck = _run_dataflow(schedule, where)
-    if stuck:
-        message, mark = _deadlock_message(stuck, where)
-        raise _error(schedule, message, mark)
-    return schedule
-
-
-# --------------------------------------------------------------------------------------------
-# Communication: the send/recv ops a real executor performs around each action
-# --------------------------------------------------------------------------------------------
-
-
-class Comm(NamedTuple):
-    """A point-to-point op: `op` "send"/"recv" of `tensor` "act" (activation) or "grad" (its gradient).
-
-    stage is the local stage that sends or receives, peer_stage the other end, peer its rank.
-    str() follows PyTorch's `_add_send_recv`: `0SEND_F3`, `1RECV_F3`, `1SEND_B3`, `0RECV_B3`.
-    """
-
-    op: str
-    tensor: str
-    stage: int
-    peer: int
-    peer_stage: int
-    microbatch: int
-
-    def __str__(self) -> str:
-        return f"{self.stage}{self.op.upper()}_{'F' if self.tensor == 'act' else 'B'}{self.microbatch}"
-
-
-def _recvs(a: Action, stage_to_rank: Sequence[int]) -> list[Comm]:
-    rank, last = stage_to_rank[a.stage], len(stage_to_rank) - 1
-    if a.kind == "F" and a.stage > 0 and stage_to_rank[a.stage - 1] != rank:
-        return [Comm("recv", "act", a.stage, stage_to_rank[a.stage - 1], a.stage - 1, a.microbatch)]
-    if a.kind in "BI" and a.stage < last and stage_to_rank[a.stage + 1] != rank:
-        return [Comm("recv", "grad", a.stage, stage_to_rank[a.stage + 1], a.stage + 1, a.microbatch)]
-    return []
-
-
-def _sends(a: Action, stage_to_rank: Sequence[int]) -> list[Comm]:
-    rank, last = stage_to_rank[a.stage], len(stage_to_rank) - 1
-    if a.kind == "F" and a.stage < last and stage_to_rank[a.stage + 1] != rank:
-        return [Comm("send", "act", a.stage, stage_to_rank[a.stage + 1], a.stage + 1, a.microbatch)]
-    if a.kind in "BI" and a.stage > 0 and stage_to_rank[a.stage - 1] != rank:
-        return [Comm("send", "grad", a.stage, stage_to_rank[a.stage - 1], a.stage - 1, a.microbatch)]
-    return []
-
-
-def communication(schedule: Schedule, check: bool = True) -> dict[int, list[Action | Comm]]:
-    """Per rank, the ordered ops an executor runs: the recvs an action needs, the action, its sends.
-
-    A stage hands its output to the next stage on the same rank in memory (no message). The
-    schedule is validated first, so the result cannot deadlock with blocking recvs and async sends;
-    ``check=False`` skips that, to run a broken schedule and show how it hangs.
-    """
-    if check:
-        validate(schedule)
-    stage_to_rank = schedule.stage_to_rank
-    ops: dict[int, list[Action | Comm]] = {}
-    for rank, actions in enumerate(schedule.ranks):
-        ops[rank] = []
-        for a in actions:
-            if a is not None:
-                ops[rank] += [*_recvs(a, stage_to_rank), a, *_sends(a, stage_to_rank)]
-    return ops
+    if isinstance(ranks, Mapping):
+        ranks = [ranks[key] for key in sorted(ranks)]
+    if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
+        raise ScheduleError(f"{name}: expected one list of actions per rank, got {type(ranks).__name__}")
+    if len(ranks) != p:
+        raise ScheduleError(f"{name}: returned {len(ranks)} rank lists for p={p}; expected one per rank")
+    rows = []
+    for rank, entry in enumerate(ranks):
+        items = entry.split() if isinstance(entry, str) else entry
+        if not isinstance(items, Sequence):
+            raise ScheduleError(f"{name}: rank {rank}: expected a list of actions, got {type(entry).__name__}")
+        rows.append([_action(item, rank, i) for i, item in enumerate(items)])
+    return Schedule(name, p, m, 1, tuple(range(p)), rows)
 
 
 # --------------------------------------------------------------------------------------------

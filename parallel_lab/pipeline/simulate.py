@@ -21,7 +21,8 @@ from typing import NamedTuple, Sequence, Union
 
 import numpy as np
 
-from parallel_lab.pipeline.schedules import Action, Schedule, ScheduleError, validate
+from parallel_lab.pipeline.schedules import Action, Schedule, ScheduleError
+from parallel_lab.pipeline.validate import validate
 
 Cost = Union[float, Sequence[float]]  # one value for every stage, or one per model stage
 MAX_GRID_CELLS = 1_000_000  # unit grids larger than this (huge integer costs) fall back to action order
@@ -344,7 +345,7 @@ def unit_grid(timeline: Timeline) -> dict[int, list[str | None]]:
 
 
 def summary(schedule: Schedule, costs: Costs | None = None) -> dict:
-    """The `parallel-lab schedule NAME --json` object (see DESIGN.md, Contracts).
+    """The `parallel-lab schedule NAME --json` object (see ARCHITECTURE.md, "The command line").
 
     {"schedule", "stages" (p ranks), "microbatches", "virtual", "model_stages" (p*v),
      "ranks" (rank -> unit grid, see `unit_grid`), "makespan", "bubble_fraction",

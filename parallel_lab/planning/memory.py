@@ -23,23 +23,11 @@ Sizes are in bytes; "GB" means 10**9 bytes, as in the papers and the GPUs' names
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 
+from parallel_lab.checks import positive_int, positive_number
+
 GB = 10**9
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _positive_number(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    return value
 
 
 def _lookup(table: dict, kind: str, key):
@@ -68,7 +56,7 @@ class ModelConfig:
 
     def __post_init__(self):
         for field in ("layers", "hidden", "heads", "vocab", "seq"):
-            _positive_int(field, getattr(self, field))
+            positive_int(field, getattr(self, field))
 
     @property
     def params(self) -> int:
@@ -79,8 +67,8 @@ def gpt_params(layers: int, hidden: int, vocab: int = 50257, seq: int = 2048) ->
     """Parameters of a GPT: ``12*L*h^2`` in the blocks (4h^2 attention + 8h^2 MLP) plus token and
     position embeddings ``(V + s)*h``; biases and layer norms (about 13*L*h) are left out
     (Narayanan et al. 2021)."""
-    layers, hidden = _positive_int("layers", layers), _positive_int("hidden", hidden)
-    vocab, seq = _positive_int("vocab", vocab), _positive_int("seq", seq)
+    layers, hidden = positive_int("layers", layers), positive_int("hidden", hidden)
+    vocab, seq = positive_int("vocab", vocab), positive_int("seq", seq)
     return 12 * layers * hidden**2 + (vocab + seq) * hidden
 
 
@@ -134,7 +122,7 @@ GPUS = {
 
 def model_state(params, precision="mixed") -> dict:
     """Bytes for ``weights``, ``gradients`` and ``optimizer`` (Adam) for ``params`` parameters."""
-    params = _positive_number("params", params)
+    params = positive_number("params", params)
     p = _lookup(PRECISIONS, "precision", precision)
     return {part: round(params * getattr(p, part)) for part in ("weights", "gradients", "optimizer")}
 
@@ -151,7 +139,7 @@ def activations(model: ModelConfig, micro_batch: int = 1, seq: int | None = None
     With full recomputation only each layer's input is kept: ``s*b*h`` values per layer.
     """
     m = _lookup(MODELS, "model", model)
-    b, s = _positive_int("micro_batch", micro_batch), _positive_int("seq", m.seq if seq is None else seq)
+    b, s = positive_int("micro_batch", micro_batch), positive_int("seq", m.seq if seq is None else seq)
     v = _lookup(PRECISIONS, "precision", precision).activation
     h, a = m.hidden, m.heads
     if recompute:
@@ -174,7 +162,7 @@ def min_devices(params, gpu="H100 80GB", precision="mixed") -> int:
     """The fewest devices of memory ``gpu`` (a name from GPUS, or bytes) that can hold the weights,
     gradients and Adam state of ``params`` parameters split evenly: a lower bound, since activations,
     buffers and fragmentation need room too (ZeRO stage 3 reaches it)."""
-    capacity = _positive_int("gpu memory (bytes)", _lookup(GPUS, "GPU", gpu))
+    capacity = positive_int("gpu memory (bytes)", _lookup(GPUS, "GPU", gpu))
     need = sum(model_state(params, precision).values())
     return -(-need // capacity)
 
@@ -198,7 +186,7 @@ def table(models=tuple(MODELS), micro_batch: int = 1, precision="mixed", recompu
           gpu="H100 80GB") -> str:
     """A text table, one row per model preset: GB per component, the total, and the fewest GPUs of
     memory ``gpu`` for the model state alone and with the activations (both lower bounds)."""
-    gpu_bytes = _positive_int("gpu memory (bytes)", _lookup(GPUS, "GPU", gpu))
+    gpu_bytes = positive_int("gpu memory (bytes)", _lookup(GPUS, "GPU", gpu))
     head = (f"{'model':<14} {'params':>7} {'weights':>8} {'grads':>8} {'Adam':>8} {'activ.':>8} "
             f"{'total GB':>9} {'GPUs: state':>11} {'+activ.':>7}")
     rows = [head, "-" * len(head)]

@@ -38,23 +38,17 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 
-from parallel_lab.planning import memory
+from parallel_lab.checks import positive_int
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import simulate
+from parallel_lab.planning import memory
 
 RECOMPUTE = ("none", "selective", "full")
 GB = memory.GB
 
 
-def _positive_int(name, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {name} {value!r}")
-    return int(value)
-
-
-def _check_recompute(recompute: str) -> str:
+def check_recompute(recompute: str) -> str:
     if recompute not in RECOMPUTE:
         raise ValueError(f"unknown recompute {recompute!r}; choose one of {', '.join(RECOMPUTE)}")
     return recompute
@@ -66,7 +60,7 @@ def _check_recompute(recompute: str) -> str:
 
 def layer_params(hidden: int, tp: int = 1) -> int:
     """Parameters of one transformer block on one tensor-parallel rank: ``(12h^2 + 7h)/tp + 6h``."""
-    h, tp = _positive_int("hidden", hidden), _positive_int("tp", tp)
+    h, tp = positive_int("hidden", hidden), positive_int("tp", tp)
     if h % tp:
         raise ValueError(f"hidden {h} % tp {tp} != 0")
     return (12 * h * h + 7 * h) // tp + 6 * h
@@ -74,8 +68,8 @@ def layer_params(hidden: int, tp: int = 1) -> int:
 
 def param_count(layers: int, hidden: int, vocab: int, seq: int) -> int:
     """All parameters of ``models.GPT`` with these sizes (untied head, biases, LayerNorms)."""
-    L, h = _positive_int("layers", layers), _positive_int("hidden", hidden)
-    V, s = _positive_int("vocab", vocab), _positive_int("seq", seq)
+    L, h = positive_int("layers", layers), positive_int("hidden", hidden)
+    V, s = positive_int("vocab", vocab), positive_int("seq", seq)
     return L * layer_params(h) + (V + s) * h + 2 * h + V * h
 
 
@@ -83,7 +77,7 @@ def param_count(layers: int, hidden: int, vocab: int, seq: int) -> int:
 def stage_params(model: memory.ModelConfig, pp: int = 1, tp: int = 1, stage: int = 0) -> int:
     """Parameters held by one device of pipeline stage ``stage`` (of ``pp``) with tensor parallel ``tp``:
     its ``layers/pp`` blocks, plus the embeddings on stage 0 and the head on the last stage."""
-    pp, tp = _positive_int("pp", pp), _positive_int("tp", tp)
+    pp, tp = positive_int("pp", pp), positive_int("tp", tp)
     if model.layers % pp:
         raise ValueError(f"layers {model.layers} % pp {pp} != 0: stages would hold unequal numbers of blocks")
     if not 0 <= stage < pp:
@@ -111,10 +105,10 @@ def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: i
     """Bytes one transformer layer keeps for backward, per micro-batch, on one device (Korthikanti
     et al. 2022; see the module doc). ``value_bytes`` 2 and ``dropout`` True give the paper's
     formulas; the course GPT in fp32 without dropout is ``value_bytes=4, dropout=False``."""
-    s, b, h, a = (_positive_int(n, v) for n, v in (("seq", seq), ("micro_batch", micro_batch),
+    s, b, h, a = (positive_int(n, v) for n, v in (("seq", seq), ("micro_batch", micro_batch),
                                                     ("hidden", hidden), ("heads", heads)))
-    t, v, mask = _positive_int("tp", tp), value_bytes, 1 if dropout else 0
-    _check_recompute(recompute)
+    t, v, mask = positive_int("tp", tp), value_bytes, 1 if dropout else 0
+    check_recompute(recompute)
     if sequence_parallel and t == 1:
         sequence_parallel = False  # nothing to split
     sbh = s * b * h
@@ -143,7 +137,7 @@ def in_flight(schedule: str, pp: int, microbatches: int, virtual: int = 1) -> li
     layers), from the simulator. Once the pipeline is full the peak stops growing with m (1F1B and
     ZB-H1 from m = pp, interleaved 1F1B from m = 2 pp), so those are simulated with m capped at
     2 pp + m % pp (tested equal to the uncapped run); GPipe stashes all m by construction."""
-    pp, m, v = (_positive_int(n, x) for n, x in (("pp", pp), ("microbatches", microbatches), ("virtual", virtual)))
+    pp, m, v = (positive_int(n, x) for n, x in (("pp", pp), ("microbatches", microbatches), ("virtual", virtual)))
     if schedule == "gpipe":
         return [m] * pp
     capped = m if m <= 2 * pp else 2 * pp + (m % pp)  # keeps m % pp (interleaving needs it 0)
@@ -161,7 +155,7 @@ def device_memory(model: memory.ModelConfig, micro_batch: int = 1, dp: int = 1, 
     """Bytes on one device of every pipeline stage (a list, stage 0 first; only ``stages`` if given):
     ``stage``, ``params``, ``weights``, ``gradients``, ``optimizer``, ``activations`` (``in_flight``
     chunks of ``layers_per_chunk`` layers, plus the head's on the last stage) and ``total``."""
-    dp = _positive_int("dp", dp)
+    dp = positive_int("dp", dp)
     prec = memory.PRECISIONS[precision] if isinstance(precision, str) else precision
     if model.layers % (pp * virtual):
         raise ValueError(f"layers {model.layers} % (pp {pp} x virtual {virtual}) != 0")

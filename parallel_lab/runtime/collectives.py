@@ -1,21 +1,16 @@
-"""Collectives on real ranks: who holds what before and after, ring all-reduce, and the α–β model.
+"""Collectives on real ranks: who holds what before and after, and ring all-reduce from send/recv.
 
 Lesson 01 (lessons/01_ranks_and_collectives.ipynb) runs these on simulated GPUs. Everything here
 that runs on a rank reads its rank from ``torch.distributed`` and takes the group explicitly.
 
-The α–β (latency–bandwidth, "Hockney") model says one message of n bytes costs ``α + n·β``. A ring
-all-reduce over p ranks sends 2(p−1) messages of n/p bytes per rank (Patarasuk & Yuan 2009, the
-algorithm behind NCCL's and gloo's large all-reduces), so
-
-    t_allreduce(n) ≈ 2(p−1)·α + 2(p−1)/p · n · β
+A ring all-reduce over p ranks sends 2(p−1) messages of n/p bytes per rank (Patarasuk & Yuan 2009,
+the algorithm behind NCCL's and gloo's large all-reduces); its α–β cost is
+``parallel_lab.hardware.ring_all_reduce_time``, its timing on this machine
+``parallel_lab.planning.calibration.time_all_reduce``.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
-
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -100,47 +95,3 @@ def ring_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
 
 def _global(group, group_rank: int) -> int:
     return group_rank if group is None else dist.get_global_rank(group, group_rank)
-
-
-# ----------------------------------------------------------------------------------------------
-# Timing: all-reduce against message size, and the α–β fit.
-
-
-def time_all_reduce(sizes_bytes, repeats: int = 5, algorithm: str = "gloo") -> list[float]:
-    """Median seconds of one all-reduce of each size (float32) on this rank's world; ``algorithm``
-    is ``"gloo"`` (dist.all_reduce) or ``"ring"`` (ring_all_reduce above)."""
-    op = dist.all_reduce if algorithm == "gloo" else ring_all_reduce
-    medians = []
-    for size in sizes_bytes:
-        tensor = torch.ones(max(1, size // 4))
-        op(tensor)  # warm-up: first use of a size sets up buffers
-        samples = []
-        for _ in range(repeats):
-            dist.barrier()
-            start = time.perf_counter()
-            op(tensor)
-            samples.append(time.perf_counter() - start)
-        medians.append(statistics.median(samples))
-    return medians
-
-
-def fit_alpha_beta(sizes_bytes, seconds, world_size: int) -> dict:
-    """Fit ``t = 2(p−1)·α + 2(p−1)/p·n·β`` by least squares on relative error (so that tiny and huge
-    messages weigh alike). Returns α (s), β (s/byte), bandwidth (bytes/s) and the fitted times."""
-    p = world_size
-    n = np.asarray(sizes_bytes, dtype=float)
-    t = np.asarray(seconds, dtype=float)
-    if p < 2:
-        raise ValueError(f"the all-reduce model needs at least 2 ranks, got world_size {p}")
-    design = np.stack([np.full_like(n, 2 * (p - 1)), 2 * (p - 1) / p * n], axis=1) / t[:, None]
-    (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
-    fitted = design @ np.array([alpha, beta]) * t
-    return {"alpha_s": float(alpha), "beta_s_per_byte": float(beta),
-            "bandwidth_bytes_per_s": float(1 / beta) if beta > 0 else float("inf"),
-            "fitted_s": fitted.tolist()}
-
-
-def predict_all_reduce(n_bytes: float, world_size: int, alpha_s: float, bandwidth_bytes_per_s: float) -> float:
-    """Seconds for a ring all-reduce of ``n_bytes`` over ``world_size`` ranks (α–β model)."""
-    p = world_size
-    return 2 * (p - 1) * alpha_s + 2 * (p - 1) / p * n_bytes / bandwidth_bytes_per_s

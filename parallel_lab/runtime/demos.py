@@ -13,6 +13,9 @@ import time
 import torch
 import torch.distributed as dist
 
+from parallel_lab.runtime import commlog
+from parallel_lab.runtime.collectives import ring_all_reduce
+
 
 def hello():
     """Each rank contributes ``rank + 1``; all-reduce sums them: ``world * (world + 1) / 2``."""
@@ -86,8 +89,6 @@ def unpicklable_result():
 
 def ring_matches_gloo(numel, dtype=torch.float64):
     """Ring all-reduce of integer-valued data equals dist.all_reduce exactly on every rank."""
-    from parallel_lab.runtime.collectives import ring_all_reduce
-
     rank = dist.get_rank()
     x = torch.arange(numel, dtype=dtype) * (rank + 1) + rank
     expected = x.clone()
@@ -104,8 +105,6 @@ def say_hello():
 
 def count_collectives():
     """One all-reduce, one all-gather and a send/recv pair, recorded by commlog."""
-    from parallel_lab.runtime import commlog
-
     rank, world = dist.get_rank(), dist.get_world_size()
     with commlog.recording() as log:
         dist.all_reduce(torch.ones(4))

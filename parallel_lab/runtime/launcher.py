@@ -38,6 +38,7 @@ import time
 import traceback
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from datetime import timedelta
+from multiprocessing import forkserver, resource_tracker
 
 MAX_WORLD_SIZE = 8
 DEFAULT_TIMEOUT = 30.0
@@ -353,7 +354,6 @@ _helpers_are_ours = False
 
 def _note_helpers() -> None:
     global _helpers_are_ours
-    from multiprocessing import forkserver, resource_tracker
 
     if getattr(forkserver._forkserver, "_forkserver_pid", None) is None and \
             getattr(resource_tracker._resource_tracker, "_fd", None) is None:
@@ -401,7 +401,6 @@ def warm(wait: bool = False) -> None:
     ctx = _context()
     if ctx.get_start_method() != "forkserver":
         return
-    from multiprocessing import forkserver
 
     with _lock, _main_not_rerun():
         _note_helpers()
@@ -421,8 +420,6 @@ def shutdown() -> None:
             _pool.close()
             _pool = None
         if _helpers_are_ours:
-            from multiprocessing import forkserver, resource_tracker
-
             for helper in (forkserver._forkserver, resource_tracker._resource_tracker):
                 helper._stop()
             _helpers_are_ours = False
@@ -437,7 +434,10 @@ atexit.register(shutdown)
 
 
 # ----------------------------------------------------------------------------------------------
-# The rank side.
+# The rank side. torch is imported here, in the functions ranks run, not at the top of this module:
+# the kernel imports the launcher first, and ``warm`` then starts the forkserver, which imports
+# torch (~3 s on 2 cores) while the kernel imports it too (measured: the first 4-rank run after
+# ``parallel_lab.course.notebook.setup`` takes ~0.1 s instead of ~2.4 s).
 
 
 def backend_and_device(world_size: int, local_rank: int):

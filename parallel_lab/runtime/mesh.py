@@ -27,6 +27,8 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+from parallel_lab.checks import positive_int
+
 DIMS = ("dp", "pp", "tp")
 
 
@@ -36,12 +38,6 @@ class Coord(NamedTuple):
     dp: int
     pp: int
     tp: int
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {name} {value!r}")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -61,14 +57,14 @@ class ParallelDims:
 
     def __post_init__(self):
         for name in ("dp", "pp", "tp", "nodes"):
-            object.__setattr__(self, name, _positive_int(name, getattr(self, name)))
+            object.__setattr__(self, name, positive_int(name, getattr(self, name)))
         world = self.world_size
         if self.devices_per_node is None:
             if world % self.nodes:
                 raise ValueError(f"world_size {world} (dp {self.dp} x pp {self.pp} x tp {self.tp}) "
                                  f"is not divisible by nodes {self.nodes}")
             object.__setattr__(self, "devices_per_node", world // self.nodes)
-        dpn = _positive_int("devices_per_node", self.devices_per_node)
+        dpn = positive_int("devices_per_node", self.devices_per_node)
         object.__setattr__(self, "devices_per_node", dpn)
         if self.nodes * dpn != world:
             raise ValueError(f"world_size {self.nodes * dpn} != dp {self.dp} x pp {self.pp} x tp {self.tp} "
@@ -85,7 +81,7 @@ class ParallelDims:
     @classmethod
     def from_world(cls, world_size: int, tp: int = 1, pp: int = 1, nodes: int = 1) -> "ParallelDims":
         """Infer ``dp = world_size / (pp * tp)``, as launchers do."""
-        world_size, tp, pp = (_positive_int(n, v) for n, v in (("world_size", world_size), ("tp", tp), ("pp", pp)))
+        world_size, tp, pp = (positive_int(n, v) for n, v in (("world_size", world_size), ("tp", tp), ("pp", pp)))
         if world_size % (pp * tp):
             raise ValueError(f"world_size {world_size} is not divisible by pp {pp} x tp {tp}")
         return cls(world_size // (pp * tp), pp, tp, nodes)

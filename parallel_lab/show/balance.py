@@ -7,6 +7,7 @@ from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
 
+
 def measured_table(results: Mapping[str, dict]) -> str:
     """One line per run of ``run_cut``: its cut, each stage's measured F + B per micro-batch (ms,
     thread CPU time), the slowest stage over the mean, and the bubble and makespan measured on the

@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from parallel_lab.runtime.collectives import predict_all_reduce
+from parallel_lab.hardware import ring_all_reduce_time
 
 
 def holdings_figure(name: str, per_rank: list[dict]) -> go.Figure:
@@ -34,7 +34,7 @@ def alpha_beta_figure(sizes, measured: dict, fit: dict, world_size: int) -> go.F
     for label, seconds in measured.items():
         fig.add_trace(go.Scatter(x=list(sizes), y=[s * 1e3 for s in seconds], mode="markers+lines",
                                  name=f"measured: {label}"))
-    model = [predict_all_reduce(n, world_size, fit["alpha_s"], fit["bandwidth_bytes_per_s"]) * 1e3 for n in sizes]
+    model = [ring_all_reduce_time(n, world_size, fit["alpha_s"], fit["bandwidth_bytes_per_s"]) * 1e3 for n in sizes]
     fig.add_trace(go.Scatter(x=list(sizes), y=model, mode="lines", line=dict(dash="dash"),
                              name=f"α–β fit: α={fit['alpha_s'] * 1e6:.0f} µs, "
                                   f"bandwidth={fit['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s"))

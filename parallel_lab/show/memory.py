@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import math
 
+import ipywidgets as w
 import plotly.graph_objects as go
+from IPython.display import display
 
 from parallel_lab.planning import memory
 from parallel_lab.planning.memory import GB, GPUS, MODELS, PRECISIONS
@@ -87,9 +89,6 @@ def memory_widget(model="GPT-3 175B", micro_batch=1, seq=2048, precision="mixed"
 
     The chart is a plain figure in an Output widget rather than a FigureWidget: a FigureWidget saves
     plotly's whole JavaScript bundle (5 MB) into the executed notebook's widget state."""
-    import ipywidgets as w
-    from IPython.display import display
-
     style = dict(description_width="110px")
     controls = dict(
         model=w.Dropdown(options=list(MODELS), value=model, description="model", style=style),

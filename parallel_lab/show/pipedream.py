@@ -5,7 +5,7 @@ every forward and backward used, without stashing, with it, and with a flush.
     from parallel_lab.show import pipedream as pf
     out = pipedream.compare_modes(stages=4, steps=3, microbatches=4)
     pf.versions_figure(out)                             # weight version of every F and B
-    pf.expected_versions(4, 3, 4)                       # the same, read off the schedule
+    pipedream.expected_versions(4, 3, 4)                # the same, read off the schedule
 
 Computed from the schedule (weight-version counts), so the figures are deterministic and nbval
 compares them. Paper: PipeDream (Narayanan et al. 2019, SOSP).
@@ -15,51 +15,11 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from parallel_lab.pipeline.pipedream import MODES
 from parallel_lab.show.pipeline import plain_layout
-from parallel_lab.pipeline.pipedream import MODES, forward_versions
-
-
-def expected_versions(stages: int, steps: int, microbatches: int) -> dict:
-    """The weight versions of ``pipedream.compare_modes``, read off the schedule (no processes):
-    per mode, per stage, ``(microbatch, forward version, backward version)``.
-
-    Asynchronous 1F1B updates a stage after each of its backwards, which it runs in microbatch
-    order, so B of microbatch j sees j updates when nothing is stashed; F of j sees the backwards
-    that came before it (``forward_versions``). Stashing makes B use F's version. The flushed
-    schedule updates once per step: step t's microbatches all use version t."""
-    n = steps * microbatches
-    fwd = forward_versions(stages, n)
-    return {
-        "no-stash": [[(j, fwd[s][j], j) for j in range(n)] for s in range(stages)],
-        "stash": [[(j, fwd[s][j], fwd[s][j]) for j in range(n)] for s in range(stages)],
-        "flush": [[(j, j // microbatches, j // microbatches) for j in range(n)] for s in range(stages)],
-    }
-
-
-def staleness(stages: int, stage: int) -> float:
-    """Updates stage ``stage`` applies between a microbatch's forward and its backward in the steady
-    state of asynchronous 1F1B: p - 1 - s (read off the schedule, as in ``expected_versions``)."""
-    n = 2 * stages + 1  # past the warm-up
-    forward, backward = expected_versions(stages, 1, n)["no-stash"][stage][-1][1:]
-    return float(backward - forward)
-
-
-def stashed_versions(stages: int, stage: int, microbatches: int | None = None) -> float:
-    """Most weight versions stage ``stage`` holds at once with weight stashing: the current one and
-    every older one a microbatch in flight still needs (p - s once the pipeline is full). Walks
-    the 1F1B order of the stage, as ``pipedream.AsyncStage`` does on a rank."""
-    from parallel_lab.pipeline.schedules import one_f_one_b
-
-    n = microbatches or 2 * stages + 1
-    current, inflight, peak = 0, {}, 1
-    for a in one_f_one_b(stages, n).ranks[stage]:
-        if a.kind == "F":
-            inflight[a.microbatch] = current
-            peak = max(peak, len(set(inflight.values()) | {current}))
-        else:
-            inflight.pop(a.microbatch)
-            current += 1
-    return float(peak)
 
 
 def _versions(modes: Mapping, mode: str) -> list[list[tuple[int, int, int]]]:
@@ -87,9 +47,6 @@ def versions_figure(modes: Mapping, modes_shown: Sequence[str] = MODES, microbat
     its forward used, with ``→b`` when the backward used version b instead; the colour is the
     staleness b - f (white: forward and backward saw the same weights). ``microbatches`` (the
     microbatches of one step) draws the step boundaries."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     data = {mode: _versions(modes, mode) for mode in modes_shown}
     p = len(next(iter(data.values())))
     top = max(1, max(b - f for rows in data.values() for stage in rows for _, f, b in stage))

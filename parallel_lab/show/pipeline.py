@@ -5,7 +5,7 @@
     from parallel_lab.show import pipeline as figures
     from parallel_lab.pipeline import run_pipeline
     figures.gantt(simulate(build("1f1b", 4, 8)))             # simulated, unit costs
-    result = run_pipeline("1f1b", stages=4, microbatches=8)
+    result = run_pipeline("1f1b", ranks=4, microbatches=8)
     figures.gantt(result, clock="wall")                       # measured, this machine's wall clock
     figures.compare(result)                                   # predicted (outlined) vs measured (filled)
     figures.memory(result)                                    # stashed microbatches per stage over time
@@ -19,6 +19,10 @@ per kind of action, rounded numbers), so nbval can compare them.
 
 from __future__ import annotations
 
+import ipywidgets as w
+import plotly.graph_objects as go
+
+from parallel_lab.pipeline.run import run_pipeline
 from parallel_lab.pipeline.schedules import SCHEDULES, Action, ScheduleError, build
 from parallel_lab.pipeline.simulate import Costs, Timeline, simulate
 
@@ -66,8 +70,6 @@ def _bars(timed: list[list], outline: bool = False, width: float = 0.6, legend: 
     microbatch number written inside. Idle time is simply where no bar is. Where a rank holds
     several stages (interleaved, ZB-V), its later stages are drawn lighter. ``group`` gathers the
     traces under that title in the legend."""
-    import plotly.graph_objects as go
-
     parsed = [(r, Action.parse(a), s, e) for r, actions in enumerate(timed) for a, s, e in actions]
     chunks: dict = {}
     for r, a, _, _ in parsed:
@@ -106,8 +108,6 @@ def _rank_axis(fig, n_ranks: int) -> None:
 
 def gantt(source, clock: str = "virtual", title: str | None = None):
     """Gantt chart: one row per rank, F/B/I/W bars coloured by kind with their microbatch number."""
-    import plotly.graph_objects as go
-
     timed, axis = _timed(source, clock)
     fig = go.Figure(_bars(timed))
     fig.update_layout(**LAYOUT, height=150 + 40 * len(timed), title=title or _title(source, axis),
@@ -129,8 +129,6 @@ def _title(source, axis: str) -> str:
 def compare(result: dict, title: str | None = None):
     """Predicted (outlined bars: the simulator fed the measured per-stage costs) over measured
     (filled bars), both on the virtual clock."""
-    import plotly.graph_objects as go
-
     measured, _ = _timed(result, "virtual")
     predicted, _ = _timed(result, "predicted")
     fig = go.Figure(_bars(measured, width=0.5, group="measured (filled)")
@@ -149,8 +147,6 @@ def compare(result: dict, title: str | None = None):
 def memory(source, title: str | None = None):
     """Stashed microbatches per model stage over time (a microbatch is stashed from the start of its
     F to the end of its B or I), simulated or measured on the virtual clock."""
-    import plotly.graph_objects as go
-
     if isinstance(source, Timeline):
         series, axis = [[(t, c) for t, c in curve] for curve in source.memory], "sim"
         end = source.makespan
@@ -181,7 +177,7 @@ def _numbers(timeline: Timeline) -> str:
             f"peak stashed microbatches per stage {timeline.peak_activations}")
 
 
-def schedule_panel(schedule: str = "1f1b", stages: int = 4, microbatches: int = 8, virtual: int = 1,
+def schedule_panel(schedule: str = "1f1b", ranks: int = 4, microbatches: int = 8, virtual: int = 1,
                    ratios=(1.0, 2.0, 1.0)):
     """Widgets to explore schedules: pick one, set p, m, v and the F:B:W cost ratios; the Gantt chart
     (a FigureWidget, updated in place) and the numbers follow. "Run on real ranks" runs the same
@@ -189,13 +185,10 @@ def schedule_panel(schedule: str = "1f1b", stages: int = 4, microbatches: int = 
 
     Returns the panel (an ipywidgets VBox) with ``.controls``, ``.figure``, ``.numbers``,
     ``.button``, ``.progress`` and ``.result`` (the last real run) for scripting and tests."""
-    import ipywidgets as w
-    import plotly.graph_objects as go
-
     style = dict(description_width="90px")
     controls = dict(
         schedule=w.Dropdown(options=list(SCHEDULES), value=schedule, description="schedule", style=style),
-        stages=w.IntSlider(value=stages, min=1, max=8, description="ranks p", style=style),
+        ranks=w.IntSlider(value=ranks, min=1, max=8, description="ranks p", style=style),
         microbatches=w.IntSlider(value=microbatches, min=1, max=16, description="microbatches", style=style),
         virtual=w.IntSlider(value=virtual, min=1, max=4, description="virtual v", style=style),
         F=w.FloatSlider(value=ratios[0], min=0.5, max=4, step=0.5, description="F cost", style=style),
@@ -221,7 +214,7 @@ def schedule_panel(schedule: str = "1f1b", stages: int = 4, microbatches: int = 
     def update(_=None) -> None:
         v = values()
         try:
-            sched = build(v["schedule"], v["stages"], v["microbatches"], v["virtual"])
+            sched = build(v["schedule"], v["ranks"], v["microbatches"], v["virtual"])
             timeline = simulate(sched, _costs(v["F"], v["B"], v["W"]))
         except ScheduleError as exc:
             panel.numbers.value = f"<span style='color:#b00'>{exc.args[0].splitlines()[0]}</span>"
@@ -230,12 +223,10 @@ def schedule_panel(schedule: str = "1f1b", stages: int = 4, microbatches: int = 
         panel.numbers.value = _numbers(timeline)
 
     def run(_=None) -> None:
-        from parallel_lab.pipeline.run import run_pipeline
-
         v = values()
         panel.progress.value, panel.progress.description = 1, "running"
         try:
-            result = run_pipeline(v["schedule"], v["stages"], v["microbatches"], virtual=v["virtual"])
+            result = run_pipeline(v["schedule"], v["ranks"], v["microbatches"], virtual=v["virtual"])
         except Exception as exc:  # shown in the panel: a notebook user sees why, the panel stays usable
             panel.progress.value, panel.progress.description = 0, "failed"
             panel.numbers.value = f"<span style='color:#b00'>{type(exc).__name__}: {str(exc).splitlines()[0]}</span>"
@@ -244,7 +235,7 @@ def schedule_panel(schedule: str = "1f1b", stages: int = 4, microbatches: int = 
         panel.result = result
         redraw(compare(result))
         panel.numbers.value = (
-            f"<b>measured on {v['stages']} ranks</b>: bubble {result['bubble_measured']:.1%} on the virtual "
+            f"<b>measured on {v['ranks']} ranks</b>: bubble {result['bubble_measured']:.1%} on the virtual "
             f"clock (predicted {result['bubble_predicted']:.1%}; wall clock {result['bubble_wall']:.1%}), "
             f"peak stashed {result['peak_activations']}, max gradient difference {result['max_grad_diff']:.1e}")
         panel.progress.value, panel.progress.description = 3, "done"

@@ -8,22 +8,24 @@
     pw.breakdown_figure({"TP 4": row4, "TP 8": row8})   # stacked step-time parts (deterministic)
     pw.planner_widget()                                 # cluster, bandwidth, memory, batch -> replan
 
-The arithmetic is ``parallel_lab.planning.planner`` and ``parallel_lab.planning.memory_model``; this module measures
-the course GPT to check the memory model against real tensors (``activation_check``,
-``param_check``) and formats, draws and wraps the planner for the lesson. Every table is
-deterministic text, so nbval compares it.
+The arithmetic is ``parallel_lab.planning`` (``planner``, ``cost``, ``memory_model``; the memory
+model's checks against the course GPT's real tensors are ``planning.memory_check``); this module
+formats, draws and wraps it for the lesson. Every table is deterministic text, so nbval compares it.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 
+import ipywidgets as w
+import plotly.graph_objects as go
+
+from parallel_lab.hardware import Cluster
 from parallel_lab.planning import memory, memory_model, planner
-from parallel_lab.runtime.collectives import predict_all_reduce
+from parallel_lab.planning.cost import tp_layer_forward
 
-GPT3 = memory.ModelConfig("GPT-3 175B", 96, 12288, 96, 50257, 2048)
-CLUSTER = planner.Cluster(nodes=64, gpus_per_node=8, gpu_mem_gb=80)  # 512 GPUs of 80 GB, 8 per node
+GPT3 = memory.MODELS["GPT-3 175B"]
+CLUSTER = Cluster(nodes=64, gpus_per_node=8, gpu_mem_gb=80)  # 512 GPUs of 80 GB, 8 per node
 BATCH = 1536  # GPT-3's batch: 1536 sequences of 2048 tokens (Brown et al. 2020)
 PARTS = ("compute_s", "tp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s")
 LABELS = {"compute_s": "compute", "tp_comm_s": "TP all-reduce", "bubble_s": "bubble",
@@ -33,67 +35,7 @@ COLORS = {"compute_s": "#4c78a8", "tp_comm_s": "#e45756", "bubble_s": "#bab0ac",
 
 
 # ----------------------------------------------------------------------------------------------
-# The memory model against the real course GPT.
-
-
-def param_check(config=None, pps=(1, 2, 4)) -> list[dict]:
-    """Parameters per pipeline stage: ``memory_model`` against the modules of the course GPT cut by
-    ``pipeline.stages.cut`` (embedding on the first stage, head on the last). One row per stage."""
-    from parallel_lab.pipeline.stages import ModelSpec, cut
-
-    spec = ModelSpec("gpt", **(config or dict(hidden=32, layers=4, heads=2, seq=8, vocab=96)))
-    model = memory.ModelConfig("course GPT", spec.layers, spec.hidden, spec.heads, spec.vocab, spec.seq)
-    rows = []
-    for pp in pps:
-        for stage in cut(spec, pp):
-            real = sum(p.numel() for p in stage.module.parameters())
-            rows.append({"pp": pp, "stage": stage.index, "model": memory_model.stage_params(model, pp, 1, stage.index),
-                         "real": real})
-    return rows
-
-
-def activation_check(config=None, batch: int = 3) -> list[dict]:
-    """Bytes one transformer block saves for backward: ``memory_model.activation_bytes_per_layer``
-    (fp32 values, no dropout) against the tensors autograd really saves (``profile``'s
-    ``saved_tensors_counter``), for the three recomputation modes:
-
-    - none: attention computed the plain way (``SDPBackend.MATH``): the s x s scores are saved;
-    - selective: PyTorch's fused attention on the CPU, which recomputes the scores in backward --
-      selective recomputation by construction -- and saves a log-sum-exp per head and token;
-    - full: ``torch.utils.checkpoint`` keeps only the block's input.
-
-    ``stats`` is what the paper's formula leaves out: each LayerNorm's mean and 1/std per token
-    (2 x 2 values) and the fused kernel's log-sum-exp (one value per head and token)."""
-    import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.utils.checkpoint import checkpoint
-
-    from parallel_lab import models
-    from parallel_lab.pipeline import profile
-
-    cfg = models.GPTConfig(**(config or dict(vocab=96, seq=32, hidden=64, heads=4, layers=1)))
-    block = models.GPT(cfg).blocks[0]
-    x = torch.randn(batch, cfg.seq, cfg.hidden, requires_grad=True, generator=torch.Generator().manual_seed(0))
-    tokens = cfg.seq * batch
-
-    def measure(run):
-        with profile.saved_tensors_counter(exclude=list(block.parameters())) as seen:
-            run()
-        return sum(seen.values())
-
-    def plain():
-        with sdpa_kernel(SDPBackend.MATH):
-            block(x)
-
-    measured = {"none": measure(plain), "selective": measure(lambda: block(x)),
-                "full": measure(lambda: checkpoint(block, x, use_reentrant=False))}
-    stats = {"none": 4 * tokens * 4, "selective": (4 + cfg.heads) * tokens * 4, "full": 0}
-    rows = []
-    for mode in memory_model.RECOMPUTE:
-        formula = memory_model.activation_bytes_per_layer(cfg.seq, batch, cfg.hidden, cfg.heads,
-                                                          recompute=mode, value_bytes=4, dropout=False)
-        rows.append({"recompute": mode, "formula": int(formula), "measured": measured[mode], "stats": stats[mode]})
-    return rows
+# Memory.
 
 
 def in_flight_table(pp: int = 4, microbatches: int = 8) -> str:
@@ -189,8 +131,6 @@ def breakdown_figure(plans: dict, title: str = "Where a training step goes (pred
     """Horizontal stacked bars: for each labelled plan, its step time split into the planner's
     ``parts`` (all five by default; leave out ``compute_s`` to see the overheads). Deterministic
     (values rounded to 3 decimals) and compact, so nbval compares it."""
-    import plotly.graph_objects as go
-
     labels = list(plans)
     fig = go.Figure([go.Bar(name=LABELS[k], y=labels, x=[round(plans[n]["breakdown"][k], 3) for n in labels],
                             orientation="h", marker_color=COLORS[k]) for k in parts])
@@ -208,30 +148,18 @@ def breakdown_figure(plans: dict, title: str = "Where a training step goes (pred
 
 def tp_link_table(model=GPT3, cluster=CLUSTER, micro_batch: int = 1, tps=(2, 4, 8, 16)) -> str:
     """Per transformer layer and micro-batch, on one device: the forward compute time against the
-    two forward all-reduces of tensor parallelism over the node's links and over the network (the
-    planner's constants: ``cluster.tflops``, ``intra_gbps``, ``inter_gbps``, ``latency_us``)."""
-    h, s = model.hidden, model.seq
-    flops = 2 * memory_model.layer_params(h) * s * micro_batch  # forward: 2 FLOPs per parameter and token
-    message = 2 * micro_batch * s * h  # one (b, s, h) bf16 tensor
-    alpha = cluster.latency_us * 1e-6
+    two forward all-reduces of tensor parallelism over the node's links and over the network
+    (``planning.cost.tp_layer_forward`` with the planner's constants: ``cluster.tflops``, its intra-
+    and inter-node links)."""
+    tokens, flops = model.seq * micro_batch, cluster.tflops * 1e12
     lines = [f"{'tp':>3} {'compute ms':>10} {'2 all-reduces, NVLink ms':>25} {'(share)':>8} "
              f"{'2 all-reduces, network ms':>26} {'(share)':>8}"]
     for tp in tps:
-        compute = flops / tp / (cluster.tflops * 1e12)
-        intra = 2 * predict_all_reduce(message, tp, alpha, cluster.intra_gbps * 1e9)
-        inter = 2 * predict_all_reduce(message, tp, alpha, cluster.inter_gbps * 1e9)
+        compute, intra = tp_layer_forward(tokens, model.hidden, tp, cluster.intra, flops)
+        inter = tp_layer_forward(tokens, model.hidden, tp, cluster.inter, flops)[1]
         lines.append(f"{tp:>3} {compute * 1e3:>10.2f} {intra * 1e3:>25.2f} {intra / (compute + intra):>8.0%} "
                      f"{inter * 1e3:>26.2f} {inter / (compute + inter):>8.0%}")
     return "\n".join(lines)
-
-
-def across_nodes(model, cluster, batch: int, dp: int, pp: int, tp: int, microbatches: int,
-                 schedule: str = "zb-h1", recompute: str = "none") -> dict:
-    """``planner.step_time`` of a layout whose TP groups span nodes, which the planner refuses: the
-    same model on nodes of ``tp`` devices whose links are only as fast as the network. Returns the
-    breakdown (seconds)."""
-    wide = replace(cluster, nodes=cluster.world_size // tp, gpus_per_node=tp, intra_gbps=cluster.inter_gbps)
-    return planner.step_time(model, wide, batch, dp, pp, tp, microbatches, schedule, 1, recompute)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -249,20 +177,6 @@ def cost_table(plan: dict, prices=(1.0, 2.0, 4.0), tokens: float = planner.GPT3_
     return "\n".join(lines)
 
 
-def gpu_hours(step_s: float, gpus: int, tokens_billions: float, batch: int, seq: int) -> float:
-    """GPU-hours of a training run: steps = tokens / (batch x seq), each ``step_s`` on ``gpus``
-    devices (``planner.training_cost``'s arithmetic; quiz answers use it)."""
-    row = {"global_batch": batch, "seq": seq, "step_s": step_s, "world_size": gpus}
-    return planner.training_cost(row, tokens_billions * 1e9, 0.0)["gpu_hours"]
-
-
-def tp_per_device_ratio(tp_a: int, tp_b: int) -> float:
-    """How many times more TP all-reduce time per device per step ``tp_b`` costs than ``tp_a`` on the
-    same number of GPUs, same pipeline and micro-batch size, bandwidth-bound: each device carries
-    tokens in proportion to tp (dp shrinks as tp grows) and sends 2(t-1)/t of each message."""
-    return (tp_b * (tp_b - 1) / tp_b) / (tp_a * (tp_a - 1) / tp_a)
-
-
 # ----------------------------------------------------------------------------------------------
 # The widget.
 
@@ -273,8 +187,6 @@ def planner_widget(layers: int = 96, hidden: int = 12288, heads: int = 96, vocab
     """Controls for the cluster (nodes, GPUs per node, memory, links, throughput), the batch and the
     price; *Plan* runs ``planner.plan_from_args`` (a second or two for 512 GPUs) and shows the five
     fastest plans with their breakdown, the cost of the best one and the rejections by kind."""
-    import ipywidgets as w
-
     style, layout = dict(description_width="150px"), w.Layout(width="420px")
 
     def slider(kind, value, options, description):

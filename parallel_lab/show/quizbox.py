@@ -20,7 +20,7 @@ from ipywidgets.widgets.widget_description import DescriptionStyle
 from ipywidgets.widgets.widget_string import HTMLStyle, LabelStyle, TextStyle
 
 from parallel_lab.course.quiz import progress
-from parallel_lab.course.quiz.bank import Bank, Item, LANGUAGES, load, localize
+from parallel_lab.course.quiz.bank import LANGUAGES, Bank, Item, load, localize
 from parallel_lab.course.quiz.check import feedback, score
 from parallel_lab.course.quiz.text import KIND_NOTE, quiz_text
 

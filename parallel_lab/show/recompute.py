@@ -1,8 +1,8 @@
 """Activation recomputation's trade-off (lesson 07, lessons/07_recompute_and_pipedream.ipynb): the
-extra compute of each mode and the memory it saves, from the memory model.
+extra compute of each mode (``planning.cost.recompute_overhead``) and the memory it saves, from the
+memory model.
 
     from parallel_lab.show import recompute as rf
-    rf.recompute_overhead("GPT-3 175B", "selective")    # extra compute, a fraction of the step
     rf.recompute_tradeoff()                              # memory of the busiest GPU per mode
 
 Papers: activation recomputation (Chen et al. 2016; GPipe, Huang et al. 2019), selective
@@ -13,23 +13,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import plotly.graph_objects as go
+
 from parallel_lab.planning import memory, memory_model
-
+from parallel_lab.planning.cost import recompute_overhead
 from parallel_lab.show.pipeline import plain_layout
-
-
-def recompute_overhead(model: memory.ModelConfig | str, recompute: str, seq: int | None = None) -> float:
-    """Extra compute of a training step with ``recompute``, as a fraction of the step without it
-    (FLOPs of the transformer layers; a backward costs two forwards).
-
-    A layer's forward is 24bsh^2 + 4bs^2h FLOPs (Narayanan et al. 2021), the step three times that.
-    "full" runs every forward again: 1/3. "selective" (Korthikanti et al. 2022) recomputes only the
-    attention core, QK^T and the product with V (4bs^2h): s / (3(6h + s)).
-    """
-    m = memory.MODELS[model] if isinstance(model, str) else model
-    recompute = memory_model._check_recompute(recompute)
-    s, h = (m.seq if seq is None else seq), m.hidden
-    return {"none": 0.0, "full": 1 / 3, "selective": s / (3 * (6 * h + s))}[recompute]
 
 
 def recompute_points(model: memory.ModelConfig | str = "GPT-3 175B", micro_batches: Sequence[int] = (1, 2, 4),
@@ -52,8 +40,6 @@ def recompute_tradeoff(model: memory.ModelConfig | str = "GPT-3 175B", micro_bat
                        gpu_gb: float = 80, **mesh):
     """Memory of the busiest GPU for each recompute mode (none, selective, full; the axis says the
     extra compute each costs), one bar per micro-batch size; the dashed line is the GPU's memory."""
-    import plotly.graph_objects as go
-
     m = memory.MODELS[model] if isinstance(model, str) else model
     points = recompute_points(m, micro_batches, **mesh)
     names = {q["recompute"]: f"{q['recompute']}<br>+{q['overhead']:.1%} compute" for q in points}

@@ -3,7 +3,7 @@ messages per schedule, and the bubble against the number of micro-batches.
 
     from parallel_lab.show import schedules as sf
     print(sf.schedule_table(sf.compare_schedules()))   # bubble, memory, messages per schedule
-    sf.bubble_curves(stages=4)                          # bubble fraction against m, simulated
+    sf.bubble_curves(ranks=4)                          # bubble fraction against m, simulated
 
 Computed from integers (the schedules, the simulator with unit costs), so every figure is
 deterministic and nbval compares it. Papers: interleaved 1F1B (Narayanan et al. 2021, SC), ZB-H1 and
@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 
-from parallel_lab.pipeline.schedules import build, communication
-from parallel_lab.pipeline.simulate import Costs, simulate
+import plotly.graph_objects as go
 
+from parallel_lab.pipeline.communication import messages
+from parallel_lab.pipeline.schedules import build
+from parallel_lab.pipeline.simulate import Costs, simulate
 from parallel_lab.show.pipeline import plain_layout
 
 # (schedule, virtual stages per rank) compared in lesson 06; costs per model stage F = I = W = 1
@@ -28,18 +30,6 @@ _COLORS = {"1f1b": "#4c78a8", "interleaved-1f1b": "#54a24b", "zb-h1": "#f58518",
 def label(name: str, virtual: int = 1) -> str:
     """``interleaved-1f1b`` with v = 2 -> ``interleaved-1f1b v=2``; others keep their name."""
     return f"{name} v={virtual}" if name == "interleaved-1f1b" else name
-
-
-def messages(schedule) -> int:
-    """Point-to-point messages of one step: every activation and gradient that crosses ranks
-    (``schedules.communication``'s sends). 2(p-1)m for 1F1B, 2(pv-1)m interleaved, 2(2p-2)m ZB-V."""
-    return sum(1 for ops in communication(schedule).values() for op in ops
-               if getattr(op, "op", None) == "send")
-
-
-def message_count(schedule: str, stages: int, microbatches: int, virtual: int = 1) -> float:
-    """``messages`` of the named schedule (a quiz answer: ``parallel_lab.course.quiz.bank`` calls it)."""
-    return float(messages(build(schedule, stages, microbatches, virtual)))
 
 
 def compare_schedules(cases: Iterable[tuple[int, int]] = ((4, 8), (4, 16), (8, 16)),
@@ -74,22 +64,20 @@ def schedule_table(rows: Sequence[Mapping]) -> str:
     return "\n".join(lines)
 
 
-def bubble_curves(stages: int = 4, microbatches: Sequence[int] = tuple(range(4, 33, 4)),
+def bubble_curves(ranks: int = 4, microbatches: Sequence[int] = tuple(range(4, 33, 4)),
                   schedules: Sequence[tuple[str, int]] = SCHEDULES + (("interleaved-1f1b", 4),),
                   costs: Costs = UNIT):
     """Simulated bubble fraction against the number of microbatches, one line per schedule."""
-    import plotly.graph_objects as go
-
     traces = []
     for name, v in schedules:
-        ms = [m for m in microbatches if name != "interleaved-1f1b" or m % stages == 0]
-        bubbles = [round(simulate(build(name, stages, m, v), costs).bubble_fraction, 4) for m in ms]
+        ms = [m for m in microbatches if name != "interleaved-1f1b" or m % ranks == 0]
+        bubbles = [round(simulate(build(name, ranks, m, v), costs).bubble_fraction, 4) for m in ms]
         traces.append(go.Scatter(x=list(ms), y=bubbles, mode="lines+markers", name=label(name, v),
                                  line=dict(color=_COLORS[name], dash="dot" if v == 4 else "solid")))
     fig = go.Figure(traces)
     fig.update_layout(**plain_layout(height=340, xaxis_title="microbatches m",
                                 yaxis_title="bubble (idle share of the step)",
-                                title=f"Bubble against microbatches on p={stages} ranks (simulated, F=I=W)"))
+                                title=f"Bubble against microbatches on p={ranks} ranks (simulated, F=I=W)"))
     fig.update_yaxes(tickformat=".0%", rangemode="tozero")
     fig.update_xaxes(tickvals=list(microbatches))
     return fig

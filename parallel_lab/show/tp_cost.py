@@ -1,73 +1,33 @@
 """Why tensor parallelism stays inside a node: a layer's compute time against its communication
 time, from the α–β model of lesson 01 (lessons/02_tensor_parallelism.ipynb, FAQ 6).
 
-Per transformer layer, forward, with ``tokens`` = b·s tokens of width h split over t devices:
-
-- compute: ``24·tokens·h²`` FLOPs (the q, k, v and output projections 8·tokens·h², the MLP
-  16·tokens·h²; Narayanan et al. 2021, eq. 2, without the attention-score term 4·b·s²·h), shared
-  by the t devices: ``24·tokens·h² / (t · device FLOP/s)``;
-- communication: two all-reduces (g after attention, g after the MLP) of ``n = tokens·h·bytes``
-  each, a ring costing ``2(t−1)·α + 2(t−1)/t · n / B`` (``collectives.predict_all_reduce``).
-
-The backward pass does twice the compute and the same two all-reduces (f), so over a whole step
-the ratio communication/compute is 2/3 of the forward's. Tensor-parallel all-reduces sit on the
-critical path (the next matmul needs their result), so they add to the step time.
+The arithmetic is ``parallel_lab.planning.cost.tp_layer_forward`` (per layer, forward: the matmuls'
+~24·b·s·h² FLOPs shared by t devices, against two ring all-reduces of the b·s·h activation); the
+links are ``parallel_lab.hardware``'s. The backward pass does twice the compute and the same two
+all-reduces (f), so over a whole step the ratio communication/compute is 2/3 of the forward's.
+Tensor-parallel all-reduces sit on the critical path (the next matmul needs their result), so they
+add to the step time.
 
     default_summary()      # the defaults on NVLink-class and InfiniBand-class links (text)
     cost_figure(...)       # compute and communication per layer against t (plotly)
-    cost_widget(machine)   # sliders and editable link numbers; ``machine`` from measure_machine()
+    cost_widget(machine)   # sliders and editable link numbers; ``machine`` from ``planning.calibration.measure_machine()``
 """
 
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass
 
+import ipywidgets as w
 import plotly.graph_objects as go
+from IPython.display import display
 
-from parallel_lab.runtime.collectives import predict_all_reduce
+from parallel_lab.hardware import LINKS, Link
+from parallel_lab.planning.cost import tp_layer_forward
 
-
-@dataclass(frozen=True)
-class Link:
-    """What one device sees of a link: bandwidth (bytes/s, per device) and latency α (s per step)."""
-
-    name: str
-    bandwidth: float
-    alpha: float
-
-
-LINKS = {
-    "nvlink": Link("NVLink-class (inside a node)", 300e9, 3e-6),
-    "infiniband": Link("InfiniBand-class (between nodes)", 25e9, 10e-6),
-}
 DEVICE_FLOPS = 400e12  # bf16 FLOP/s one H100-class GPU achieves on large matmuls (peak ~990)
 DEFAULTS = dict(hidden=12288, tp=8, tokens=2048, bytes_per_value=2)  # GPT-3 175B's width, one 2048-token sequence
 TPS = (1, 2, 4, 8, 16, 32, 64)
 GPUS_PER_NODE = 8  # an NVLink server (DGX/HGX)
-
-
-def layer_flops(tokens: int, hidden: int) -> float:
-    """FLOPs of one transformer layer's forward pass: ``24·tokens·h²``."""
-    return 24 * tokens * hidden**2
-
-
-def compute_s(tokens: int, hidden: int, tp: int, flops: float) -> float:
-    """Seconds of one layer's forward on each of ``tp`` devices."""
-    return layer_flops(tokens, hidden) / tp / flops
-
-
-def all_reduce_bytes(tokens: int, hidden: int, bytes_per_value: int = 2) -> int:
-    """Bytes of the activation each all-reduce sums: ``tokens × h`` values."""
-    return tokens * hidden * bytes_per_value
-
-
-def comm_s(tokens: int, hidden: int, tp: int, alpha: float, bandwidth: float, bytes_per_value: int = 2) -> float:
-    """Seconds of one layer's forward communication: two ring all-reduces (0 on one device)."""
-    if tp == 1:
-        return 0.0
-    return 2 * predict_all_reduce(all_reduce_bytes(tokens, hidden, bytes_per_value), tp, alpha, bandwidth)
 
 
 def _time(seconds: float) -> str:
@@ -80,9 +40,8 @@ def _time(seconds: float) -> str:
 
 def summary(link: Link, hidden: int, tp: int, tokens: int, flops: float, bytes_per_value: int = 2) -> str:
     """One line: compute and communication of a layer's forward on ``link``, and their ratio."""
-    c = compute_s(tokens, hidden, tp, flops)
-    m = comm_s(tokens, hidden, tp, link.alpha, link.bandwidth, bytes_per_value)
-    return (f"{link.name}, {link.bandwidth / 1e9:.3g} GB/s, α {_time(link.alpha)}: compute {_time(c)}, "
+    c, m = tp_layer_forward(tokens, hidden, tp, link, flops, bytes_per_value)
+    return (f"{link.name}, {link.bandwidth / 1e9:.3g} GB/s, α {_time(link.latency)}: compute {_time(c)}, "
             f"communication {_time(m)} per layer forward -> comm/compute = {m / c:.2g}")
 
 
@@ -91,7 +50,7 @@ def default_summary() -> str:
     d = DEFAULTS
     head = (f"h = {d['hidden']}, t = {d['tp']}, {d['tokens']} tokens (b·s), {8 * d['bytes_per_value']}-bit "
             f"activations, {DEVICE_FLOPS / 1e12:.0f} TFLOP/s per device; each all-reduce sums "
-            f"{all_reduce_bytes(d['tokens'], d['hidden'], d['bytes_per_value']) / 1e6:.1f} MB")
+            f"{d['tokens'] * d['hidden'] * d['bytes_per_value'] / 1e6:.1f} MB")
     return "\n".join([head] + [summary(link, d["hidden"], d["tp"], d["tokens"], DEVICE_FLOPS, d["bytes_per_value"])
                                for link in LINKS.values()])
 
@@ -101,8 +60,8 @@ def cost_figure(link: Link, hidden: int, tp: int, tokens: int, flops: float, byt
     """Compute and communication time of one layer's forward against the TP degree t (log axes),
     the chosen t marked; dotted: the communication on ``others`` (links) for comparison.
     Communication starts at t = 2 (one device does not talk)."""
-    compute = [compute_s(tokens, hidden, t, flops) * 1e3 for t in tps]
-    comm = [comm_s(tokens, hidden, t, link.alpha, link.bandwidth, bytes_per_value) * 1e3 for t in tps]
+    compute, comm = zip(*(tp_layer_forward(tokens, hidden, t, link, flops, bytes_per_value) for t in tps))
+    compute, comm = [c * 1e3 for c in compute], [m * 1e3 for m in comm]
     talking = [i for i, t in enumerate(tps) if t > 1]
     fig = go.Figure([
         go.Scatter(x=list(tps), y=[float(f"{v:.4g}") for v in compute], mode="lines+markers",
@@ -113,9 +72,9 @@ def cost_figure(link: Link, hidden: int, tp: int, tokens: int, flops: float, byt
     for other in others:  # the other links, for comparison
         fig.add_trace(go.Scatter(
             x=[tps[i] for i in talking], mode="lines", opacity=0.6, line=dict(color="#e45756", dash="dot"),
-            y=[float(f"{comm_s(tokens, hidden, tps[i], other.alpha, other.bandwidth, bytes_per_value) * 1e3:.4g}")
+            y=[float(f"{tp_layer_forward(tokens, hidden, tps[i], other, flops, bytes_per_value)[1] * 1e3:.4g}")
                for i in talking], name=f"communication on {other.name.split(' (')[0]}"))
-    c, m = compute_s(tokens, hidden, tp, flops), comm_s(tokens, hidden, tp, link.alpha, link.bandwidth, bytes_per_value)
+    c, m = tp_layer_forward(tokens, hidden, tp, link, flops, bytes_per_value)
     fig.add_vline(x=tp, line=dict(color="gray", dash="dot"))
     if tps[-1] > GPUS_PER_NODE:  # a TP group this large spans nodes: its links are the slow ones
         fig.add_vrect(x0=GPUS_PER_NODE, x1=tps[-1] * 1.4, fillcolor="gray", opacity=0.08, line_width=0)
@@ -131,37 +90,13 @@ def cost_figure(link: Link, hidden: int, tp: int, tokens: int, flops: float, byt
     return fig
 
 
-def measure_machine(world_size: int = 4) -> dict:
-    """This machine as a "link" and a "device": the α–β fit of gloo's all-reduce on ``world_size``
-    ranks (as in lesson 01, fewer sizes) and the FLOP/s of a float32 matmul on one core here.
-    Timings: the numbers change from run to run."""
-    import torch
-
-    from parallel_lab.runtime import collectives, launcher
-
-    sizes = [2**k for k in range(10, 23, 3)]  # 1 KB .. 4 MB
-    measured = launcher.run(collectives.time_all_reduce, world_size, args=(sizes,), kwargs={"repeats": 3})[0]
-    fit = collectives.fit_alpha_beta(sizes, measured, world_size)
-    a, b = torch.randn(512, 512), torch.randn(512, 512)
-    a @ b  # warm-up
-    start = time.perf_counter()
-    for _ in range(5):
-        a @ b
-    flops = 5 * 2 * 512**3 / (time.perf_counter() - start)
-    link = Link("this machine (gloo)", fit["bandwidth_bytes_per_s"], max(fit["alpha_s"], 1e-7))
-    return {"link": link, "flops": flops}
-
-
 def cost_widget(machine: dict | None = None):
     """Sliders for h, t and b·s; a link preset (NVLink-class, InfiniBand-class, and "this machine"
-    when ``machine`` from ``measure_machine()`` is given) whose bandwidth, α and device FLOP/s stay
+    when ``machine`` from ``planning.calibration.measure_machine()`` is given) whose bandwidth, α and device FLOP/s stay
     editable; below, ``cost_figure`` and ``summary`` redrawn in place.
 
     A plain figure in an Output widget rather than a FigureWidget, as in lesson 00 (a FigureWidget
     saves plotly's whole JavaScript bundle into the notebook)."""
-    import ipywidgets as w
-    from IPython.display import display
-
     presets = {key: (link, DEVICE_FLOPS) for key, link in LINKS.items()}
     if machine is not None:
         presets["machine"] = (machine["link"], machine["flops"])
@@ -196,7 +131,7 @@ def cost_widget(machine: dict | None = None):
             # the other GPU link for comparison (this machine's link goes with a CPU's compute)
             others = [LINKS[key] for key in LINKS if key != preset.value] if preset.value in LINKS else []
             display(cost_figure(link(), **values, others=others))
-        n = all_reduce_bytes(tokens.value, hidden.value, value_bytes.value)
+        n = tokens.value * hidden.value * value_bytes.value  # bytes each all-reduce sums
         text.value = (f"<b>{summary(link(), **values)}</b><br>each all-reduce sums {n / 1e6:.3g} MB; a ring "
                       f"sends {2 * (tp.value - 1) / tp.value * n / 1e6:.3g} MB per device, twice per layer forward")
 
@@ -204,7 +139,7 @@ def cost_widget(machine: dict | None = None):
         chosen, flops = presets[preset.value]
         busy.append(True)
         bandwidth.value = round(chosen.bandwidth / 1e9, 3)
-        alpha.value = round(chosen.alpha * 1e6, 2)
+        alpha.value = round(chosen.latency * 1e6, 2)
         tflops.value = round(flops / 1e12, 4)
         busy.clear()
         update()

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from parallel_lab.runtime import commlog
 from parallel_lab import models
+from parallel_lab.runtime import commlog
 from parallel_lab.tensor.layers import ColumnParallelLinear, RowParallelLinear
 from parallel_lab.tensor.run import DEFAULT_CONFIG, check_case, reference
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-
 # ----------------------------------------------------------------------------------------------
 # Helpers: one collective (or none) each.
 

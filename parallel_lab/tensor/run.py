@@ -27,8 +27,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from parallel_lab.runtime import commlog, launcher
 from parallel_lab import models
+from parallel_lab.runtime import commlog, launcher
 from parallel_lab.tensor import layers
 from parallel_lab.tensor.plan import check_tensor_parallel, parallelize
 

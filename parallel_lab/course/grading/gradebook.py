@@ -9,8 +9,7 @@ import csv
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from parallel_lab.course.grading.reference import (DEFAULT_SANITIZE, ROOT, GradingError, Reference,
-                                                   load_reference)
+from parallel_lab.course.grading.reference import DEFAULT_SANITIZE, ROOT, GradingError, Reference, load_reference
 from parallel_lab.course.grading.runner import Row, grade_submission
 
 GRADEBOOK_COLUMNS = ("student", "lesson", "exercise", "passed", "points", "max_points", "reason")

@@ -37,14 +37,13 @@ def output_text(outputs) -> str:
     return "".join(parts)
 
 
-
 _died_seen = False
 
 
 def pytest_configure(config):
     if not os.environ.get(LOG_ENV):
         return
-    try:
+    try:  # this plugin runs inside nbval's process; nbval itself is an optional (test) dependency
         from nbval.kernel import RunningKernel
     except ImportError:
         return

@@ -53,7 +53,6 @@ from parallel_lab.course.grading.plugin import LOG_ENV, first_line, output_text
 from parallel_lab.course.grading.reference import DEFAULT_SANITIZE, Check, Reference, check_tags
 
 
-
 @dataclass(frozen=True)
 class Row:
     """One gradebook row; ``detail`` (expected and actual output) goes to the feedback file only."""
@@ -180,7 +179,6 @@ def _kill_tree(process, token: str) -> None:
         process.kill()
     process.wait()
     psutil.wait_procs(victims, timeout=5)
-
 
 
 def _reason(check: Check, record: dict | None, records: dict, timed_out: bool, limits: tuple,

@@ -17,4 +17,3 @@ from .text import answer, check_quiz, quiz_text, sheet_template, show
 
 __all__ = ["show", "answer", "check_quiz", "quiz_text", "sheet_template", "load", "load_all",
            "feedback", "score", "BankError"]
-

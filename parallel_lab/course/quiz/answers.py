@@ -1,6 +1,6 @@
 """Answers that the course computes instead of writing down: parametrised quiz items name one of
 these functions and its parameters (``answer: {function: "parallel_lab.course.quiz.answers:bubble_fraction",
-params: {schedule: gpipe, stages: 4, microbatches: 8}}``), so the quiz, the lessons and the library
+params: {schedule: gpipe, ranks: 4, microbatches: 8}}``), so the quiz, the lessons and the library
 can never disagree.
 
 Every function takes the quantities in the units its question states and returns a float. Each one
@@ -8,70 +8,72 @@ is a thin call into the module that teaches the idea:
 
 - pipeline bubbles and activation memory: ``parallel_lab.pipeline.schedules`` + ``parallel_lab.pipeline.simulate``
   (lessons on pipeline parallelism);
-- all-reduce bytes and time: ``parallel_lab.runtime.collectives.predict_all_reduce`` (lesson 01);
-- training memory: ``parallel_lab.planning.memory`` (lesson 00).
+- all-reduce bytes and time: ``parallel_lab.hardware.ring_all_reduce_time`` (lesson 01);
+- training memory: ``parallel_lab.planning.memory`` (lesson 00); GPU-hours: ``planning.planner`` (lesson 10).
 """
 
 from __future__ import annotations
 
-from parallel_lab.runtime.collectives import predict_all_reduce
+from parallel_lab.hardware import ring_all_reduce_time
 from parallel_lab.pipeline.schedules import MAX_MICROBATCHES, build
 from parallel_lab.pipeline.simulate import Costs, simulate
+from parallel_lab.planning import memory
+from parallel_lab.planning.planner import training_cost
 
 UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "s": 1, "ms": 1e-3, "us": 1e-6}
 
 
-def _timeline(schedule: str, stages: int, microbatches: int, virtual: int, F: float, B: float,
+def _timeline(schedule: str, ranks: int, microbatches: int, virtual: int, F: float, B: float,
               W: float | None):
     costs = Costs(F=F, B=B) if W is None else Costs(F=F, B=B, I=B - W, W=W)
-    return simulate(build(schedule, stages, microbatches, virtual), costs)
+    return simulate(build(schedule, ranks, microbatches, virtual), costs)
 
 
-def bubble_fraction(schedule: str, stages: int, microbatches: int, virtual: int = 1,
+def bubble_fraction(schedule: str, ranks: int, microbatches: int, virtual: int = 1,
                     F: float = 1.0, B: float = 2.0, W: float | None = None) -> float:
     """Idle share of the device-time box, ``1 - busy / (p * makespan)``, of the simulated schedule
     (F, B, W: per-microbatch costs of one stage; links free). GPipe and 1F1B: (p-1)/(m+p-1)."""
-    return _timeline(schedule, stages, microbatches, virtual, F, B, W).bubble_fraction
+    return _timeline(schedule, ranks, microbatches, virtual, F, B, W).bubble_fraction
 
 
-def bubble_ratio(schedule: str, stages: int, microbatches: int, virtual: int = 1,
+def bubble_ratio(schedule: str, ranks: int, microbatches: int, virtual: int = 1,
                  F: float = 1.0, B: float = 2.0, W: float | None = None) -> float:
     """Idle time over compute time, the papers' ``t_bubble / t_ideal``: (p-1)/m for GPipe and 1F1B,
     (p-1)/(v*m) for interleaved 1F1B (Narayanan et al. 2021)."""
-    f = bubble_fraction(schedule, stages, microbatches, virtual, F, B, W)
+    f = bubble_fraction(schedule, ranks, microbatches, virtual, F, B, W)
     return f / (1.0 - f)
 
 
-def peak_activations(schedule: str, stages: int, microbatches: int, stage: int, virtual: int = 1) -> float:
+def peak_activations(schedule: str, ranks: int, microbatches: int, stage: int, virtual: int = 1) -> float:
     """Most microbatches whose activations model stage ``stage`` keeps at once (1F1B: min(m, p-r))."""
-    return _timeline(schedule, stages, microbatches, virtual, 1.0, 2.0, None).peak_activations[stage]
+    return _timeline(schedule, ranks, microbatches, virtual, 1.0, 2.0, None).peak_activations[stage]
 
 
-def peak_rank_activations(schedule: str, stages: int, microbatches: int, rank: int, virtual: int = 1) -> float:
+def peak_rank_activations(schedule: str, ranks: int, microbatches: int, rank: int, virtual: int = 1) -> float:
     """Most microbatch-stages of activations rank ``rank`` keeps at once, over all its model stages."""
-    return _timeline(schedule, stages, microbatches, virtual, 1.0, 2.0, None).peak_rank_activations[rank]
+    return _timeline(schedule, ranks, microbatches, virtual, 1.0, 2.0, None).peak_rank_activations[rank]
 
 
-def microbatches_for_bubble(schedule: str, stages: int, max_bubble: float) -> float:
+def microbatches_for_bubble(schedule: str, ranks: int, max_bubble: float) -> float:
     """The fewest microbatches whose simulated bubble fraction is at most ``max_bubble``."""
-    step = stages if schedule == "interleaved-1f1b" else 1  # interleaving needs m % p == 0
+    step = ranks if schedule == "interleaved-1f1b" else 1  # interleaving needs m % p == 0
     for m in range(step, MAX_MICROBATCHES + 1, step):
-        if bubble_fraction(schedule, stages, m, 2 if schedule == "interleaved-1f1b" else 1) <= max_bubble + 1e-9:
+        if bubble_fraction(schedule, ranks, m, 2 if schedule == "interleaved-1f1b" else 1) <= max_bubble + 1e-9:
             return float(m)
-    raise ValueError(f"{schedule} on {stages} stages does not reach bubble {max_bubble} "
+    raise ValueError(f"{schedule} on {ranks} ranks does not reach bubble {max_bubble} "
                      f"within {MAX_MICROBATCHES} microbatches")
 
 
 def ring_all_reduce_sent(size: float, ranks: int) -> float:
     """Data each rank sends in a ring all-reduce of ``size`` (any unit; the same unit back):
     2(p-1)/p * size. It is the α–β model's time with α = 0 and a bandwidth of one unit per second."""
-    return predict_all_reduce(size, ranks, alpha_s=0.0, bandwidth_bytes_per_s=1.0)
+    return ring_all_reduce_time(size, ranks, alpha_s=0.0, bandwidth_bytes_per_s=1.0)
 
 
 def all_reduce_time(megabytes: float, ranks: int, alpha_us: float, bandwidth_gb_s: float,
                     unit: str = "us") -> float:
     """α–β time of a ring all-reduce of ``megabytes`` MB on ``ranks`` ranks, in ``unit``."""
-    seconds = predict_all_reduce(megabytes * 1e6, ranks, alpha_us * 1e-6, bandwidth_gb_s * 1e9)
+    seconds = ring_all_reduce_time(megabytes * 1e6, ranks, alpha_us * 1e-6, bandwidth_gb_s * 1e9)
     return seconds / UNITS[unit]
 
 
@@ -92,13 +94,16 @@ def tp_all_reduce_time(batch: int, seq: int, hidden: int, tp: int, bandwidth_gb_
 
 def model_state_gb(billions: float, precision: str = "mixed") -> float:
     """GB (10^9 bytes) of weights + gradients + Adam state for ``billions`` × 10^9 parameters."""
-    from parallel_lab.planning import memory
-
     return sum(memory.model_state(billions * 1e9, precision).values()) / memory.GB
 
 
 def min_gpus(billions: float, gpu: str = "H100 80GB", precision: str = "mixed") -> float:
     """Fewest GPUs that can hold the model state of ``billions`` × 10^9 parameters, split evenly."""
-    from parallel_lab.planning import memory
-
     return float(memory.min_devices(billions * 1e9, gpu, precision))
+
+
+def gpu_hours(step_s: float, gpus: int, tokens_billions: float, batch: int, seq: int) -> float:
+    """GPU-hours of a training run: steps = tokens / (batch x seq), each ``step_s`` on ``gpus``
+    devices (``planning.planner.training_cost``'s arithmetic)."""
+    row = {"global_batch": batch, "seq": seq, "step_s": step_s, "world_size": gpus}
+    return training_cost(row, tokens_billions * 1e9, 0.0)["gpu_hours"]

@@ -39,6 +39,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Mapping
 
+import yaml
+
 LANGUAGES = {"en": "English", "zh-Hant": "中文（繁體）"}
 KINDS = ("single", "multiple", "numeric")
 DEFAULT_PASS_MARK = 0.8
@@ -193,8 +195,6 @@ def _call(spec: str, params: tuple, where: str) -> float:
 
 
 def _read(path: Path) -> dict:
-    import yaml  # only needed to load banks
-
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 10x faster
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)

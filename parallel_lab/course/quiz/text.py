@@ -16,7 +16,7 @@ import json
 import textwrap
 
 from . import progress
-from .bank import Bank, Item, LANGUAGES, load, localize
+from .bank import LANGUAGES, Bank, Item, load, localize
 from .check import Feedback, Score, feedback, score, verdict
 
 WIDTH = 100

@@ -25,9 +25,9 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from .bank import BankError, bank_dir, bank_files, bank_from_data, _read, resolve
+from .bank import BankError, _read, bank_dir, bank_files, bank_from_data, resolve
 
-FAQ_ENTRIES = 6            # the source article's FAQ (shared/FAQ.md)
+FAQ_ENTRIES = 6            # the source article's FAQ (quizzes/faq_source.md)
 MIN_ITEMS_PER_FAQ_ENTRY = 2
 LESSON_ITEMS = (5, 8)      # a lesson's quiz: enough to teach, short enough to finish
 
@@ -38,6 +38,8 @@ def schema(directory: Path | None = None) -> dict:
 
 @lru_cache(maxsize=8)
 def _validator(text: str):
+    # Imported only when a bank is validated: jsonschema takes 2.7 s to import here (it builds an
+    # IRI parser), and every quiz a student opens would otherwise pay it.
     import jsonschema
 
     return jsonschema.Draft202012Validator(json.loads(text))

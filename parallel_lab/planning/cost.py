@@ -1,0 +1,167 @@
+"""The time model of a training step under 3D parallelism, and of one tensor-parallel layer.
+
+The cost model (per training step, on the slowest device; every term is printed in ``breakdown``):
+
+- **compute**: ``6 · params · tokens`` FLOPs (Kaplan et al. 2020; forward 2, backward 4 per parameter
+  and token), divided over all devices at ``flops`` each, times ``1 + overhead`` of recomputation
+  (full: one more forward, +1/3; selective: the attention core's share of the forward,
+  ``s/(6h + s)`` of it; Korthikanti et al. 2022). One micro-batch's forward is 1/3 of that, the
+  backward 2/3.
+- **tensor-parallel communication**: 2 all-reduces forward and 2 backward per layer of ``b·s·h``
+  2-byte values (Megatron, Shoeybi et al. 2019; 2 more with full recomputation, none more with
+  selective), ring α–β model (``ring_all_reduce_time``) over the intra-node links when
+  the TP group is inside a node; at the ends of the model the vocab-parallel embedding (1 forward),
+  LM head (1 backward) and cross-entropy (3 forward of one fp32 value per token). Added to each micro-batch's forward / backward: it is not
+  overlapped, so it also lengthens the bubble. With sequence parallelism the all-reduces become an
+  all-gather + a reduce-scatter of the same volume: same time.
+- **pipeline bubble**: closed forms of the simulator's makespan (``parallel_lab.pipeline.simulate``; equal
+  stage costs, free links -- tested equal): GPipe and 1F1B ``(m + p - 1)(F + B)``, interleaved 1F1B
+  ``m(F + B) + (p - 1)(F + B)/v``, ZB-H1 ``m(F + B) + (p - 1)·max(F, B/2)`` (its W passes fill the
+  cool-down).
+- **pipeline point-to-point**: every micro-batch chunk sends its activation forward and receives its
+  gradient back, ``b·s·h/t`` 2-byte values (Megatron's scatter/gather optimisation), not overlapped;
+  inter-node links when a pipeline group spans nodes.
+- **data-parallel gradient all-reduce** of this device's 2-byte gradients over ``dp`` (ZeRO-1:
+  reduce-scatter + all-gather, the same volume), not overlapped with backward; inter-node links when
+  a data-parallel group spans nodes.
+
+Deliberately simple: no kernel efficiency that depends on shapes, no overlap, no congestion between
+groups sharing a link. Good for ranking plans and for seeing why; its constants come from
+``parallel_lab.hardware.Cluster`` (or from this machine, ``parallel_lab.planning.calibration``) and
+``parallel_lab.parallel3d.validate_plans`` holds it against real runs.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+from parallel_lab.hardware import Cluster, Link, ring_all_reduce_time
+from parallel_lab.planning import memory, memory_model
+from parallel_lab.runtime.mesh import ParallelDims
+
+CLOSED_FORMS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+
+
+def pipeline_makespan(schedule: str, pp: int, microbatches: int, virtual: int, fwd: float, bwd: float) -> float:
+    """Closed form of the simulated makespan for equal stages of one micro-batch forward ``fwd`` and
+    backward ``bwd`` (whole rank, all its chunks) and free links (see the module doc)."""
+    p, m, v = pp, microbatches, virtual
+    work = m * (fwd + bwd)
+    if schedule in ("gpipe", "1f1b"):
+        return work + (p - 1) * (fwd + bwd)
+    if schedule == "interleaved-1f1b":
+        return work + (p - 1) * (fwd + bwd) / v
+    if schedule == "zb-h1":
+        return work + (p - 1) * max(fwd, bwd / 2)
+    raise ValueError(f"no closed form for schedule {schedule!r}; choose one of {', '.join(CLOSED_FORMS)}")
+
+
+def recompute_extra_forward(model: memory.ModelConfig, recompute: str, seq: int | None = None) -> float:
+    """Extra forward work of recomputation as a fraction of one forward: 1 (full: the whole forward
+    again), the attention core's share s/(6h + s) (selective, Korthikanti et al. 2022), 0 (none).
+    ``recompute_overhead`` is the same work as a fraction of the whole step."""
+    recompute = memory_model.check_recompute(recompute)
+    s, h = (model.seq if seq is None else seq), model.hidden
+    return {"none": 0.0, "full": 1.0, "selective": s / (6 * h + s)}[recompute]
+
+
+@functools.lru_cache(maxsize=1024)
+def _crossings(dp, pp, tp, nodes, gpus_per_node) -> dict:
+    """Which dimensions' groups span nodes (validates the layout too)."""
+    dims = ParallelDims(dp, pp, tp, nodes, gpus_per_node)
+    return {dim: dims.crosses_nodes(dim) for dim in ("dp", "pp", "tp")}
+
+
+def step_time(model: memory.ModelConfig, cluster: Cluster, batch: int, dp: int, pp: int, tp: int,
+              microbatches: int, schedule: str = "1f1b", virtual: int = 1, recompute: str = "none") -> dict:
+    """Predicted seconds per step and its parts: ``compute_s``, ``tp_comm_s``, ``bubble_s``,
+    ``pp_comm_s``, ``dp_comm_s`` and their sum ``step_s``."""
+    crosses = _crossings(dp, pp, tp, cluster.nodes, cluster.gpus_per_node)
+    b = batch // (dp * microbatches)
+    flops = 6 * memory_model.param_count(model.layers, model.hidden, model.vocab, model.seq) * batch * model.seq
+    per_device = flops / (dp * pp * tp) / (cluster.tflops * 1e12)
+    fwd = per_device / 3 / microbatches  # one micro-batch through this rank's layers
+    bwd = 2 * fwd + fwd * recompute_extra_forward(model, recompute)
+    alpha = cluster.latency_us * 1e-6
+
+    def bandwidth(dim):
+        return (cluster.inter_gbps if crosses[dim] else cluster.intra_gbps) * 1e9
+
+    tp_fwd = tp_bwd = 0.0
+    if tp > 1:
+        one = ring_all_reduce_time(2 * b * model.seq * model.hidden, tp, alpha, bandwidth("tp"))
+        layers = model.layers // pp
+        tp_fwd = layers * 2 * one
+        tp_bwd = layers * (4 if recompute == "full" else 2) * one
+        # the ends of the model, on the last stage (with pp 1 also the first): the LM head's input
+        # gradient (one backward) and the vocab-parallel loss's max, sum of exponentials and target
+        # logit (three forward, one fp32 value per token); the first stage's embedding sums its
+        # partial lookups (one forward), no more than that
+        per_token = ring_all_reduce_time(4 * b * model.seq, tp, alpha, bandwidth("tp"))
+        tp_fwd += 3 * per_token + (one if pp == 1 else 0.0)
+        tp_bwd += one
+    makespan = pipeline_makespan(schedule, pp, microbatches, virtual, fwd + tp_fwd, bwd + tp_bwd)
+    work = microbatches * (fwd + bwd + tp_fwd + tp_bwd)
+    pp_comm = 0.0
+    if pp > 1:
+        message = 2 * b * model.seq * model.hidden / tp
+        pp_comm = 2 * microbatches * virtual * (alpha + message / bandwidth("pp"))
+    dp_comm = 0.0
+    if dp > 1:
+        grads = max(memory_model.stage_params(model, pp, tp, s) for s in {0, pp - 1}) * 2  # middle stages hold less
+        dp_comm = ring_all_reduce_time(grads, dp, alpha, bandwidth("dp"))
+    parts = {"compute_s": microbatches * (fwd + bwd), "tp_comm_s": microbatches * (tp_fwd + tp_bwd),
+             "bubble_s": makespan - work, "pp_comm_s": pp_comm, "dp_comm_s": dp_comm}
+    parts["step_s"] = sum(parts.values())
+    return parts
+
+
+def recompute_overhead(model: memory.ModelConfig | str, recompute: str, seq: int | None = None) -> float:
+    """Extra compute of a training step with ``recompute``, as a fraction of the step without it
+    (FLOPs of the transformer layers; a backward costs two forwards).
+
+    A layer's forward is 24bsh^2 + 4bs^2h FLOPs (Narayanan et al. 2021), the step three times that.
+    "full" runs every forward again: 1/3. "selective" (Korthikanti et al. 2022) recomputes only the
+    attention core, QK^T and the product with V (4bs^2h): s / (3(6h + s)) -- ``recompute_extra_forward``
+    over the three forwards' worth of a step.
+    """
+    m = memory.MODELS[model] if isinstance(model, str) else model
+    return recompute_extra_forward(m, recompute, seq) / 3
+
+
+# ----------------------------------------------------------------------------------------------
+# One tensor-parallel layer: why TP stays inside a node (lessons 02, 09 and 10, FAQ 6).
+
+
+def layer_flops(tokens: int, hidden: int) -> float:
+    """FLOPs of one transformer layer's forward matmuls: ``24·tokens·h²`` (the q, k, v and output
+    projections 8·tokens·h², the MLP 16·tokens·h²; Narayanan et al. 2021, eq. 2, without the
+    attention-score term 4·b·s²·h). The planner's 2 FLOPs per parameter and token add only the
+    biases' and norms' 26·tokens·h, 0.01 % at h = 12288."""
+    return 24 * tokens * hidden**2
+
+
+def tp_layer_forward(tokens: int, hidden: int, tp: int, link: Link, flops: float,
+                     bytes_per_value: int = 2) -> tuple[float, float]:
+    """``(compute_s, comm_s)`` of one layer's forward on each of ``tp`` devices: the layer's FLOPs
+    shared by the devices at ``flops`` each, and Megatron's two all-reduces (g after attention, g
+    after the MLP) of the ``tokens x hidden`` activation over ``link`` (none on one device). The
+    backward does twice the compute and the same two all-reduces (f)."""
+    compute = layer_flops(tokens, hidden) / tp / flops
+    return compute, 2 * link.all_reduce(tokens * hidden * bytes_per_value, tp)
+
+
+def tp_per_device_ratio(tp_a: int, tp_b: int) -> float:
+    """How many times more TP all-reduce bytes per device per step ``tp_b`` costs than ``tp_a`` on the
+    same number of GPUs, same pipeline and micro-batch size, bandwidth-bound: each device carries
+    tokens in proportion to tp (dp shrinks as tp grows) and sends 2(t-1)/t of each message."""
+    return (tp_b * (tp_b - 1) / tp_b) / (tp_a * (tp_a - 1) / tp_a)
+
+
+def across_nodes(model, cluster: Cluster, batch: int, dp: int, pp: int, tp: int, microbatches: int,
+                 schedule: str = "zb-h1", recompute: str = "none") -> dict:
+    """``step_time`` of a layout whose TP groups span nodes, which the planner refuses: the same model
+    on nodes of ``tp`` devices whose links are only as fast as the network. Returns the breakdown."""
+    wide = replace(cluster, nodes=cluster.world_size // tp, gpus_per_node=tp, intra_gbps=cluster.inter_gbps)
+    return step_time(model, wide, batch, dp, pp, tp, microbatches, schedule, 1, recompute)
