@@ -8,6 +8,7 @@ import nbformat
 import pytest
 
 from parallel_lab.exercises import one_f_one_b as exercise
+from parallel_lab.pipeline.run import run_pipeline
 from parallel_lab.show import pipeline as figures
 from parallel_lab.pipeline.schedules import Action, ScheduleError, build
 from parallel_lab.pipeline.validate import validate
@@ -160,13 +161,13 @@ def test_correct_solution_passes_on_2_and_4_real_ranks(capsys):
 
 @pytest.mark.ranks
 @pytest.mark.timeout(120)
-def test_run_schedule_runs_a_hand_written_schedule_like_run_pipeline():
+def test_run_pipeline_runs_a_hand_written_schedule():
     sched = exercise.as_schedule(back_to_back(2, 2), p=2, m=2, name="serial")
-    result = exercise.run_schedule(sched, batch=8)
+    result = run_pipeline(sched, batch=8)
     assert result["schedule"] == "serial" and result["max_grad_diff"] < 1e-10 and result["loss_diff"] < 1e-10
     assert result["peak_activations"] == [1, 1] == simulate(sched).peak_activations
     with pytest.raises(ScheduleError, match="runs before its input"):
-        exercise.run_schedule(exercise.as_schedule(["0B0 0F0", "1F0 1B0"], p=2, m=1))
+        run_pipeline(exercise.as_schedule(["0B0 0F0", "1F0 1B0"], p=2, m=1))
 
 
 # ------------------------------------------------------------------------------------------------

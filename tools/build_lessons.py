@@ -60,7 +60,7 @@ def parse(source: str) -> list:
 
 def quiz_cells(lesson: str) -> list:
     """The quiz that ends lesson ``lesson`` ("01"), built from its bank; none when it has no bank."""
-    if not any(b.lesson == lesson for b in bank.load_all().values()):
+    if not any(b.lesson == lesson for b in bank.load_all()):
         return []
     return parse(text.lesson_cells(lesson))
 

@@ -183,7 +183,7 @@ print(inspect.getsource(pipedream.AsyncStage._update))
 # %%
 print("running the three modes on 4 ranks ...")
 out = pipedream.compare_modes(stages=p, steps=steps, microbatches=m, lr=0.1)
-expected = pipedream_figures.expected_versions(p, steps, m)
+expected = pipedream.expected_versions(p, steps, m)
 for mode in pipedream.MODES:
     measured = [sorted(tuple(v) for v in stage) for stage in out[mode]["versions"]]
     print(f"{mode:<9} versions recorded on the ranks == read off the schedule: {measured == expected[mode]}")
@@ -222,7 +222,7 @@ tol = 1e-12
 no_stash, stash, flush = out["no-stash"], out["stash"], out["flush"]
 stale = [row[-1] for row in no_stash["staleness"]]
 print(f"no-stash: steady-state staleness per stage {stale}; "
-      f"== p-1-s from the schedule: {stale == [pipedream_figures.staleness(p, s) for s in range(p)]}")
+      f"== p-1-s from the schedule: {stale == [pipedream.staleness(p, s) for s in range(p)]}")
 print(f"no-stash: every backward used its forward's weights: "
       f"{all(f == b for stage in no_stash['versions'] for _, f, b in stage)}; "
       f"equals the weight-stashing replay: {no_stash['diff_vs_replay'] < tol}")
@@ -230,7 +230,7 @@ print(f"stash:    every backward used its forward's weights: "
       f"{all(f == b for stage in stash['versions'] for _, f, b in stage)}; "
       f"equals the weight-stashing replay: {stash['diff_vs_replay'] < tol}")
 print(f"stash:    weight versions held at once per stage {stash['peak_versions']}; == p-s from the schedule: "
-      f"{stash['peak_versions'] == [pipedream_figures.stashed_versions(p, s) for s in range(p)]}")
+      f"{stash['peak_versions'] == [pipedream.stashed_versions(p, s) for s in range(p)]}")
 print(f"flush:    equals synchronous SGD: {flush['diff_vs_sync_sgd'] < tol}; "
       f"no-stash and stash equal synchronous SGD: "
       f"{no_stash['diff_vs_sync_sgd'] < tol or stash['diff_vs_sync_sgd'] < tol}")

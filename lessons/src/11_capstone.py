@@ -211,12 +211,13 @@ print(f"and here: torchrun --standalone --nproc-per-node {my_plan.world_size} -m
 
 # %%
 from parallel_lab.hardware import Cluster
-from parallel_lab.planning import cost, planner
+from parallel_lab.planning import planner
+from parallel_lab.planning.cost import step_time
 
 gpt3 = memory.MODELS["GPT-3 175B"]
 cluster = Cluster(nodes=64, gpus_per_node=8, gpu_mem_gb=80)
 for dp, pp, tp, m, schedule_name in ((8, 16, 4, 192, "zb-h1"), (16, 32, 1, 96, "gpipe")):
-    t = cost.step_time(gpt3, cluster, 1536, dp, pp, tp, m, schedule_name, recompute="selective")
+    t = step_time(gpt3, cluster, 1536, dp, pp, tp, m, schedule_name, recompute="selective")
     row = {"global_batch": 1536, "seq": gpt3.seq, "step_s": t["step_s"], "world_size": dp * pp * tp}
     cost = planner.training_cost(row, tokens=300e9, price_per_gpu_hour=2.0)
     print(f"dp {dp:>2} x pp {pp:>2} x tp {tp}, {schedule_name:<6} m={m:<3}: {t['step_s']:6.1f} s per step, "
