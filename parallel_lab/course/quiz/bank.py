@@ -5,7 +5,7 @@ A bank is data, not code (format: ``quizzes/schema.json``; checks: ``parallel_la
     id: collectives                 # the bank's topic; every item id starts with "collectives/"
     lesson: "01"                    # the lesson it belongs to (null until a lesson is attached)
     title: Ranks and collectives
-    languages: [en]                 # every text field carries each of these (FAQ: en, zh-Hant)
+    languages: [en, zh-Hant]        # every text field carries each of these (the course: both)
     pass_mark: 0.75                 # fraction of the points needed to pass
     items:
       - id: collectives/identity

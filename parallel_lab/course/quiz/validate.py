@@ -7,7 +7,9 @@
 Invariants (each error names the file and the item):
 - the bank matches the schema; item ids start with the bank id and are unique across all banks;
   bank ids and lesson numbers are unique; a lesson bank has 5 to 8 items;
-- every text carries every language the bank declares (the FAQ bank: en and zh-Hant);
+- every bank is bilingual: its ``languages`` include en and zh-Hant (``REQUIRED_LANGUAGES``);
+- every text (title, FAQ questions, prompt, options and their ``why``, explanation, hint, mistakes)
+  carries every language the bank declares, each non-blank, with the same placeholders as the English;
 - choices: unique keys, an explanation (``why``) for every option, exactly one correct option for
   ``single``, at least one for ``multiple``;
 - numeric: the answer computes (a ``parallel_lab`` function, called with its params), every
@@ -30,6 +32,7 @@ from .bank import BankError, _read, bank_dir, bank_files, bank_from_data, resolv
 FAQ_ENTRIES = 6            # the source article's FAQ (quizzes/faq_source.md)
 MIN_ITEMS_PER_FAQ_ENTRY = 2
 LESSON_ITEMS = (5, 8)      # a lesson's quiz: enough to teach, short enough to finish
+REQUIRED_LANGUAGES = ("en", "zh-Hant")  # every bank: English and Traditional Chinese (Taiwan)
 
 
 def schema(directory: Path | None = None) -> dict:
@@ -85,17 +88,64 @@ def _placeholders(text: str) -> set[str]:
     return {name.split(".")[0].split("[")[0] for _, name, _, _ in string.Formatter().parse(text) if name}
 
 
+def _fields(text: str) -> list[tuple]:
+    """The replacement fields of a format string, as (name, format spec, conversion), sorted."""
+    return sorted((name, spec or "", conv or "") for _, name, spec, conv in string.Formatter().parse(text)
+                  if name is not None)
+
+
+def _show(fields) -> str:
+    return ", ".join("{" + n + (":" + s if s else "") + ("!" + c if c else "") + "}" for n, s, c in fields) or "none"
+
+
+def text_errors(where: str, name: str, text, languages) -> list[str]:
+    """A text field lacks none of the bank's ``languages`` (a plain string is English only), and
+    every translation has the same placeholders as the English (``{ranks}``, ``{answer:g}``)."""
+    texts = {"en": text} if isinstance(text, str) else dict(text)
+    have = {lang for lang, s in texts.items() if isinstance(s, str) and s.strip()}
+    missing = [lang for lang in languages if lang not in have]
+    errors = []
+    if missing:
+        errors.append(f"{where}: {name} lacks language(s) {', '.join(missing)} (the bank declares "
+                      f"{', '.join(languages)})")
+    try:
+        english = _fields(texts["en"])
+    except (KeyError, TypeError, ValueError):
+        return errors  # no English, or malformed braces: reported by the schema and the numeric checks
+    for lang in sorted(have - {"en"}):
+        try:
+            fields = _fields(texts[lang])
+        except ValueError as exc:
+            errors.append(f"{where}: {name} in {lang}: malformed placeholder: {exc}")
+            continue
+        if fields != english:
+            errors.append(f"{where}: {name} in {lang} has placeholders {_show(fields)}, but in en "
+                          f"{_show(english)}; keep them unchanged in every language")
+    return errors
+
+
+def bank_errors(bank) -> list[str]:
+    """Bank-level invariants: the bank is bilingual, and its title and FAQ questions carry every
+    declared language."""
+    name = bank.path.name if bank.path else bank.id
+    errors = []
+    absent = [lang for lang in REQUIRED_LANGUAGES if lang not in bank.languages]
+    if absent:
+        errors.append(f"{name}: quiz banks are bilingual: {' + '.join(REQUIRED_LANGUAGES)}; languages is "
+                      f"[{', '.join(bank.languages)}], missing {', '.join(absent)}")
+    errors += text_errors(name, "title", bank.title, bank.languages)
+    for entry in bank.faq:
+        errors += text_errors(name, f"faq entry {entry['entry']} question", entry["question"], bank.languages)
+    return errors
+
+
 def item_errors(bank, item) -> list[str]:
     """Invariants of one loaded item that the schema cannot state."""
     errors, where = [], item.source
     if not item.id.startswith(bank.id + "/"):
         errors.append(f"{where}: id must start with the bank id {bank.id + '/'!r}")
     for name, text in _texts(item):
-        have = {"en"} if isinstance(text, str) else set(text)
-        missing = [lang for lang in bank.languages if lang not in have]
-        if missing:
-            errors.append(f"{where}: {name} lacks language(s) {', '.join(missing)} (the bank declares "
-                          f"{', '.join(bank.languages)})")
+        errors += text_errors(where, name, text, bank.languages)
     if item.kind in ("single", "multiple"):
         keys = [o.key for o in item.options]
         if len(set(keys)) != len(keys):
@@ -149,9 +199,7 @@ def _numeric_errors(item) -> list[str]:
 def faq_errors(bank) -> list[str]:
     """The FAQ bank covers entries 1..FAQ_ENTRIES, each with enough items, in both languages."""
     name = bank.path.name if bank.path else bank.id
-    errors = []
-    if "zh-Hant" not in bank.languages:
-        errors.append(f"{name}: the FAQ bank must declare languages en and zh-Hant (the source's language)")
+    errors = []  # both languages: bank_errors, as for every bank
     listed = sorted(e["entry"] for e in bank.faq)
     if listed != list(range(1, FAQ_ENTRIES + 1)):
         errors.append(f"{name}: faq must list entries 1..{FAQ_ENTRIES} once each, got {listed}")
@@ -179,6 +227,7 @@ def validate_file(path: Path, directory: Path | None = None) -> tuple[list[str],
     if errors:
         return errors, None
     bank = bank_from_data(data, path)
+    errors += bank_errors(bank)
     for item in bank.items:
         errors += item_errors(bank, item)
     if bank.faq:
