@@ -1,204 +1,357 @@
-"""Course certificates with a verifiable ID.
+"""Course certificates: instructor-signed (Ed25519, anyone can verify) or self-issued (tamper-evident only).
 
     from parallel_lab.course.certificate import certificate
-    certificate("Ada Lovelace")        # in a notebook: lists every lesson whose quiz you passed
+    certificate("Ada Lovelace")        # in a notebook: self-issued, lists every lesson whose quiz you passed
 
-    parallel-lab certificate verify certificate.json [--json]      # {"valid": ..., "reason": ...}
+    parallel-lab certificate keygen ~/.parallel_lab/keys       # instructor.key (secret) + instructor.pub
     parallel-lab certificate issue --name "Ada" --gradebook grades.csv --student ada --key-file KEY
+    parallel-lab certificate verify certificate.json --public-key instructor.pub [--json]
 
-A certificate is a small JSON file: ``name``, ``course``, ``lessons`` (passed), ``date``, ``issuer``,
-``key_id`` and ``id``. The ID is a keyed MAC of every other field (HMAC-SHA256, first 80 bits,
-written ``PL-XXXX-XXXX-XXXX-XXXX``), so changing any field, or the ID, makes verification fail.
+A certificate (format version 2) is a small JSON object. Every certificate has ``version``, ``name``,
+``course``, ``lessons`` (passed, sorted), ``date`` (YYYY-MM-DD), ``issuer``, ``trust`` and ``id``
+(``PL-XXXX-XXXX-XXXX-XXXX``: the first 80 bits of the SHA-256 of the canonical JSON of the fields
+before it, base32). An instructor-signed one also has ``fingerprint`` and ``public_key`` (the
+signer's key, base64 of its 32 raw bytes) and ``signature`` (base64 Ed25519 signature of the
+canonical JSON of every other field). Canonical JSON: ``json.dumps(fields, sort_keys=True,
+ensure_ascii=False, separators=(",", ":"))`` in UTF-8, so whitespace and key order in the file do
+not matter.
 
-Trust model -- who can mint a valid ID depends on the key:
+Trust model:
 
-- **Public course key** (the default, written in this file; ``key_id`` "public"). Anyone can
-  compute IDs, so a certificate is *tamper-evident only*: an edit made after issue is detected, but
-  a student can mint a certificate saying anything. (The quiz passes it is issued from,
-  ``~/.parallel_lab/progress.json``, are the student's own record too.) Self-issued certificates
-  are for the student's own satisfaction.
-- **Instructor key** (a secret: ``$PARALLEL_LAB_CERT_KEY``, or a file named by
-  ``$PARALLEL_LAB_CERT_KEY_FILE`` or ``--key-file``; ``key_id`` "k-" + a fingerprint). Students
-  without the secret cannot mint a valid ID: the certificate is *unforgeable* by them. HMAC is
-  symmetric, so checking it needs the same secret: the instructor (or a colleague given the key)
-  verifies, and in that mode self-issued certificates are rejected unless explicitly accepted.
-  Letting anyone verify without being able to mint would need a public-key signature (e.g.
-  Ed25519 via the ``cryptography`` package), which the course does not depend on.
+- **Instructor-signed** (``"trust": "instructor-signed (Ed25519)"``). Only the holder of the private
+  key can make one; anyone holding the public key can check it, with no secret. The verifier
+  supplies the public key (the instructor's ``.pub`` file, its fingerprint checked against the one
+  the instructor published); the key embedded in the certificate is never trusted by itself and
+  must be that same key.
+- **Self-issued** (``"trust": "self-issued (tamper-evident only)"``, students in a notebook). No
+  signature: the ID only shows that the file was not edited since it was made, but anyone can make
+  one for any name, lessons and issuer (the quiz record it comes from is the student's own file).
+  ``verify`` accepts it only with ``accept_self_issued``, and its issuer is a claim.
+
+Key files (``keygen``): ``NAME.key``, the private key as PEM PKCS8 (unencrypted, mode 0600), and
+``NAME.pub``, the public key as PEM SubjectPublicKeyInfo. ``load_public_key`` also reads a one-line
+base64 of the 32 raw bytes (the form in a certificate's ``public_key``). Fingerprint: ``SHA256:`` +
+unpadded base64 of the SHA-256 of the 32 raw public key bytes (as OpenSSH writes them).
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import csv
 import datetime as _dt
 import hashlib
-import hmac
 import html
 import json
 import os
-import secrets
 import unicodedata
-from dataclasses import dataclass
 from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from parallel_lab.course.quiz import progress
 
 COURSE = "parallel-lab: model parallelism (tensor and pipeline), run for real"
-VERSION = 1
-PUBLIC_SECRET = b"parallel-lab public course key v1 (not a secret: certificates signed with it are tamper-evident only)"
-FIELDS = ("version", "name", "course", "lessons", "date", "issuer", "key_id", "id")
+VERSION = 2
+SIGNED = "instructor-signed (Ed25519)"
+SELF_ISSUED = "self-issued (tamper-evident only)"
+FIELDS = ("version", "name", "course", "lessons", "date", "issuer", "trust", "id")
+SIGNED_FIELDS = FIELDS + ("fingerprint", "public_key", "signature")
+DEFAULT_KEY_NAME = "instructor"
 DEFAULT_THRESHOLD = 0.8  # share of a lesson's points needed to count it as passed (gradebook)
 
 
-@dataclass(frozen=True)
-class Key:
-    """A MAC key: the public course key, or an instructor's secret."""
+# --- keys -------------------------------------------------------------------------------------------
 
-    secret: bytes
-    instructor: bool
-
-    @property
-    def key_id(self) -> str:
-        if not self.instructor:
-            return "public"
-        return "k-" + hashlib.sha256(b"parallel-lab key id\0" + self.secret).hexdigest()[:12]
+def _raw(public_key: Ed25519PublicKey) -> bytes:
+    return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
-PUBLIC_KEY = Key(PUBLIC_SECRET, instructor=False)
+def fingerprint(public_key: Ed25519PublicKey) -> str:
+    """``SHA256:`` + unpadded base64 of SHA-256 of the key's 32 raw bytes (43 characters after the colon)."""
+    return "SHA256:" + base64.b64encode(hashlib.sha256(_raw(public_key)).digest()).decode().rstrip("=")
 
 
-def load_key(key_file: str | os.PathLike | None = None, environ=None) -> Key:
-    """The instructor key from ``key_file``, ``$PARALLEL_LAB_CERT_KEY`` (the secret itself) or
-    ``$PARALLEL_LAB_CERT_KEY_FILE``; the public course key when none is set."""
-    environ = os.environ if environ is None else environ
-    path = key_file or environ.get("PARALLEL_LAB_CERT_KEY_FILE")
-    if path:
-        try:
-            secret = Path(path).read_bytes().strip()
-        except OSError as exc:
-            raise ValueError(f"cannot read the instructor key file {path}: {exc.strerror}") from None
-    else:
-        secret = environ.get("PARALLEL_LAB_CERT_KEY", "").strip().encode()
-    if not secret:
-        return PUBLIC_KEY
-    if len(secret) < 16:
-        raise ValueError(f"an instructor key needs at least 16 bytes of secret, got {len(secret)}; "
-                         "make one with `parallel-lab certificate keygen FILE`")
-    return Key(secret, instructor=True)
+def public_key_line(public_key: Ed25519PublicKey) -> str:
+    """The one-line form of a public key: base64 of its 32 raw bytes."""
+    return base64.b64encode(_raw(public_key)).decode()
 
 
-def keygen(path: str | os.PathLike) -> Key:
-    """Write a new random instructor key (64 hex characters) to ``path``, readable by its owner only."""
-    path = Path(path)
-    if path.exists():
-        raise ValueError(f"{path} exists; refusing to overwrite a key (certificates signed with it "
-                         "would no longer verify)")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32) + "\n")
-    return load_key(path)
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    except FileExistsError:
+        raise ValueError(f"{path} exists; refusing to overwrite a key") from None
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
 
+
+def keygen(directory: str | os.PathLike, name: str = DEFAULT_KEY_NAME) -> dict:
+    """Make a new Ed25519 key pair in ``directory`` (created if missing): ``NAME.key`` (private, PEM
+    PKCS8, mode 0600) and ``NAME.pub`` (public, PEM). Refuses to overwrite either file. Returns
+    ``{"private_key": path, "public_key": path, "fingerprint": "SHA256:..."}``."""
+    if not name or name != Path(name).name or name.startswith("."):
+        raise ValueError(f"a key name must be a plain file name (no folder, no leading dot), got {name!r}")
+    directory = Path(directory)
+    private, public = directory / f"{name}.key", directory / f"{name}.pub"
+    existing = [str(p) for p in (private, public) if p.exists()]
+    if existing:
+        raise ValueError(f"{' and '.join(existing)} already exist(s); refusing to overwrite a key "
+                         "(certificates signed with it would no longer verify)")
+    directory.mkdir(parents=True, exist_ok=True)
+    key = Ed25519PrivateKey.generate()
+    _write_new(private, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()), 0o600)
+    _write_new(public, key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo), 0o644)
+    return {"private_key": str(private), "public_key": str(public), "fingerprint": fingerprint(key.public_key())}
+
+
+def _read_key_file(path, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read the {what} file {path}: {exc.strerror}") from None
+
+
+def load_private_key(path: str | os.PathLike) -> Ed25519PrivateKey:
+    """The Ed25519 private key in ``path`` (PEM PKCS8, as ``keygen`` writes ``NAME.key``); ValueError if not."""
+    data = _read_key_file(path, "private key")
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        raise ValueError(f"{path} is not an unencrypted PEM private key (the NAME.key that "
+                         "`parallel-lab certificate keygen` writes; NAME.pub is the public one)") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError(f"{path} holds a {type(key).__name__}, not an Ed25519 private key")
+    return key
+
+
+def decode_public_key(line: str) -> Ed25519PublicKey:
+    """An Ed25519 public key from base64 of its 32 raw bytes; ValueError if it is not that."""
+    try:
+        raw = base64.b64decode(line.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"not base64: {line.strip()[:60]!r}") from None
+    if len(raw) != 32:
+        raise ValueError(f"an Ed25519 public key has 32 bytes, got {len(raw)}")
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
+def load_public_key(path: str | os.PathLike) -> Ed25519PublicKey:
+    """The Ed25519 public key in ``path``: PEM (``NAME.pub`` from ``keygen``) or one line of base64 of
+    its 32 raw bytes. ValueError if it is neither."""
+    data = _read_key_file(path, "public key")
+    try:
+        if data.lstrip().startswith(b"-----BEGIN"):
+            key = serialization.load_pem_public_key(data)
+        else:
+            key = decode_public_key(data.decode("ascii"))
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        raise ValueError(f"{path} is not an Ed25519 public key (PEM or one-line base64): "
+                         f"{str(exc).splitlines()[0][:120]}") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise ValueError(f"{path} holds a {type(key).__name__}, not an Ed25519 public key")
+    return key
+
+
+# --- issuing ----------------------------------------------------------------------------------------
 
 def _normal(text: str) -> str:
     return unicodedata.normalize("NFC", " ".join(str(text).split()))
 
 
-def _mac_input(cert: dict) -> bytes:
-    body = {k: cert[k] for k in FIELDS if k != "id"}
-    return json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+def canonical(cert: dict, without=("signature",)) -> bytes:
+    """The bytes that are digested or signed: sorted-key compact JSON (UTF-8) of every field but ``without``."""
+    body = {k: v for k, v in cert.items() if k not in without}
+    return json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
 
 
-def compute_id(cert: dict, key: Key) -> str:
-    """``PL-XXXX-XXXX-XXXX-XXXX``: HMAC-SHA256 of the other fields, first 80 bits, base32."""
-    mac = hmac.new(key.secret, _mac_input(cert), hashlib.sha256).digest()[:10]
-    code = base64.b32encode(mac).decode()
+def compute_id(cert: dict) -> str:
+    """``PL-XXXX-XXXX-XXXX-XXXX``: SHA-256 of every field but ``id`` and ``signature``, first 80 bits, base32."""
+    code = base64.b32encode(hashlib.sha256(canonical(cert, ("id", "signature"))).digest()[:10]).decode()
     return "PL-" + "-".join(code[i:i + 4] for i in range(0, 16, 4))
 
 
-def issue(name: str, lessons, key: Key | None = None, date: str | None = None,
+def _checked_date(date: str | None) -> str:
+    if date is None:
+        return _dt.date.today().isoformat()
+    try:
+        return _dt.date.fromisoformat(str(date)).isoformat()
+    except ValueError:
+        raise ValueError(f"a certificate date must be YYYY-MM-DD, got {date!r}") from None
+
+
+def issue(name: str, lessons, key: Ed25519PrivateKey | None = None, date: str | None = None,
           issuer: str | None = None, course: str = COURSE) -> dict:
-    """A certificate for ``name`` and the ``lessons`` passed, signed with ``key`` (default: the
-    instructor key if one is configured, else the public course key)."""
-    key = key or load_key()
+    """A certificate (dict) for ``name`` and the ``lessons`` passed: signed with the Ed25519 private
+    ``key``, or self-issued (tamper-evident only) when ``key`` is None. ``date`` YYYY-MM-DD (default
+    today); ``issuer`` default "instructor" / "self-issued". ValueError on an empty name or no lessons."""
+    signed = key is not None
     name = _normal(name)
     if not name:
         raise ValueError("a certificate needs a non-empty name")
     lessons = sorted({str(lesson) for lesson in lessons})
     if not lessons:
         raise ValueError("a certificate needs at least one lesson passed, got none")
-    date = date or _dt.date.today().isoformat()
-    _dt.date.fromisoformat(date)  # raises ValueError on a malformed date
-    cert = {"version": VERSION, "name": name, "course": course, "lessons": lessons, "date": date,
-            "issuer": _normal(issuer) if issuer else ("instructor" if key.instructor else "self-issued"),
-            "key_id": key.key_id}
-    cert["id"] = compute_id(cert, key)
-    return cert
-
-
-def _shape_error(cert) -> str:
-    if not isinstance(cert, dict):
-        return f"not a certificate: expected a JSON object, got {type(cert).__name__}"
-    missing = [f for f in FIELDS if f not in cert]
-    extra = sorted(set(cert) - set(FIELDS))
-    if missing or extra:
-        return ("not a certificate: " + (f"missing field(s) {', '.join(missing)}" if missing else "")
-                + ("; " if missing and extra else "") + (f"unexpected field(s) {', '.join(extra)}" if extra else ""))
-    if cert["version"] != VERSION:
-        return f"unsupported certificate version {cert['version']!r} (this is version {VERSION})"
-    if not isinstance(cert["lessons"], list) or not all(isinstance(x, str) for x in cert["lessons"]):
-        return "not a certificate: lessons must be a list of strings"
-    if not all(isinstance(cert[f], str) for f in ("name", "course", "date", "issuer", "key_id", "id")):
-        return "not a certificate: name, course, date, issuer, key_id and id must be strings"
-    return ""
-
-
-def verify(cert, key: Key | None = None, accept_self_issued: bool | None = None) -> dict:
-    """``{"valid": bool, "reason": str, ...}`` for a certificate (dict, or path to its JSON).
-
-    With the public key (no instructor key configured) a self-issued certificate is valid when
-    untouched. With an instructor key, only certificates signed with that key are valid, unless
-    ``accept_self_issued``. Any edit of any field (or of the ID) makes it invalid."""
-    if isinstance(cert, (str, os.PathLike)):
-        try:
-            cert = json.loads(Path(cert).read_text(encoding="utf-8"))
-        except OSError as exc:
-            return {"valid": False, "reason": f"cannot read {cert}: {exc.strerror}"}
-        except ValueError as exc:
-            return {"valid": False, "reason": f"not a certificate: not JSON ({exc})"}
-    key = key or load_key()
-    problem = _shape_error(cert)
-    if problem:
-        return {"valid": False, "reason": problem}
-    signer = cert["key_id"]
-    if signer == "public":
-        if key.instructor and not accept_self_issued:
-            return {"valid": False, "reason": "self-issued with the public course key, which anyone can use; "
-                                              f"instructor mode (key {key.key_id}) accepts only certificates it "
-                                              "signed (--accept-self-issued to check it anyway)"}
-        use = PUBLIC_KEY
-    elif not key.instructor:
-        return {"valid": False, "reason": f"signed with instructor key {signer}; verify it with that key "
-                                          "(--key-file or PARALLEL_LAB_CERT_KEY_FILE)"}
-    elif signer != key.key_id:
-        return {"valid": False, "reason": f"signed with instructor key {signer}, not with this key ({key.key_id})"}
-    else:
-        use = key
-    if not hmac.compare_digest(compute_id(cert, use), cert["id"]):
-        return {"valid": False, "reason": "edited after issue: the ID does not match the name, course, lessons, "
-                                          "date and issuer (or the ID itself was changed)"}
-    trust = ("public course key: tamper-evident only, anyone can mint one" if signer == "public"
-             else f"instructor key {signer}")
-    return {"valid": True, "reason": f"valid: {cert['name']}, lessons {', '.join(cert['lessons'])}, "
-                                     f"{cert['date']}, issued by {cert['issuer']} ({trust})",
-            "id": cert["id"], "name": cert["name"], "lessons": cert["lessons"], "date": cert["date"],
-            "issuer": cert["issuer"], "key_id": signer}
+    cert = {"version": VERSION, "name": name, "course": course, "lessons": lessons, "date": _checked_date(date),
+            "issuer": _normal(issuer) if issuer else ("instructor" if signed else "self-issued"),
+            "trust": SIGNED if signed else SELF_ISSUED}
+    if signed:
+        cert.update(fingerprint=fingerprint(key.public_key()), public_key=public_key_line(key.public_key()))
+    cert["id"] = compute_id(cert)
+    if signed:
+        cert["signature"] = base64.b64encode(key.sign(canonical(cert))).decode()
+    return {f: cert[f] for f in (SIGNED_FIELDS if signed else FIELDS)}
 
 
 def save(cert: dict, path: str | os.PathLike) -> Path:
+    """Write ``cert`` to ``path`` as indented UTF-8 JSON; returns the path."""
     path = Path(path)
     path.write_text(json.dumps(cert, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return path
 
+
+# --- verifying --------------------------------------------------------------------------------------
+
+def _read_certificate(path) -> tuple[object, str]:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8")), ""
+    except OSError as exc:
+        return None, f"cannot read {path}: {exc.strerror}"
+    except (ValueError, RecursionError) as exc:
+        return None, f"not a certificate: not UTF-8 JSON ({str(exc).splitlines()[0][:120]})"
+
+
+def _fields_error(cert: dict) -> str:
+    expected = SIGNED_FIELDS if cert["trust"] == SIGNED else FIELDS
+    missing = [f for f in expected if f not in cert]
+    extra = sorted(set(cert) - set(expected))
+    parts = ([f"missing field(s) {', '.join(missing)}"] if missing else []) + \
+            ([f"unexpected field(s) {', '.join(map(str, extra))}"] if extra else [])
+    return f"not a certificate: {'; '.join(parts)} for trust {cert['trust']!r}" if parts else ""
+
+
+def _shape_error(cert) -> str:
+    """Why ``cert`` is not a well-formed version-2 certificate, or ""."""
+    if not isinstance(cert, dict):
+        return f"not a certificate: expected a JSON object, got {type(cert).__name__}"
+    if "version" not in cert:
+        return "not a certificate: missing field(s) version"
+    if type(cert["version"]) is not int or cert["version"] != VERSION:
+        return (f"unsupported certificate version {cert['version']!r} (this is version {VERSION}; "
+                "ask the issuer for a new certificate)")
+    if cert.get("trust") not in (SIGNED, SELF_ISSUED):
+        return f"not a certificate: trust must be {SIGNED!r} or {SELF_ISSUED!r}, got {cert.get('trust')!r}"
+    problem = _fields_error(cert)
+    if problem:
+        return problem
+    if not isinstance(cert["lessons"], list) or not all(isinstance(x, str) for x in cert["lessons"]):
+        return f"not a certificate: lessons must be a list of strings, got {cert['lessons']!r}"[:200]
+    wrong = [f for f in cert if f not in ("version", "lessons") and not isinstance(cert[f], str)]
+    if wrong:
+        return f"not a certificate: {', '.join(wrong)} must be string(s)"
+    try:
+        if _dt.date.fromisoformat(cert["date"]).isoformat() != cert["date"]:
+            raise ValueError
+    except ValueError:
+        return f"not a certificate: date must be YYYY-MM-DD, got {cert['date']!r}"
+    return ""
+
+
+def _result(valid: bool, reason: str, cert: dict | None, supplied: str | None) -> dict:
+    """The verification report: valid, reason, self_issued and fingerprint (None when unknown), the
+    supplied key's fingerprint, and the certificate's fields when valid."""
+    report = {"valid": valid, "reason": reason,
+              "self_issued": None if cert is None else cert["trust"] == SELF_ISSUED,
+              "fingerprint": None if cert is None else cert.get("fingerprint"),
+              "public_key_fingerprint": supplied}
+    if valid:
+        report.update({k: cert[k] for k in ("id", "name", "course", "lessons", "date", "issuer", "trust")})
+    return report
+
+
+def _summary(cert: dict) -> str:
+    return f"{cert['name']}, lessons {', '.join(cert['lessons'])}, {cert['date']}"
+
+
+def _verify_self_issued(cert: dict, accept: bool, supplied: str | None) -> dict:
+    claim = f"issuer (claimed, not verified): {cert['issuer']}"
+    digest = compute_id(cert)
+    if digest != cert["id"]:
+        return _result(False, f"{SELF_ISSUED}: edited after issue: the ID {cert['id']} is not the content's "
+                              f"SHA-256 digest {digest}; {claim}", cert, supplied)
+    if not accept:
+        return _result(False, f"{SELF_ISSUED}: untouched since made, but anyone can make one for any name and "
+                              f"lessons ({_summary(cert)}; {claim}); add --accept-self-issued to accept it as "
+                              "such, or ask the instructor for a signed certificate", cert, supplied)
+    return _result(True, f"valid as {SELF_ISSUED}: {_summary(cert)}; {claim}; anyone can make such a "
+                         "certificate", cert, supplied)
+
+
+def _signature_error(cert: dict, public_key: Ed25519PublicKey) -> str:
+    try:
+        signature = base64.b64decode(cert["signature"], validate=True)
+    except (binascii.Error, ValueError):
+        return f"not a certificate: signature is not base64: {cert['signature'][:60]!r}"
+    try:
+        public_key.verify(signature, canonical(cert))
+    except InvalidSignature:
+        return (f"edited after signing (or not signed by key {fingerprint(public_key)}): the Ed25519 signature "
+                "does not match the name, course, lessons, date, issuer, ID and key")
+    digest = compute_id(cert)
+    if digest != cert["id"]:
+        return f"the signed ID {cert['id']} is not the content's digest {digest}: the issuing tool is broken"
+    return ""
+
+
+def _verify_signed(cert: dict, public_key: Ed25519PublicKey | None, supplied: str | None) -> dict:
+    try:
+        embedded = decode_public_key(cert["public_key"])
+    except ValueError as exc:
+        return _result(False, f"not a certificate: public_key is not an Ed25519 key ({exc})", cert, supplied)
+    if public_key is not None and _raw(embedded) != _raw(public_key):
+        return _result(False, f"signed with key {fingerprint(embedded)} (embedded in the certificate), not with "
+                              f"the supplied public key {supplied}", cert, supplied)
+    if cert["fingerprint"] != fingerprint(embedded):
+        return _result(False, f"inconsistent: the fingerprint field {cert['fingerprint']} is not the fingerprint "
+                              f"{fingerprint(embedded)} of the embedded public key", cert, supplied)
+    if public_key is None:
+        return _result(False, f"{SIGNED} by key {cert['fingerprint']}: verify it against the instructor's public "
+                              "key (--public-key FILE, its fingerprint checked against the published one); a key "
+                              "taken from the certificate itself proves nothing", cert, supplied)
+    problem = _signature_error(cert, public_key)
+    if problem:
+        return _result(False, problem, cert, supplied)
+    return _result(True, f"valid, {SIGNED} by key {supplied}: {_summary(cert)}, issuer {cert['issuer']}",
+                   cert, supplied)
+
+
+def verify(cert, public_key: Ed25519PublicKey | str | os.PathLike | None = None,
+           accept_self_issued: bool = False) -> dict:
+    """Check a certificate (dict, or path to its JSON). Returns ``{"valid": bool, "reason": one line,
+    "self_issued": bool | None, "fingerprint": signer's | None, "public_key_fingerprint": supplied | None,
+    ...}`` (plus the certificate's fields when valid); a malformed certificate gives a reason, never an
+    exception. An instructor-signed certificate is valid only against ``public_key`` (a key, or a file
+    for ``load_public_key``, which raises ValueError if unreadable); a self-issued one only with
+    ``accept_self_issued``. Any edit of any field makes it invalid."""
+    if isinstance(public_key, (str, os.PathLike)):
+        public_key = load_public_key(public_key)
+    supplied = fingerprint(public_key) if public_key is not None else None
+    problem = ""
+    if isinstance(cert, (str, os.PathLike)):
+        cert, problem = _read_certificate(cert)
+    problem = problem or _shape_error(cert)
+    if problem:
+        return _result(False, problem, None, supplied)
+    if cert["trust"] == SELF_ISSUED:
+        return _verify_self_issued(cert, accept_self_issued, supplied)
+    return _verify_signed(cert, public_key, supplied)
+
+
+# --- gradebook and notebook -------------------------------------------------------------------------
 
 def lessons_from_gradebook(gradebook: str | os.PathLike, student: str,
                            threshold: float = DEFAULT_THRESHOLD) -> list[str]:
@@ -222,23 +375,31 @@ def lessons_from_gradebook(gradebook: str | os.PathLike, student: str,
 class Certificate(dict):
     """A certificate (a dict) that shows itself as a card in a notebook."""
 
+    def _trust_line(self) -> str:
+        if self["trust"] == SIGNED:
+            return f"signed by key {self['fingerprint']} · issuer {self['issuer']}"
+        return f"{SELF_ISSUED} · issuer (claimed, not verified): {self['issuer']}"
+
     def _repr_html_(self) -> str:
         e = {k: html.escape(str(v)) for k, v in self.items()}
         lessons = html.escape(", ".join(self["lessons"]))
+        check = ("--public-key INSTRUCTOR.pub" if self["trust"] == SIGNED else "--accept-self-issued")
         return (f'<div style="border:2px solid #444;padding:1em 1.5em;max-width:36em;font-family:serif">'
                 f'<div style="font-size:1.4em">Certificate of completion</div>'
                 f'<p>This certifies that <b>{e["name"]}</b> passed lessons {lessons} of<br><i>{e["course"]}</i>'
-                f'<br>on {e["date"]}.</p><p style="font-family:monospace">ID {e["id"]} · issuer {e["issuer"]} '
-                f'· key {e["key_id"]}</p><small>Check it: <code>parallel-lab certificate verify FILE</code></small></div>')
+                f'<br>on {e["date"]}.</p><p style="font-family:monospace">ID {e["id"]} · '
+                f'{html.escape(self._trust_line())}</p>'
+                f'<small>Check it: <code>parallel-lab certificate verify FILE {check}</code></small></div>')
 
     def __str__(self) -> str:
         return (f"Certificate {self['id']}: {self['name']} passed lessons {', '.join(self['lessons'])} of "
-                f"{self['course']} on {self['date']} (issuer {self['issuer']}, key {self['key_id']})")
+                f"{self['course']} on {self['date']} ({self._trust_line()})")
 
 
 def certificate(name: str, require=None, out: str | os.PathLike = "certificate.json") -> Certificate:
-    """Issue a certificate for every quiz you have passed (``parallel_lab.course.quiz``) and save it to
-    ``out``. ``require``: lessons that must be among them (e.g. ``["00", "01"]``)."""
+    """A self-issued (tamper-evident only) certificate for every quiz you have passed
+    (``parallel_lab.course.quiz``), saved to ``out``. ``require``: lessons that must be among them
+    (e.g. ``["00", "01"]``). ValueError if one is missing or none is passed."""
     passed = progress.lessons_passed()
     missing = sorted(set(map(str, require or ())) - set(passed))
     if missing:
