@@ -6,18 +6,17 @@ GPT, and the planner's tables."""
 import json
 
 import pytest
-import torch
 
-from parallel_lab.exercises import check_balanced_cut
-from parallel_lab.pipeline import balance, partition
-from parallel_lab.show import balance as show_balance
-from parallel_lab.runtime import launcher
 from parallel_lab.course.quiz import answers
-from parallel_lab.planning import cost, memory_check, planner
-from parallel_lab.show import planner as planner_widgets
-from parallel_lab.pipeline.stages import ModelSpec, bounds, cut, reference
+from parallel_lab.exercises.balanced_cut import EXERCISE as CUT
+from parallel_lab.pipeline import balance, partition
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import simulate
+from parallel_lab.pipeline.stages import ModelSpec, bounds, cut, reference
+from parallel_lab.planning import cost, memory_check, planner
+from parallel_lab.runtime import launcher
+from parallel_lab.show import balance as show_balance
+from parallel_lab.show import planner as planner_widgets
 
 GPT = ModelSpec("gpt", hidden=16, layers=4, heads=2, seq=6, vocab=24, batch=4)  # 6 pieces
 MLP = ModelSpec("mlp", hidden=8, layers=6, batch=8)
@@ -142,26 +141,85 @@ def test_measured_table_formats_a_run():
 # The exercise check.
 
 
-def test_exercise_check_passes_an_exact_cut(capsys):
-    assert check_balanced_cut(partition.balanced).passed
-    assert capsys.readouterr().out == "balanced cut: PASSED (8/8 cases)\n"
+CUT_DP = """def my_balanced_cut(weights, stages):
+    n = len(weights)
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    best = [[float("inf")] * (n + 1) for _ in range(stages + 1)]
+    start = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for s in range(1, stages + 1):
+        for i in range(s, n + 1):
+            for j in range(s - 1, i):
+                load = max(best[s - 1][j], prefix[i] - prefix[j])
+                if load < best[s][i]:
+                    best[s][i], start[s][i] = load, j
+    parts = [n]
+    for s in range(stages, 0, -1):
+        parts.append(start[s][parts[-1]])
+    return parts[::-1]
+"""
+
+# The same optimum found another way: bisection over the candidate bottlenecks, greedy filling.
+CUT_BISECTION = """import itertools
 
 
-def test_exercise_check_explains_a_wrong_cut(capsys):
-    verdict = check_balanced_cut(lambda w, s: partition.uniform(len(w), s))
-    out = capsys.readouterr().out.splitlines()
-    assert not verdict.passed and out[0].startswith("balanced cut: FAILED (")
-    assert "heaviest stage" in out[1] and "is possible" in out[1]
+def _greedy(weights, limit):
+    parts, load = [0], 0.0
+    for i, w in enumerate(weights):
+        if load + w > limit and load > 0:
+            parts.append(i)
+            load = 0.0
+        load += w
+    return parts + [len(weights)]
 
 
-def test_exercise_check_reports_exceptions_and_bad_parts(capsys):
-    def broken(weights, stages):
-        raise ZeroDivisionError("oops")
+def my_balanced_cut(weights, stages):
+    sums = sorted({sum(weights[a:b]) for a, b in itertools.combinations(range(len(weights) + 1), 2)})
+    lo, hi = 0, len(sums) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(_greedy(weights, sums[mid])) - 1 <= stages:
+            hi = mid
+        else:
+            lo = mid + 1
+    parts = _greedy(weights, sums[lo])
+    while len(parts) - 1 < stages:  # split the longest stage until there are enough
+        k = max(range(len(parts) - 1), key=lambda i: parts[i + 1] - parts[i])
+        parts.insert(k + 1, parts[k] + 1)
+    return parts
+"""
 
-    assert not check_balanced_cut(broken).passed
-    assert "ZeroDivisionError: oops" in capsys.readouterr().out
-    assert not check_balanced_cut(lambda w, s: [0, len(w)]).passed  # one stage only
-    assert "expected" in capsys.readouterr().out
+
+def cut_answer(body: str) -> str:
+    return f"def my_balanced_cut(weights, stages):\n{body}\n"
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(120)
+def test_exercise_check_passes_exact_cuts_written_two_ways():
+    for source in (CUT_DP, CUT_BISECTION):
+        verdict = CUT.check(source)
+        assert verdict.passed and verdict.lines == ["balanced cut: PASSED (8/8 cases)"], verdict
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(120)
+def test_exercise_check_explains_a_wrong_cut_exceptions_and_bad_parts():
+    uniform = CUT.check(cut_answer("    n = len(weights)\n    return [round(i * n / stages) for i in range(stages + 1)]"))
+    assert not uniform.passed and uniform.lines[0].startswith("balanced cut: FAILED (")
+    assert "heaviest stage" in uniform.lines[1] and "is possible" in uniform.lines[1]
+    broken = CUT.check(cut_answer("    raise ZeroDivisionError('oops')"))
+    assert "ZeroDivisionError: oops" in broken.lines[1]
+    one_stage = CUT.check(cut_answer("    return [0, len(weights)]"))
+    assert not one_stage.passed and "expected" in one_stage.lines[1]
+
+
+def test_exercise_may_not_call_the_library_partitioner():
+    library = "from parallel_lab.pipeline.partition import balanced\n" + cut_answer("    return balanced(weights, stages)")
+    assert "imports parallel_lab.pipeline.partition: the library's own implementation is not an answer" in \
+        CUT.check(library).lines[0]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -4,17 +4,20 @@ rank functions it runs, and the checks of its two exercises (correct and wrong s
 The pure tests start no process; the ``ranks`` tests run real gloo ranks (2 and 4).
 """
 
+import inspect
 import linecache
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from parallel_lab import exercises
+from parallel_lab.exercises import check
+from parallel_lab.exercises.g_operator import EXERCISE as G
+from parallel_lab.exercises.row_parallel import EXERCISE as ROW
 from parallel_lab.hardware import LINKS, Link, ring_all_reduce_time
 from parallel_lab.planning import cost
 from parallel_lab.runtime import launcher
-from parallel_lab import exercises
-from parallel_lab.exercises import check
 from parallel_lab.show import tensor as figures
 from parallel_lab.show import tp_cost as widgets
 from parallel_lab.tensor import demos as lesson
@@ -206,38 +209,53 @@ def row_ignores_group(x_shard, w_shard, bias, group):
     return partial + bias
 
 
+def as_answer(obj, name: str) -> str:
+    """A test's function or class as an answer cell named as the exercise asks."""
+    return inspect.getsource(obj).replace(f"{'class' if inspect.isclass(obj) else 'def'} {obj.__name__}",
+                                          f"{'class' if inspect.isclass(obj) else 'def'} {name}", 1)
+
+
 @pytest.mark.ranks
 @pytest.mark.timeout(300)
-def test_row_parallel_correct_solution_passes_on_2_and_4_ranks(capsys):
-    verdict = exercises.check_row_parallel_forward(row_correct)
+def test_row_parallel_correct_solution_passes_on_2_and_4_ranks():
+    verdict = ROW.check(as_answer(row_correct, "my_row_parallel_forward"))
     assert verdict.passed
-    assert capsys.readouterr().out == ("row-parallel forward on 2 ranks: PASSED (2/2 cases)\n"
-                                       "row-parallel forward on 4 ranks: PASSED (4/4 cases)\n")
+    assert verdict.lines == ["row-parallel forward on 2 ranks: PASSED (2/2 cases)",
+                             "row-parallel forward on 4 ranks: PASSED (4/4 cases)"]
 
 
 @pytest.mark.ranks
 @pytest.mark.timeout(300)
 def test_row_parallel_wrong_solutions_fail_with_a_hint():
-    bias = exercises.check_row_parallel_forward(row_bias_on_every_rank, world_sizes=(2,))
+    bias = ROW.check(as_answer(row_bias_on_every_rank, "my_row_parallel_forward"))
     assert not bias.passed
-    assert bias.lines == ["row-parallel forward on 2 ranks: FAILED: x (3, 8), W (8, 5), the whole world (tp=2): "
-                          "rank 0: the bias was added 2 times (once per rank before the sum): add it once, "
-                          "after the all-reduce"]
-    local = exercises.check_row_parallel_forward(row_without_all_reduce, world_sizes=(2,))
-    assert local.lines == ["row-parallel forward on 2 ranks: FAILED: x (3, 8), W (8, 5), the whole world (tp=2): "
-                           "rank 0: this is the rank's own partial product: sum it over the group with "
-                           "dist.all_reduce"]
+    assert bias.lines[0] == ("row-parallel forward on 2 ranks: FAILED: x (3, 8), W (8, 5), the whole world (tp=2): "
+                             "rank 0: the bias was added 2 times (once per rank before the sum): add it once, "
+                             "after the all-reduce")
+    local = ROW.check(as_answer(row_without_all_reduce, "my_row_parallel_forward"))
+    assert local.lines[0] == ("row-parallel forward on 2 ranks: FAILED: x (3, 8), W (8, 5), the whole world (tp=2): "
+                              "rank 0: this is the rank's own partial product: sum it over the group with "
+                              "dist.all_reduce")
 
 
 @pytest.mark.ranks
 @pytest.mark.timeout(300)
 def test_row_parallel_collective_without_group_fails_in_groups_of_2():
-    verdict = exercises.check_row_parallel_forward(row_ignores_group, world_sizes=(4,))
+    verdict = ROW.check(as_answer(row_ignores_group, "my_row_parallel_forward"))
     assert not verdict.passed
-    (line,) = verdict.lines
-    assert line.startswith("row-parallel forward on 4 ranks: FAILED: x (3, 8), W (8, 5), "
-                           "groups {0,1} and {2,3} (tp=2): rank 0: got [")
-    assert line.endswith("pass group=group to the collective, or it sums over every rank")
+    assert verdict.lines[0] == "row-parallel forward on 2 ranks: PASSED (2/2 cases)"  # one group: no difference
+    assert verdict.lines[1].startswith("row-parallel forward on 4 ranks: FAILED: x (3, 8), W (8, 5), "
+                                       "groups {0,1} and {2,3} (tp=2): rank 0: got [")
+    assert verdict.lines[1].endswith("pass group=group to the collective, or it sums over every rank")
+
+
+def test_row_parallel_may_not_use_the_library_or_another_collective():
+    library = "from parallel_lab.tensor.mappings import reduce_from_tensor_parallel_region as g\n" + \
+        "def my_row_parallel_forward(x_shard, w_shard, bias, group):\n    return g(x_shard @ w_shard, group) + bias\n"
+    assert "imports parallel_lab.tensor.mappings: the library's own implementation is not an answer" in \
+        ROW.check(library).lines[0]
+    gather = "def my_row_parallel_forward(x_shard, w_shard, bias, group):\n    dist.all_gather(x_shard)\n"
+    assert "uses dist.all_gather" in ROW.check(gather).lines[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -285,32 +303,31 @@ class GIdentity(torch.autograd.Function):
 
 @pytest.mark.ranks
 @pytest.mark.timeout(300)
-def test_g_correct_solution_passes_on_2_and_4_ranks(capsys):
-    verdict = exercises.check_g_operator(GCorrect)
+def test_g_correct_solution_passes_on_2_and_4_ranks():
+    verdict = G.check(as_answer(GCorrect, "MyG"))
     assert verdict.passed
-    assert capsys.readouterr().out == ("g operator on 2 ranks: PASSED (2/2 cases)\n"
-                                       "g operator on 4 ranks: PASSED (4/4 cases)\n")
+    assert verdict.lines == ["g operator on 2 ranks: PASSED (2/2 cases)", "g operator on 4 ranks: PASSED (4/4 cases)"]
 
 
 @pytest.mark.ranks
 @pytest.mark.timeout(300)
 def test_g_wrong_solutions_fail_with_the_first_wrong_case():
-    summed = exercises.check_g_operator(GSumsTheGradient, world_sizes=(2,))
+    summed = G.check(as_answer(GSumsTheGradient, "MyG"))
     assert not summed.passed
-    (line,) = summed.lines
+    line = summed.lines[0]
     assert line.startswith("g operator on 2 ranks: FAILED: row-parallel layer with g, forward and backward, "
                            "the whole world (tp=2): rank 0: grad of x_r: got [")
     assert line.endswith("(2x too large: the gradient of g's output is already the same on every rank, "
                          "so its backward must pass it on unchanged, not sum it)")
-    identity = exercises.check_g_operator(GIdentity, world_sizes=(2,))
+    identity = G.check(as_answer(GIdentity, "MyG"))
     assert identity.lines[0].startswith("g operator on 2 ranks: FAILED: forward sums over the whole world "
                                         "(tp=2): rank 0: got [")
 
 
-def test_g_check_refuses_what_is_not_an_autograd_function():
-    with pytest.raises(TypeError, match="torch.autograd.Function subclass"):
+def test_g_check_refuses_what_is_not_the_class():
+    with pytest.raises(TypeError, match="pass the class you wrote, MyG"):
         exercises.check_g_operator(row_correct)
-    with pytest.raises(TypeError, match="torch.autograd.Function subclass"):
+    with pytest.raises(TypeError, match="pass the class you wrote, MyG"):
         exercises.check_g_operator(dict)
 
 
@@ -324,25 +341,11 @@ def test_class_source_is_read_back_from_a_notebook_cell():
     try:
         namespace = {"__name__": "a_notebook_cell"}
         exec(compile(cell, filename, "exec"), namespace)
-        source, name = check.source_of_class(namespace["MyG"])
+        source = check.answer_source(namespace["MyG"])
     finally:
         del linecache.cache[filename]
-    assert name == "MyG"
-    assert source == cell[cell.index("class MyG"):cell.index("\nother")]
+    assert source == cell  # the whole cell: the grader reads the same cell from the submitted file
 
 
 def test_class_source_of_a_module_class_uses_inspect():
-    source, name = check.source_of_class(GCorrect)
-    assert name == "GCorrect" and source.startswith("class GCorrect(torch.autograd.Function):")
-    with pytest.raises(TypeError, match="expected the class you wrote"):
-        check.source_of_class(row_correct)
-
-
-def test_lesson_numbers_are_the_models():
-    # The text cells of the lesson quote these: 2·24·192·8 bytes per all-reduce, ratios 0.29 and 3.2.
-    assert 2 * 24 * 192 * 8 == 73_728
-    d = widgets.DEFAULTS
-    times = {k: cost.tp_layer_forward(d["tokens"], d["hidden"], d["tp"], link, widgets.DEVICE_FLOPS)
-             for k, link in LINKS.items()}
-    ratio = {k: comm / compute for k, (compute, comm) in times.items()}
-    assert round(ratio["nvlink"], 2) == 0.29 and round(ratio["infiniband"], 1) == 3.2
+    assert check.answer_source(GCorrect).startswith("class GCorrect(torch.autograd.Function):")

@@ -1,8 +1,17 @@
 #!/usr/bin/env python3
 """Build the lesson notebooks from their sources and execute them (outputs are nbval's reference).
 
-    .venv/bin/python tools/build_lessons.py            # every lessons/src/*.py
-    .venv/bin/python tools/build_lessons.py 01         # the lessons whose name starts with 01
+    .venv/bin/python tools/build_lessons.py                      # the student edition of every lesson
+    .venv/bin/python tools/build_lessons.py 01                   # the lessons whose name starts with 01
+    .venv/bin/python tools/build_lessons.py --solutions DIR      # the instructor's solution edition
+
+**Two editions.** A source holds each exercise's solution between ``### BEGIN SOLUTION`` and
+``### END SOLUTION`` in its answer cell (tagged ``answer:<check id>``). The **student edition**,
+``lessons/*.ipynb`` (what Binder and ``course.py start`` open), replaces every such region by the stub
+``# YOUR CODE HERE`` / ``raise NotImplementedError`` (nbgrader's convention), keeping the signature,
+docstring and hints around it; executed, its check cells show the "not yet" verdict. The
+**solution edition** (``--solutions DIR``, for instructors; never committed) keeps the solutions
+without the markers, and its check cells pass.
 
 A source is a Python file in jupytext's "percent" format, read with jupytext itself (so an
 instructor can also open a source as a notebook in JupyterLab, where jupytext is installed):
@@ -25,21 +34,26 @@ Plotly figures then also get a PNG (tools/render_static.py, which needs kaleido 
 the lessons read on GitHub and nbviewer; without Chromium the build warns and skips that step.
 """
 
+import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
 
 import jupytext
 import nbformat
+import render_static  # tools/, beside this file
 from nbclient import NotebookClient
 
-import render_static  # tools/, beside this file
 from parallel_lab.course.quiz import bank, text
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ROOT / "lessons" / "src"
 LESSONS = ROOT / "lessons"
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+SOLUTION = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION[ \t]*\n.*?^[ \t]*### END SOLUTION[ \t]*$", re.S | re.M)
+STUB = "# YOUR CODE HERE\nraise NotImplementedError"
 METADATA = {
     "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
     "language_info": {"name": "python", "pygments_lexer": "ipython3"},
@@ -58,6 +72,38 @@ def parse(source: str) -> list:
     return cells
 
 
+def student_source(source: str) -> str:
+    """An answer cell's source with every solution region replaced by the stub (same indentation)."""
+    return SOLUTION.sub(lambda m: "\n".join(m["indent"] + line for line in STUB.splitlines()), source)
+
+
+def solution_source(source: str) -> str:
+    """An answer cell's source with the solution markers removed."""
+    return "\n".join(line for line in source.split("\n") if line.strip() not in (BEGIN, END))
+
+
+def answer_cells(cells) -> dict:
+    """check id -> the answer cell tagged ``answer:<id>`` (exercises and quiz sheets alike)."""
+    return {tag[len("answer:"):]: cell for cell in cells for tag in cell.metadata.get("tags", [])
+            if tag.startswith("answer:")}
+
+
+def check_editions(name: str, cells) -> None:
+    """Every check cell has its answer cell before it; solution regions sit in answer cells only."""
+    answers, seen = answer_cells(cells), set()
+    for cell in cells:
+        tags = cell.metadata.get("tags", [])
+        seen |= {t[len("answer:"):] for t in tags if t.startswith("answer:")}
+        for check in (t[len("check:"):] for t in tags if t.startswith("check:")):
+            if check not in seen:
+                raise SystemExit(f"{name}: check cell check:{check} has no answer cell (tag answer:{check}) before it")
+        if BEGIN in cell.source and not any(t.startswith("answer:") for t in tags):
+            raise SystemExit(f"{name}: a solution region outside an answer cell (tag it answer:<check id>)")
+    for check, cell in answers.items():
+        if not check.startswith("quiz:") and BEGIN not in cell.source:
+            raise SystemExit(f"{name}: answer cell answer:{check} holds no solution region")
+
+
 def quiz_cells(lesson: str) -> list:
     """The quiz that ends lesson ``lesson`` ("01"), built from its bank; none when it has no bank."""
     if not any(b.lesson == lesson for b in bank.load_all()):
@@ -65,27 +111,35 @@ def quiz_cells(lesson: str) -> list:
     return parse(text.lesson_cells(lesson))
 
 
-def notebook(source: Path):
-    """The unexecuted notebook of a lesson source: its cells, its quiz, stable ids, the metadata."""
+def notebook(source: Path, edition: str = "student"):
+    """The unexecuted notebook of a lesson source in ``edition`` ("student" or "solutions"): its
+    cells, its quiz, stable ids, the metadata."""
     cells = parse(source.read_text(encoding="utf-8")) + quiz_cells(source.stem[:2])
+    check_editions(source.name, cells)
+    edit = student_source if edition == "student" else solution_source
+    for cell in cells:
+        if cell.cell_type == "code":
+            cell.source = edit(cell.source)
     nb = nbformat.v4.new_notebook(cells=cells, metadata=dict(METADATA))
     for index, cell in enumerate(nb.cells):  # stable ids keep diffs small
         cell["id"] = f"{source.stem[:2]}-{index:03d}"
     return nb
 
 
-def build(source: Path) -> Path:
-    nb = notebook(source)
+def build(source: Path, edition: str = "student", directory: Path = LESSONS) -> Path:
+    nb = notebook(source, edition)
     os.environ["OMP_NUM_THREADS"] = "1"
     start = time.perf_counter()
     # No per-cell timestamps: every rebuild would change the file.
+    # Executed in lessons/ (relative paths in the lessons), wherever the notebook is written.
     NotebookClient(nb, timeout=600, kernel_name="python3", record_timing=False,
                    resources={"metadata": {"path": str(LESSONS)}}).execute()
     # No saved widget state either: a FigureWidget's state embeds plotly.js (megabytes), and widgets
     # come alive when the student runs the cell. (nbclient's store_widget_state=False breaks on
     # Output widgets, so the state is dropped here.)
     nb.metadata.pop("widgets", None)
-    target = LESSONS / f"{source.stem}.ipynb"
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"{source.stem}.ipynb"
     nbformat.write(nb, target)
     # Plotly figures also as PNGs, so the lesson reads on GitHub/nbviewer (tools/render_static.py).
     why = render_static.available()
@@ -93,16 +147,24 @@ def build(source: Path) -> Path:
         print(f"WARNING: {target.name}: figures saved without static PNGs: {why}", file=sys.stderr)
     else:
         render_static.render_notebook(target)
-    print(f"{target.relative_to(ROOT)}: executed in {time.perf_counter() - start:.1f} s, "
+    print(f"{target}: {edition} edition executed in {time.perf_counter() - start:.1f} s, "
           f"{target.stat().st_size / 1e3:.0f} kB", file=sys.stderr)
     return target
 
 
-def main(prefixes) -> None:
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("prefixes", nargs="*", metavar="NN", help="lessons whose name starts with NN (default: all)")
+    parser.add_argument("--solutions", metavar="DIR", type=Path,
+                        help="build the instructor's solution edition into DIR instead of the student edition")
+    args = parser.parse_args(argv)
+    edition, directory = ("solutions", args.solutions.resolve()) if args.solutions else ("student", LESSONS)
+    if edition == "solutions" and directory == LESSONS.resolve():
+        raise SystemExit("the solution edition never goes into lessons/ (what students open): pick another DIR")
     for source in sorted(SOURCES.glob("*.py")):
-        if not prefixes or any(source.stem.startswith(p) for p in prefixes):
-            build(source)
+        if not args.prefixes or any(source.stem.startswith(p) for p in args.prefixes):
+            build(source, edition, directory)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -119,8 +119,15 @@ collective_figures.alpha_beta_figure(sizes, {"gloo all_reduce": measured}, fit, 
 # large messages could deadlock the ring. The check below runs your function on 2 and 4 real ranks
 # against `dist.all_reduce` (tensors smaller than, divisible by and not divisible by *p*) and prints a
 # verdict. A hang or an exception is reported, not frozen.
+#
+# **What the check forbids:** any collective (`dist.all_reduce`, `dist.broadcast`, ...) and the
+# library's own ring (`parallel_lab`): build it from point-to-point calls. It also counts the bytes
+# your ranks send: a ring sends 2(p−1)/p of the tensor per rank, no more.
+#
+# Keep all your code in the answer cell below: the grader reads that cell alone from your notebook and
+# runs it on fresh ranks of its own, so helpers defined in other cells are not seen.
 
-# %%
+# %% tags=["answer:ring-all-reduce"]
 import torch
 import torch.distributed as dist
 

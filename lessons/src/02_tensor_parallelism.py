@@ -117,8 +117,14 @@ print(inspect.getsource(ColumnParallelLinear.forward))
 # The check runs your function on 2 and on 4 real ranks against the dense product (integer-valued
 # fp64 tensors, so the comparison is exact); on 4 ranks also as two groups of 2, `{0, 1}` and
 # `{2, 3}`, with different data — a collective that forgets `group=` sums over all four.
+#
+# **What the check forbids:** the library's parallel layers and mappings (`parallel_lab.tensor`):
+# the one collective is your own `dist.all_reduce`.
+#
+# Keep all your code in the answer cell below: the grader reads that cell alone from your notebook and
+# runs it on fresh ranks of its own, so helpers defined in other cells are not seen.
 
-# %%
+# %% tags=["answer:row-parallel-forward"]
 import torch
 import torch.distributed as dist
 
@@ -208,8 +214,13 @@ show_collectives(mlp)
 # The check runs `MyG` on 2 and 4 ranks (and two groups of 2): its forward, and a row-parallel layer
 # `MyG.apply(x_r·W_r, group) + bias` whose output and gradients (of `x_r`, `W_r` and the bias) must
 # equal the dense layer's.
+#
+# **What the check forbids:** the library's mappings (its own f and g, in `parallel_lab.tensor`).
+#
+# Keep all your code in the answer cell below: the grader reads that cell alone from your notebook and
+# runs it on fresh ranks of its own, so helpers defined in other cells are not seen.
 
-# %%
+# %% tags=["answer:g-operator"]
 class MyG(torch.autograd.Function):
     """g: all-reduce forward, identity backward."""
 
@@ -239,7 +250,9 @@ verdict = check_g_operator(MyG)
 # is not true:
 
 # %%
-print(inspect.getsource(mappings._ReduceFromTensorParallelRegion))
+from parallel_lab.exercises import reveal
+
+reveal("g-operator", mappings._ReduceFromTensorParallelRegion)
 
 # %% [markdown]
 # ## 5. Attention: split by heads

@@ -209,8 +209,14 @@ print(partition.describe(time_cut, names, [r.time_s * 1e3 for r in measured]))
 #
 # The check calls your function on 8 cases and compares the heaviest stage of your cut with the
 # optimum (any optimal cut passes).
+#
+# **What the check forbids:** the library's partitioner (`partition.balanced`): write the search
+# yourself. Your function runs on a rank of its own; only the cuts it returns come back.
+#
+# Keep all your code in the answer cell below: the grader reads that cell alone from your notebook and
+# runs it on fresh ranks of its own, so helpers defined in other cells are not seen.
 
-# %%
+# %% tags=["answer:balanced-cut"]
 def my_balanced_cut(weights, stages):
     ### BEGIN SOLUTION
     n = len(weights)

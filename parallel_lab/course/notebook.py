@@ -14,15 +14,16 @@ from parallel_lab.runtime import launcher
 PLOTLY_RENDERER = "plotly_mimetype"  # figures as JSON: no embedded plotly.js, and nbval compares the data
 
 
-def setup(seed: int = 0) -> None:
-    """One thread per process, the ranks' forkserver started in the background, every generator
-    seeded, plotly figures as JSON (notebooks stay small and nbval compares figure data), no stray
-    warnings on stderr."""
+def setup(seed: int = 0, ranks: bool = True) -> None:
+    """One thread per process, the ranks' forkserver started in the background (``ranks``: the
+    lesson starts ranks), every generator seeded, plotly figures as JSON (notebooks stay small and
+    nbval compares figure data), no stray warnings on stderr."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # before numpy and torch start their thread pools
     # The forkserver imports torch (~3 s here) while this kernel imports it on the other core: the
     # first cell that runs ranks then only forks them (measured on 2 cores: ~0.1 s for 4 ranks,
     # instead of ~2.4 s when torch is imported first; see parallel_lab.runtime.launcher.warm).
-    launcher.warm()
+    if ranks:
+        launcher.warm()
     import numpy as np
     import torch
 

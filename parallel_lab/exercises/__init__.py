@@ -1,10 +1,13 @@
-"""Exercises checked on real ranks: ``check`` (the mechanism) and one module per exercise."""
+"""Exercises checked on real ranks: ``check`` (the mechanism), ``policy`` (what an answer may use) and
+one module per exercise. ``REGISTRY`` maps each exercise's check id (``check:<id>`` in its lesson)
+to it; the grader looks checks up there."""
 
 from parallel_lab.exercises.balanced_cut import check_balanced_cut
+from parallel_lab.exercises.check import REGISTRY, Exercise, Verdict, reveal
 from parallel_lab.exercises.g_operator import check_g_operator
 from parallel_lab.exercises.one_f_one_b import check_one_f_one_b
 from parallel_lab.exercises.ring_all_reduce import check_ring_all_reduce
 from parallel_lab.exercises.row_parallel import check_row_parallel_forward
 
-__all__ = ["check_balanced_cut", "check_g_operator", "check_one_f_one_b", "check_ring_all_reduce",
-           "check_row_parallel_forward"]
+__all__ = ["REGISTRY", "Exercise", "Verdict", "check_balanced_cut", "check_g_operator", "check_one_f_one_b",
+           "check_ring_all_reduce", "check_row_parallel_forward", "reveal"]

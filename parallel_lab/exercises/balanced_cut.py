@@ -1,16 +1,20 @@
 """Lesson 08's exercise: the exact min-max cut of layer costs into contiguous stages
-(lessons/08_balancing_stages.ipynb). Pure, so no ranks are needed: the student's function is called
-in the checking process and its cut compared with ``pipeline.partition.balanced``'s bottleneck.
+(lessons/08_balancing_stages.ipynb).
+
+The answer runs on a rank of its own and returns only its cuts (lists of integers); the checking
+process compares the heaviest stage of each with the optimum of ``pipeline.partition.balanced``. Any
+optimal cut passes. The library's partitioner is forbidden in the answer (from the source).
 """
 
 from __future__ import annotations
 
-from parallel_lab.exercises.check import Verdict
+from parallel_lab.exercises.check import Exercise, NotYet, Verdict, compile_answer, register, run_answer
+from parallel_lab.exercises.policy import Policy
 from parallel_lab.pipeline import partition
 from parallel_lab.pipeline.balance import min_bottleneck
 from parallel_lab.pipeline.stages import check_parts
 
-EXERCISE_CASES = (
+CASES = (
     ([3, 1, 4, 1, 5, 9, 2, 6], 3),
     ([1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 5], 4),
     ([5, 1, 1, 1, 1, 1, 1, 5], 4),
@@ -20,34 +24,59 @@ EXERCISE_CASES = (
     ([10, 1, 1, 1, 1, 1, 1, 1, 1, 1], 5),
     ([2, 9, 4, 4, 3, 8, 1, 1, 6, 2, 2, 5, 7, 3], 6),
 )
+POLICY = Policy("my_balanced_cut", imports=("math", "itertools", "bisect", "functools"), dist=())
 
 
-def _case_result(fn, weights, stages) -> tuple[bool, str]:
+def harness(source: str, name: str, cases=CASES) -> list[dict]:
+    """On a rank: the answer's ``parts`` for each case (``{"parts": [...]}``), or its error."""
+    fn = compile_answer(source, name)
+    out = []
+    for weights, stages in cases:
+        try:
+            parts = fn(list(weights), stages)
+            out.append({"parts": [b if isinstance(b, (int, float)) else str(b) for b in parts]})
+        except NotImplementedError:
+            out.append({"not_yet": True})
+        except Exception as err:  # the answer's own error: reported per case
+            out.append({"error": f"{type(err).__name__}: {err}"})
+    return out
+
+
+def judge_case(answer: dict, weights, stages) -> str | None:
+    """Why the answer to one case is wrong, or None."""
+    if answer.get("not_yet"):
+        raise NotYet()
+    if "error" in answer:
+        return answer["error"]
     try:
-        parts = fn(list(weights), stages)
-        parts = check_parts(parts, len(weights))
-    except Exception as exc:  # the student's code: report, never raise
-        return False, f"{type(exc).__name__}: {exc}"
+        parts = check_parts(answer["parts"], len(weights))
+    except ValueError as err:
+        return str(err)
     if len(parts) != stages + 1:
-        return False, f"returned {len(parts) - 1} stages, expected {stages}"
+        return f"returned {len(parts) - 1} stages, expected {stages}"
     got, best = max(partition.stage_loads(weights, parts)), min_bottleneck(weights, stages)
     if got > best + 1e-9:
-        return False, f"heaviest stage {got:g}, but {best:g} is possible (parts {parts})"
-    return True, ""
+        return f"heaviest stage {got:g}, but {best:g} is possible (parts {parts})"
+    return None
 
 
-def check_balanced_cut(fn, cases=EXERCISE_CASES) -> Verdict:
+def judge(source: str) -> tuple[bool, list]:
+    answers = run_answer(harness, source, POLICY.name, 1, "balanced cut")
+    if isinstance(answers, str):
+        return False, [answers]
+    failures = [f"{list(weights)} into {stages} stages: {wrong}" for (weights, stages), answer in zip(CASES, answers[0])
+                if (wrong := judge_case(answer, weights, stages))]
+    if failures:
+        return False, [f"balanced cut: FAILED ({len(CASES) - len(failures)}/{len(CASES)} cases)", "  " + failures[0]]
+    return True, [f"balanced cut: PASSED ({len(CASES)}/{len(CASES)} cases)"]
+
+
+EXERCISE = register(Exercise(
+    "balanced-cut", "balanced cut", POLICY, judge,
+    forbids="the library's partitioner (partition.balanced): write the search yourself"))
+
+
+def check_balanced_cut(fn) -> Verdict:
     """Lesson 08's exercise: ``fn(weights, stages)`` returns ``parts`` whose heaviest stage is as
     light as possible. Prints and returns a deterministic verdict."""
-    failures = []
-    for weights, stages in cases:
-        ok, detail = _case_result(fn, weights, stages)
-        if not ok:
-            failures.append(f"{list(weights)} into {stages} stages: {detail}")
-    if failures:
-        lines = [f"balanced cut: FAILED ({len(cases) - len(failures)}/{len(cases)} cases)", "  " + failures[0]]
-    else:
-        lines = [f"balanced cut: PASSED ({len(cases)}/{len(cases)} cases)"]
-    verdict = Verdict(not failures, lines)
-    print(verdict)
-    return verdict
+    return EXERCISE.check_object(fn)

@@ -1,12 +1,24 @@
-"""Exercises checked on real ranks: code a student writes in a notebook cell, run on simulated GPUs.
+"""The check mechanism: an answer's source in, a deterministic verdict out, computed out of its reach.
 
-Ranks cannot import a function defined in a notebook cell, so the check sends its *source*
-(``inspect.getsource``) and each rank compiles it with ``torch`` and ``dist`` in scope. The verdict
-printed in the notebook is deterministic (no timings, no addresses) so that nbval can grade it:
+    EXERCISE.check(source)          # -> Verdict; what the grader calls in a fresh, sandboxed process
+    check_ring_all_reduce(my_fn)    # in a notebook: the same check on the cell that defines my_fn
 
-    check_ring_all_reduce(my_ring_all_reduce)
-    # ring all-reduce on 2 ranks: PASSED (5/5 cases)
-    # ring all-reduce on 4 ranks: PASSED (5/5 cases)
+How a check keeps the student's code away from its own verdict:
+
+1. **Review** (``exercises.policy``): the answer's source is read, never run, in the checking
+   process; an import of the library, a collective the exercise forbids, reflection or a patch of
+   torch is refused with a reason the student can act on.
+2. **Run, on ranks only**: the source is compiled and run on fresh rank processes
+   (``launcher.run(..., untrusted=True)``: a pool of its own, discarded afterwards, whose answers are
+   read as plain data only, so a rank cannot send an object that runs code here). A rank's harness
+   (trusted code of this package) feeds the answer inputs the checker can recompute, records what it
+   sent (``runtime.commlog``) and returns raw results: numbers, lists, strings.
+3. **Judge, here**: the checking process recomputes the expected values itself and compares. Patching
+   torch or the library on a rank changes nothing here.
+
+The verdict is deterministic text (no timings, no addresses): nbval compares it in the lessons, and
+the grader's feedback quotes it. A stub (``# YOUR CODE HERE`` / ``raise NotImplementedError``) gets
+the "not yet" verdict without starting a process.
 """
 
 from __future__ import annotations
@@ -14,86 +26,191 @@ from __future__ import annotations
 import ast
 import inspect
 import linecache
+import os
 import textwrap
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
+from parallel_lab.exercises.policy import Policy, review
 from parallel_lab.runtime import launcher
 
-CHECK_TIMEOUT = 20.0
+CHECK_TIMEOUT = 20.0  # seconds for one run of an answer on its ranks
+STUB = "# YOUR CODE HERE\nraise NotImplementedError"
 
 
 @dataclass
 class Verdict:
-    """The outcome of one check: ``passed``, and the lines printed for the student."""
+    """The outcome of one check: ``passed``, the lines printed for the student, and ``not_yet`` when
+    the answer is still the stub."""
 
     passed: bool
     lines: list
+    not_yet: bool = False
 
     def __str__(self):
         return "\n".join(self.lines)
 
+    @property
+    def reason(self) -> str:
+        """The first line that says why the check did not pass ("" when it passed)."""
+        if self.passed:
+            return ""
+        return next((line for line in self.lines if "FAILED" in line or "NOT YET" in line), self.lines[0])
 
-def source_of(fn) -> tuple[str, str]:
-    """``(source, name)`` of a function written in a notebook cell (or anywhere with source)."""
-    if not callable(fn) or not hasattr(fn, "__code__"):
-        raise TypeError(f"expected the function you wrote, got {type(fn).__name__}: {fn!r}")
+
+class NotYet(Exception):
+    """The answer still raises NotImplementedError."""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise: ``id`` (its check's tag in the lesson, ``check:<id>``), ``label`` (how verdicts
+    name it), ``policy`` (what its answer must define and may use) and ``judge(source)`` -> the
+    verdict lines and whether they pass (the dynamic part: ranks run, this process compares)."""
+
+    id: str
+    label: str
+    policy: Policy
+    judge: Callable[[str], tuple[bool, list]]
+    forbids: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    def screen(self, source: str) -> Verdict | None:
+        """The verdict that needs no process (the answer is refused, or still the stub), or None.
+        Reads the source only: safe in any process, the grader's included."""
+        reason = review(source, self.policy)
+        if reason:
+            return Verdict(False, [f"{self.label}: FAILED: your answer {reason}"])
+        if is_stub(source, self.name):
+            return self.not_yet()
+        return None
+
+    def check(self, source: str) -> Verdict:
+        """The verdict on an answer cell's source (``screen``, then ``judge``)."""
+        screened = self.screen(source)
+        if screened is not None:
+            return screened
+        try:
+            passed, lines = self.judge(source)
+        except NotYet:
+            return self.not_yet()
+        return Verdict(passed, lines)
+
+    def not_yet(self) -> Verdict:
+        return Verdict(False, [f"{self.label}: NOT YET: {self.name} still raises NotImplementedError; write "
+                               f"your code where it says # YOUR CODE HERE (and remove that raise), then run "
+                               f"this cell again"], not_yet=True)
+
+    def check_object(self, obj) -> Verdict:
+        """The notebook's check: the verdict on the cell that defines ``obj``, printed and returned."""
+        if getattr(obj, "__name__", None) != self.name:
+            raise TypeError(f"{self.label}: pass the {'class' if inspect.isclass(obj) else 'function'} you wrote, "
+                            f"{self.name}; got {obj!r}")
+        verdict = self.check(answer_source(obj))
+        if verdict.passed:
+            PASSED_HERE.add(self.id)
+        print(verdict)
+        return verdict
+
+
+REGISTRY: dict[str, Exercise] = {}
+PASSED_HERE: set[str] = set()  # exercises whose notebook check passed in this process (``reveal``)
+
+
+def register(exercise: Exercise) -> Exercise:
+    REGISTRY[exercise.id] = exercise
+    return exercise
+
+
+def reveal(check_id: str, obj) -> None:
+    """Print the library's own version of an exercise's answer (``inspect.getsource(obj)``), once the
+    student's answer has passed its check in this notebook; until then, say so. The student edition
+    is saved before any answer passes, so it never shows the library's solution."""
+    exercise = REGISTRY[check_id]
+    if check_id in PASSED_HERE:
+        print(inspect.getsource(obj))
+    else:
+        print(f"The library's version appears here once your {exercise.name} passes its check above "
+              f"(run the check cell, then this one).")
+
+
+# ----------------------------------------------------------------------------------------------
+# The answer's source.
+
+
+def answer_source(obj) -> str:
+    """The source of the answer that defines ``obj`` (a function or a class): the whole notebook cell
+    it was written in -- the grader reads the same cell from the submitted file -- or, for code in a
+    file, the object's own source."""
+    functions = [obj] if inspect.isfunction(obj) else [
+        inspect.unwrap(v.__func__ if isinstance(v, (staticmethod, classmethod)) else v)
+        for v in vars(obj).values()] if inspect.isclass(obj) else []
+    codes = [f.__code__ for f in functions if hasattr(f, "__code__")]
+    if not codes:
+        raise TypeError(f"expected the function or class you wrote, got {type(obj).__name__}: {obj!r}")
+    filename = codes[0].co_filename
+    if not os.path.exists(filename):  # a notebook cell: IPython keeps its text in linecache
+        lines = linecache.getlines(filename)
+        if lines:
+            return "".join(lines)
     try:
-        source = textwrap.dedent(inspect.getsource(fn))
+        return textwrap.dedent(inspect.getsource(obj))
     except (OSError, TypeError) as exc:
-        raise ValueError(f"cannot read the source of {fn.__name__}: {exc}. Define it with `def` in a cell.") from None
-    compile(source, f"<{fn.__name__}>", "exec")  # a syntax error shows here, before any rank starts
-    return source, fn.__name__
+        raise ValueError(f"cannot read the source of {obj.__name__}: {exc}. Define it in a cell.") from None
 
 
-def compile_on_rank(source: str, name: str):
-    """Rebuild the student's function on a rank, with ``torch`` and ``dist`` in its globals."""
-    namespace = {"torch": torch, "dist": dist, "__name__": "student"}
-    exec(compile(source, f"<{name}>", "exec"), namespace)
+def is_stub(source: str, name: str) -> bool:
+    """True when the definition of ``name`` still raises NotImplementedError anywhere in its body."""
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Raise) and sub.exc is not None:
+                    exc = sub.exc.func if isinstance(sub.exc, ast.Call) else sub.exc
+                    if isinstance(exc, ast.Name) and exc.id == "NotImplementedError":
+                        return True
+    return False
+
+
+# ----------------------------------------------------------------------------------------------
+# On the ranks: the harnesses' common parts (trusted code that runs beside an answer).
+
+
+def compile_answer(source: str, name: str):
+    """On a rank (never in the checking process): run the answer cell with ``torch`` and ``dist`` in
+    scope and return what it defines under ``name``."""
+    namespace = {"torch": torch, "dist": dist, "__name__": "answer"}
+    exec(compile(source, "<answer>", "exec"), namespace)
     return namespace[name]
 
 
-def check_on_ranks(fn, checker, world_sizes, label: str, args=()) -> Verdict:
-    """Run ``checker(student_fn, *args)`` on each world size; each rank returns a list of
-    ``(case, ok, detail)``. Failures of any kind (exception, hang, death) become a FAILED line."""
-    source, name = source_of(fn)
-    return check_source_on_ranks(source, name, checker, world_sizes, label, args)
+def plain(value) -> dict:
+    """A value an answer returned, as plain data the checking process can read: a tensor's dtype,
+    shape and values (floats), or the type of anything else."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+                "values": t.double().flatten().tolist()}
+    return {"type": type(value).__name__}
 
 
-def check_source_on_ranks(source, name, checker, world_sizes, label, args=()) -> Verdict:
-    """``check_on_ranks`` for source already read (a class, see ``check_class_on_ranks``)."""
-    lines, passed = [], True
-    for world_size in world_sizes:
-        try:
-            per_rank = launcher.run(_run_check, world_size, args=(source, name, checker, args),
-                                    timeout=CHECK_TIMEOUT)
-        except launcher.RankError as err:
-            passed = False
-            lines.append(f"{label} on {world_size} ranks: FAILED: rank {err.rank} raised {err.exc_type}: "
-                         f"{str(err).splitlines()[0].split(': ', 1)[-1]}")
-            continue
-        except (launcher.RanksHung, launcher.RankDied) as err:
-            passed = False
-            lines.append(f"{label} on {world_size} ranks: FAILED: {str(err).splitlines()[0]}")
-            if isinstance(err, launcher.RanksHung):
-                lines += [f"    rank {r}: {what}" for r, what in sorted(err.blocked.items())]
-            continue
-        cases = per_rank[0]
-        failures = [(r, case, detail) for r, results in enumerate(per_rank)
-                    for case, ok, detail in results if not ok]
-        if failures:
-            passed = False
-            rank, case, detail = failures[0]
-            lines.append(f"{label} on {world_size} ranks: FAILED: {case}: rank {rank}: {detail}")
-        else:
-            lines.append(f"{label} on {world_size} ranks: PASSED ({len(cases)}/{len(cases)} cases)")
-    return Verdict(passed, lines)
+def tensor_of(data: dict) -> torch.Tensor | None:
+    """The tensor ``plain`` described (fp64), or None when the answer returned something else."""
+    if "values" not in data:
+        return None
+    return torch.tensor(data["values"], dtype=torch.float64).reshape(data["shape"])
 
 
-def _run_check(source, name, checker, args):
-    return checker(compile_on_rank(source, name), *args)
+def describe(data: dict) -> str:
+    """How a verdict names what an answer returned."""
+    if "values" in data:
+        return short(tensor_of(data))
+    return f"a {data['type']}, not a tensor"
 
 
 def short(t: torch.Tensor) -> str:
@@ -102,53 +219,20 @@ def short(t: torch.Tensor) -> str:
     return "[" + ", ".join(f"{v:g}" for v in values) + more + "]"
 
 
-# ----------------------------------------------------------------------------------------------
-# Classes written in a cell, and the test data of the tensor-parallel exercises.
+def integers(gen, *shape):
+    """Small integers as fp64: every order of additions gives exactly the same sums."""
+    return torch.randint(-3, 4, shape, generator=gen).to(torch.float64)
 
 
-def source_of_class(cls) -> tuple[str, str]:
-    """``(source, name)`` of a class written in a notebook cell (e.g. a ``torch.autograd.Function``).
-
-    ``inspect.getsource`` cannot find a class defined in a notebook (its module ``__main__`` has no
-    file), but its methods know the cell they came from: the class is read back from that cell.
-    """
-    if not inspect.isclass(cls):
-        raise TypeError(f"expected the class you wrote, got {type(cls).__name__}: {cls!r}")
-    try:
-        source = textwrap.dedent(inspect.getsource(cls))
-    except (OSError, TypeError):
-        source = _class_source_from_methods(cls)
-    compile(source, f"<{cls.__name__}>", "exec")  # a syntax error shows here, before any rank starts
-    return source, cls.__name__
-
-
-def _class_source_from_methods(cls) -> str:
-    codes = [getattr(inspect.unwrap(v.__func__ if isinstance(v, (staticmethod, classmethod)) else v),
-                     "__code__", None) for v in vars(cls).values()]
-    codes = [c for c in codes if c is not None]
-    if not codes:
-        raise ValueError(f"cannot read the source of {cls.__name__}: it defines no method. "
-                         f"Define it with `class` in a cell.")
-    lines = linecache.getlines(codes[0].co_filename)
-    line = codes[0].co_firstlineno
-    for node in ast.walk(ast.parse("".join(lines))):
-        if isinstance(node, ast.ClassDef) and node.name == cls.__name__:
-            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            if first <= line <= node.end_lineno:  # the definition this class came from
-                return textwrap.dedent("".join(lines[first - 1:node.end_lineno]))
-    raise ValueError(f"cannot read the source of {cls.__name__}. Define it with `class` in a cell.")
-
-
-def check_class_on_ranks(cls, checker, world_sizes, label: str, args=()) -> Verdict:
-    """``check_on_ranks`` for a class the student wrote: each rank rebuilds the class from its
-    source and runs ``checker(student_cls, *args)``."""
-    source, name = source_of_class(cls)
-    return check_source_on_ranks(source, name, checker, world_sizes, label, args)
+def row_problem(leading, n_in, n_out, seed):
+    """``(X, W, bias)`` of a dense ``Y = X·W + bias``, the same wherever ``seed`` is used."""
+    gen = torch.Generator().manual_seed(seed)
+    return integers(gen, *leading, n_in), integers(gen, n_in, n_out), integers(gen, n_out)
 
 
 def tp_groups():
-    """``[(label, group, tp, group index)]`` to check on this world: the whole world, and on 4
-    ranks also two groups of 2 (every rank creates every group, in the same order)."""
+    """On a rank: ``[(label, group, tp, group index)]`` to check on this world: the whole world, and on
+    4 ranks also two groups of 2 (every rank creates every group, in the same order)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     groups = [(f"the whole world (tp={world})", dist.group.WORLD, world, 0)]
     if world == 4:
@@ -157,12 +241,34 @@ def tp_groups():
     return groups
 
 
-def integers(gen, *shape):
-    """Small integers as fp64: every order of additions gives exactly the same sums."""
-    return torch.randint(-3, 4, shape, generator=gen).to(torch.float64)
+def tp_group_labels(world: int) -> list[tuple[str, int, int]]:
+    """In the checking process: ``[(label, tp, groups)]`` matching ``tp_groups`` on ``world`` ranks."""
+    out = [(f"the whole world (tp={world})", world, 1)]
+    if world == 4:
+        out.append(("groups {0,1} and {2,3} (tp=2)", 2, 2))
+    return out
 
 
-def row_problem(leading, n_in, n_out, seed):
-    """``(X, W, bias)`` of a dense ``Y = X·W + bias``, the same on every rank that uses ``seed``."""
-    gen = torch.Generator().manual_seed(seed)
-    return integers(gen, *leading, n_in), integers(gen, n_in, n_out), integers(gen, n_out)
+# ----------------------------------------------------------------------------------------------
+# In the checking process: run an answer on ranks.
+
+
+def run_answer(harness, source: str, name: str, world_size: int, label: str, args=()) -> list | str:
+    """``harness(source, name, *args)`` on ``world_size`` fresh untrusted ranks: their raw results
+    (one per rank), or the FAILED line that says what went wrong. Raises NotYet when the answer
+    raised NotImplementedError."""
+    where = f"{label} on {world_size} rank{'s' * (world_size != 1)}"
+    timeout = float(os.environ.get("PARALLEL_LAB_CHECK_TIMEOUT") or CHECK_TIMEOUT)  # the grader may set it
+    try:
+        return launcher.run(harness, world_size, args=(source, name, *args), timeout=timeout, untrusted=True)
+    except launcher.RankError as err:
+        if err.exc_type == "NotImplementedError":
+            raise NotYet() from None
+        message = str(err).splitlines()[0].split(": ", 1)[-1]
+        return f"{where}: FAILED: rank {err.rank} raised {err.exc_type}: {message}"
+    except launcher.RanksHung as err:
+        blocked = "; ".join(f"rank {r}: {what}" for r, what in sorted(err.blocked.items()))
+        return (f"{where}: FAILED: did not finish within {err.timeout:g} s (a send without a matching "
+                f"recv, or a collective some rank skipped?): {blocked}")
+    except launcher.RankDied as err:
+        return f"{where}: FAILED: {str(err).splitlines()[0]}"

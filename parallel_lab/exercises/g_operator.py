@@ -1,67 +1,131 @@
 """Lesson 02's second exercise: Megatron's g operator (all-reduce forward, identity backward) as a
-``torch.autograd.Function``, checked on real ranks (lessons/02_tensor_parallelism.ipynb)."""
+``torch.autograd.Function``, checked on real ranks (lessons/02_tensor_parallelism.ipynb).
+
+The ranks run the answer twice per group layout: alone (its forward must be the group's sum) and
+inside a row-parallel layer ``g(x_r·W_r) + bias`` whose output and gradients (of ``x_r``, ``W_r``
+and the bias) must equal the dense layer's. They return those tensors; the checking process
+computes the dense layer and compares. The library's mappings (its own f and g) are forbidden.
+"""
 
 from __future__ import annotations
-
-import inspect
 
 import torch
 import torch.distributed as dist
 
-from parallel_lab.exercises.check import Verdict, check_class_on_ranks, integers, row_problem, short, tp_groups
+from parallel_lab.exercises.check import (
+    Exercise,
+    Verdict,
+    compile_answer,
+    integers,
+    plain,
+    register,
+    row_problem,
+    run_answer,
+    short,
+    tensor_of,
+    tp_group_labels,
+    tp_groups,
+)
+from parallel_lab.exercises.policy import Policy
+
+WORLD_SIZES = (2, 4)
+POLICY = Policy("MyG", dist=("all_reduce", "get_rank", "get_world_size", "ReduceOp"),
+                builds="g from one all-reduce")
+GRADS = ("output", "grad of x_r", "grad of W_r", "grad of bias")
 
 
-def g_operator_cases(student_cls):
-    """On a rank: ``student_cls.apply(x, group)`` as Megatron's g. (1) forward: the sum over the
-    group; (2) inside a row-parallel layer ``g(x_r·W_r) + bias``: output, and the gradients of
-    ``x_r``, ``W_r`` and the bias against the dense layer's."""
-    results = []
-    for where, group, tp, index in tp_groups():
+def mine(index: int, rank: int) -> torch.Tensor:
+    """What global rank ``rank`` feeds g alone, in group layout ``index`` (different on every rank)."""
+    return integers(torch.Generator().manual_seed(10 * index + rank), 3, 4)
+
+
+def layer_problem(index: int):
+    """``(x, w, bias, grad_out)`` of the row-parallel layer in group layout ``index``."""
+    x, w, bias = row_problem((2, 3), 8, 5, seed=100 * index + 7)
+    grad_out = integers(torch.Generator().manual_seed(100 * index + 8), 2, 3, 5)  # dL/dY, the group's
+    return x, w, bias, grad_out
+
+
+def harness(source: str, name: str) -> list[dict]:
+    """On a rank: per group layout, g's forward alone and the layer's output and three gradients."""
+    cls = compile_answer(source, name)
+    out = []
+    for _, group, tp, index in tp_groups():
         r = dist.get_rank(group)
-        gen = torch.Generator().manual_seed(10 * index + dist.get_rank())  # different on every rank
-        mine = integers(gen, 3, 4)
-        expected = mine.clone()
-        dist.all_reduce(expected, group=group)
-        got = student_cls.apply(mine.clone(), group)
-        ok = isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.equal(got, expected)
-        detail = "" if ok else (f"got {short(got)}, expected the group's sum {short(expected)}"
-                                if isinstance(got, torch.Tensor) else f"returned {type(got).__name__}")
-        results.append((f"forward sums over {where}", ok, detail))
+        alone = plain(cls.apply(mine(index, dist.get_rank()).clone(), group))
         dist.barrier()
-
-        x, w, bias = row_problem((2, 3), 8, 5, seed=100 * index + 7)
-        gen = torch.Generator().manual_seed(100 * index + 8)
-        grad_out = integers(gen, 2, 3, 5)  # dL/dY, the same on every rank of the group
-        dense = [t.clone().requires_grad_() for t in (x, w, bias)]
-        (dense[0] @ dense[1] + dense[2]).backward(grad_out)
+        x, w, bias, grad_out = layer_problem(index)
         k = 8 // tp
         x_r, w_r, b = (x[..., r * k:(r + 1) * k].clone().requires_grad_(),
                        w[r * k:(r + 1) * k].clone().requires_grad_(), bias.clone().requires_grad_())
-        y = student_cls.apply(x_r @ w_r, group) + b
+        y = cls.apply(x_r @ w_r, group) + b
         y.backward(grad_out)
-        checks = [("output", y.detach(), (x @ w + bias)),
-                  ("grad of x_r", x_r.grad, dense[0].grad[..., r * k:(r + 1) * k]),
-                  ("grad of W_r", w_r.grad, dense[1].grad[r * k:(r + 1) * k]),
-                  ("grad of bias", b.grad, dense[2].grad)]
-        wrong = [(what, g, e) for what, g, e in checks if g is None or not torch.equal(g, e)]
-        detail = ""
-        if wrong:
-            what, g, e = wrong[0]
-            detail = f"{what}: " + ("none" if g is None else f"got {short(g)}, expected {short(e)}")
-            if g is not None and what != "output" and torch.equal(g, e * tp):
-                detail += (f" ({tp}x too large: the gradient of g's output is already the same on every "
-                           f"rank, so its backward must pass it on unchanged, not sum it)")
-        results.append((f"row-parallel layer with g, forward and backward, {where}", not wrong, detail))
+        out.append({"alone": alone, "layer": [plain(t) if t is not None else {"type": "None"}
+                                              for t in (y, x_r.grad, w_r.grad, b.grad)]})
         dist.barrier()
-    return results
+    return out
 
 
-def check_g_operator(cls, world_sizes=(2, 4)) -> Verdict:
+def expected_layer(index: int, r: int, tp: int) -> list[torch.Tensor]:
+    """The dense layer's output and the gradients of rank ``r``'s slices."""
+    x, w, bias, grad_out = layer_problem(index)
+    dense = [t.clone().requires_grad_() for t in (x, w, bias)]
+    (dense[0] @ dense[1] + dense[2]).backward(grad_out)
+    k = 8 // tp
+    return [(x @ w + bias), dense[0].grad[..., r * k:(r + 1) * k], dense[1].grad[r * k:(r + 1) * k], dense[2].grad]
+
+
+def judge_layout(world: int, where: str, tp: int, groups: int, answers: list[dict]) -> str | None:
+    """Why the ranks' answers for one group layout are wrong, or None."""
+    for rank, answer in enumerate(answers):
+        index, r = (rank // tp if groups > 1 else 0), rank % tp
+        first = rank - r
+        expected = sum(mine(index, q) for q in range(first, first + tp))
+        got = tensor_of(answer["alone"])
+        if got is None or got.shape != expected.shape or not torch.equal(got, expected):
+            shown = short(got) if got is not None else f"a {answer['alone']['type']}"
+            return f"forward sums over {where}: rank {rank}: got {shown}, expected the group's sum {short(expected)}"
+    for rank, answer in enumerate(answers):
+        index, r = (rank // tp if groups > 1 else 0), rank % tp
+        for what, data, e in zip(GRADS, answer["layer"], expected_layer(index, r, tp)):
+            g = tensor_of(data)
+            if g is None or g.shape != e.shape or not torch.equal(g, e):
+                detail = f"{what}: " + ("none" if g is None else f"got {short(g)}, expected {short(e)}")
+                if g is not None and what != "output" and g.shape == e.shape and torch.equal(g, e * tp):
+                    detail += (f" ({tp}x too large: the gradient of g's output is already the same on every "
+                               f"rank, so its backward must pass it on unchanged, not sum it)")
+                return f"row-parallel layer with g, forward and backward, {where}: rank {rank}: {detail}"
+    return None
+
+
+def judge(source: str) -> tuple[bool, list]:
+    lines, passed = [], True
+    for world in WORLD_SIZES:
+        per_rank = run_answer(harness, source, POLICY.name, world, "g operator")
+        if isinstance(per_rank, str):
+            passed = False
+            lines.append(per_rank)
+            continue
+        layouts = tp_group_labels(world)
+        wrong = next((w for i, (where, tp, groups) in enumerate(layouts)
+                      if (w := judge_layout(world, where, tp, groups, [answers[i] for answers in per_rank]))), None)
+        if wrong:
+            passed = False
+            lines.append(f"g operator on {world} ranks: FAILED: {wrong}")
+        else:
+            lines.append(f"g operator on {world} ranks: PASSED ({2 * len(layouts)}/{2 * len(layouts)} cases)")
+    return passed, lines
+
+
+EXERCISE = register(Exercise(
+    "g-operator", "g operator", POLICY, judge,
+    forbids="the library's mappings (its own f and g): one dist.all_reduce of your own"))
+
+
+def check_g_operator(cls) -> Verdict:
     """Lesson 02's second exercise: ``cls`` is a ``torch.autograd.Function`` whose ``apply(x, group)``
-    is Megatron's g (all-reduce forward, identity backward); checked on real ranks. Prints and
-    returns the verdict."""
-    if not (inspect.isclass(cls) and issubclass(cls, torch.autograd.Function)):
-        raise TypeError(f"expected a torch.autograd.Function subclass, got {cls!r}")
-    verdict = check_class_on_ranks(cls, g_operator_cases, world_sizes, "g operator")
-    print(verdict)
-    return verdict
+    is Megatron's g (all-reduce forward, identity backward); checked on 2 and 4 real ranks. Prints
+    and returns the verdict."""
+    if not isinstance(cls, type):
+        raise TypeError(f"g operator: pass the class you wrote, MyG (a torch.autograd.Function); got {cls!r}")
+    return EXERCISE.check_object(cls)

@@ -7,17 +7,18 @@ and on real ranks (lessons/05_1f1b_memory.ipynb).
     check_one_f_one_b(my_one_f_one_b)
     # 1F1B p=2, m=3: PASSED: valid; stash per stage [2, 1] = min(m, p−r); bubble 25.0% as 1F1B; ...
 
-A schedule is data, so unlike lesson 01's exercise (whose *code* runs on the ranks, see
-``parallel_lab.exercises``) the student's function runs here, in the notebook's process: what it
-returns is turned into a ``schedules.Schedule``, validated before any process starts, simulated, and
-only then sent to the ranks, which run exactly that schedule (``pipeline.run.run_pipeline``). Every
-verdict line is deterministic (no timings), so nbval can grade it. Plain lists become a Schedule with
-``pipeline.schedules.as_schedule``.
+A schedule is data. The answer runs on a rank of its own, which returns only what it computed, plain
+lists of action strings, one per case; the checking process turns them into a
+``schedules.Schedule`` (``pipeline.schedules.as_schedule``), validates and simulates it, and only then
+runs it on fresh ranks with the library's executor (``pipeline.run.run_pipeline``), against one
+process. The library's own schedules are forbidden in the answer (from the source). Every verdict
+line is deterministic (no timings), so nbval compares it.
 """
 
 from __future__ import annotations
 
-from parallel_lab.exercises.check import Verdict, source_of
+from parallel_lab.exercises.check import Exercise, NotYet, Verdict, compile_answer, register, run_answer
+from parallel_lab.exercises.policy import Policy
 from parallel_lab.pipeline.run import run_pipeline
 from parallel_lab.pipeline.schedules import ScheduleError, as_schedule, one_f_one_b
 from parallel_lab.pipeline.simulate import Costs, simulate
@@ -28,29 +29,66 @@ from parallel_lab.runtime import launcher
 CASES = ((2, 3), (4, 8), (4, 2))
 EXACT = 1e-10  # fp64 pipeline vs one process: the same operations in the same order per micro-batch
 RUN_TIMEOUT = 60.0
+POLICY = Policy("my_one_f_one_b", imports=("math", "itertools"), dist=())
 
 
 # ----------------------------------------------------------------------------------------------
-# The check.
+# On a rank: the answer's schedules, as plain data.
+
+
+def _plain_action(item):
+    if item is None or isinstance(item, str):
+        return item
+    if isinstance(item, (tuple, list)) and len(item) == 3:
+        return (int(item[0]), str(item[1]), int(item[2]))
+    return str(item)
+
+
+def _plain_rank(entry):
+    return entry if isinstance(entry, str) else [_plain_action(item) for item in entry]
+
+
+def harness(source: str, name: str, cases=CASES) -> list[dict]:
+    """On a rank: ``fn(p, m)`` for each case, as ``{"ranks": [...]}`` of strings, tuples and None, or
+    ``{"error": ...}`` when the answer raised (``{"not_yet": True}`` for NotImplementedError)."""
+    fn = compile_answer(source, name)
+    out = []
+    for p, m in cases:
+        try:
+            ranks = fn(p, m)
+            if isinstance(ranks, dict):
+                ranks = [ranks[key] for key in sorted(ranks)]
+            out.append({"ranks": [_plain_rank(entry) for entry in ranks]})
+        except NotImplementedError:
+            out.append({"not_yet": True})
+        except Exception as err:  # the answer's own error: reported per case
+            out.append({"error": f"{type(err).__name__}: {err}"})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# In the checking process.
 
 
 def _indent(text: str) -> list[str]:
     return ["    " + line for line in text.splitlines()]
 
 
-def one_f_one_b_case(fn, p: int, m: int, name: str, show_grid: bool = True) -> tuple[bool, list[str]]:
-    """Check ``fn(p, m)`` against 1F1B; ``(passed, lines)``. In order: it returns readable actions;
-    they validate; simulated (F=1, B=2, free links) no stage stashes more than min(m, p−r)
+def one_f_one_b_case(answer: dict, p: int, m: int, name: str, show_grid: bool = True) -> tuple[bool, list[str]]:
+    """Judge the answer's schedule for one case against 1F1B; ``(passed, lines)``. In order: it is
+    readable; it validates; simulated (F=1, B=2, free links) no stage stashes more than min(m, p−r)
     micro-batches and the step is as short as 1F1B's; on p real ranks the gradients equal the
     single-process model's and the measured stash peaks equal the simulated ones."""
     label = f"1F1B p={p}, m={m}"
+    if answer.get("not_yet"):
+        raise NotYet()
+    if "error" in answer:
+        return False, [f"{label}: FAILED: {name}({p}, {m}) raised {answer['error']}"]
     try:
-        sched = validate(as_schedule(fn(p, m), p, m, name))
+        sched = validate(as_schedule(answer["ranks"], p, m, name))
     except ScheduleError as err:
         first, *grid = str(err).splitlines()
         return False, [f"{label}: FAILED: {first}"] + (_indent("\n".join(grid)) if show_grid else [])
-    except Exception as err:  # the student's function itself failed
-        return False, [f"{label}: FAILED: {name}({p}, {m}) raised {type(err).__name__}: {err}"]
 
     costs = Costs(F=1.0, B=2.0)
     mine, ref = simulate(sched, costs), simulate(one_f_one_b(p, m), costs)
@@ -85,17 +123,27 @@ def one_f_one_b_case(fn, p: int, m: int, name: str, show_grid: bool = True) -> t
                   f"measured stash {result['peak_activations']}"]
 
 
-def check_one_f_one_b(fn, cases=CASES) -> Verdict:
-    """Lesson 05's exercise: ``fn(p, m)`` returns, per rank, 1F1B's ordered actions (see
-    ``as_schedule`` for the accepted forms). One line per ``(p, m)`` case; the grid of the first
-    invalid case is shown with its offending action marked ``>1B3<``. Prints and returns the verdict."""
-    _, name = source_of(fn)  # a function defined with `def` (its name labels the schedule)
+def judge(source: str) -> tuple[bool, list]:
+    answers = run_answer(harness, source, POLICY.name, 1, "1F1B")
+    if isinstance(answers, str):
+        return False, [answers]
     lines, passed, grid_shown = [], True, False
-    for p, m in cases:
-        ok, case_lines = one_f_one_b_case(fn, p, m, name, show_grid=not grid_shown)
+    for (p, m), answer in zip(CASES, answers[0]):
+        ok, case_lines = one_f_one_b_case(answer, p, m, POLICY.name, show_grid=not grid_shown)
         grid_shown |= len(case_lines) > 1
         passed &= ok
         lines += case_lines
-    verdict = Verdict(passed, lines)
-    print(verdict)
-    return verdict
+    return passed, lines
+
+
+EXERCISE = register(Exercise(
+    "one-f-one-b", "1F1B", POLICY, judge,
+    forbids="the library's schedules (one_f_one_b, build): write the order yourself"))
+
+
+def check_one_f_one_b(fn) -> Verdict:
+    """Lesson 05's exercise: ``fn(p, m)`` returns, per rank, 1F1B's ordered actions (strings such as
+    ``"1F3"``, ``(stage, kind, microbatch)`` tuples or None). One line per ``(p, m)`` case; the grid of
+    the first invalid case is shown with its offending action marked ``>1B3<``. Prints and returns
+    the verdict."""
+    return EXERCISE.check_object(fn)

@@ -1,9 +1,15 @@
-"""Lesson 01's exercise: ring all-reduce from send/recv, checked on real ranks
-(lessons/01_ranks_and_collectives.ipynb).
+"""Lesson 01's exercise: ring all-reduce from send/recv (lessons/01_ranks_and_collectives.ipynb).
 
     check_ring_all_reduce(my_ring_all_reduce)
-    # ring all-reduce on 2 ranks: PASSED (5/5 cases)
-    # ring all-reduce on 4 ranks: PASSED (5/5 cases)
+    # ring all-reduce on 2 ranks: PASSED (5/5 cases; send/recv only, 2(p−1)/p of the tensor per rank)
+    # ring all-reduce on 4 ranks: PASSED (5/5 cases; ...)
+
+What it forbids, and how it knows: the answer may use only ``dist.isend``/``irecv``/``send``/``recv``
+(and ``get_rank``, ``get_world_size``): a collective, or the library's own ring, is refused from the
+source; on the ranks, ``commlog`` records every call, so a collective reached any other way shows
+up, and the bytes sent must be a ring's, 2(p−1)/p of the tensor per rank (2(p−1)·n over all ranks).
+The inputs are drawn from a seed (different on every rank), and the checking process recomputes
+their sum itself.
 """
 
 from __future__ import annotations
@@ -11,32 +17,94 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from parallel_lab.exercises.check import Verdict, check_on_ranks, short
+from parallel_lab.exercises.check import (
+    Exercise,
+    Verdict,
+    compile_answer,
+    plain,
+    register,
+    run_answer,
+    short,
+    tensor_of,
+)
+from parallel_lab.exercises.policy import Policy
+from parallel_lab.runtime import commlog
 
-RING_CASES = (1, 4, 5, 12, 1001)  # element counts: fewer than the ranks, divisible, not divisible
+CASES = (1, 4, 5, 12, 1001)  # element counts: fewer than the ranks, divisible, not divisible
+WORLD_SIZES = (2, 4)
+SEED = 1234
+P2P = ("send", "recv", "isend", "irecv")
+POLICY = Policy("my_ring_all_reduce", dist=(*P2P, "get_rank", "get_world_size"),
+                builds="it from isend/recv")
 
 
-def ring_all_reduce_cases(student_fn, cases=RING_CASES):
-    """On a rank: the student's ring all-reduce against ``dist.all_reduce`` on integer-valued fp64
-    tensors (so that any order of additions gives exactly the same sum)."""
-    rank = dist.get_rank()
-    results = []
+def inputs(numel: int, rank: int, seed: int = SEED) -> torch.Tensor:
+    """Rank ``rank``'s tensor for a case: integer-valued fp64 (any order of additions is exact)."""
+    gen = torch.Generator().manual_seed(seed + 1000 * numel + rank)
+    return torch.randint(-50, 51, (numel,), generator=gen).to(torch.float64)
+
+
+def harness(source: str, name: str, cases=CASES) -> list[dict]:
+    """On a rank: run the answer on each case; per case the tensor it left (or returned) and the
+    calls it made (commlog)."""
+    fn = compile_answer(source, name)
+    rank, out = dist.get_rank(), []
     for numel in cases:
-        x = torch.arange(numel, dtype=torch.float64) * (rank + 1) + rank
-        expected = x.clone()
-        dist.all_reduce(expected)
-        out = student_fn(x)
-        got = out if isinstance(out, torch.Tensor) else x
-        ok = got.shape == expected.shape and torch.equal(got, expected)
-        detail = "" if ok else f"got {short(got)}, expected {short(expected)}"
-        results.append((f"tensor of {numel} element{'s' * (numel != 1)}", ok, detail))
+        x = inputs(numel, rank)
+        with commlog.recording() as log:
+            result = fn(x)
+        out.append({"value": plain(result if isinstance(result, torch.Tensor) else x), "ops": log.as_dict()})
         dist.barrier()  # keep ranks in step between cases, so a failure is pinned to its case
-    return results
+    return out
 
 
-def check_ring_all_reduce(fn, world_sizes=(2, 4)) -> Verdict:
+def judge_case(numel: int, world: int, answers: list[dict]) -> str | None:
+    """Why the ranks' answers to one case are wrong, or None."""
+    expected = sum(inputs(numel, r) for r in range(world))
+    for rank, answer in enumerate(answers):
+        got = tensor_of(answer["value"])
+        if got is None or got.shape != expected.shape or not torch.equal(got, expected):
+            shown = answer["value"] if got is None else None
+            return (f"rank {rank}: got {short(got) if shown is None else 'a ' + shown['type']}, "
+                    f"expected {short(expected)}")
+    used = sorted({op for a in answers for op in a["ops"]} - set(P2P))
+    if used:
+        return f"the ranks called {', '.join(used)}; this exercise builds it from isend/recv"
+    sent = sum(a["ops"].get(op, {"bytes": 0})["bytes"] for a in answers for op in ("send", "isend"))
+    ring = 2 * (world - 1) * numel * 8
+    if sent != ring:
+        return (f"the ranks sent {sent} bytes in all; a ring sends 2(p−1)·n = {ring} bytes (2(p−1)/p of "
+                f"the tensor per rank): reduce-scatter then all-gather, one chunk per step")
+    return None
+
+
+def judge(source: str) -> tuple[bool, list]:
+    lines, passed = [], True
+    for world in WORLD_SIZES:
+        per_rank = run_answer(harness, source, POLICY.name, world, "ring all-reduce")
+        if isinstance(per_rank, str):
+            passed = False
+            lines.append(per_rank)
+            continue
+        for numel, *answers in zip(CASES, *per_rank):
+            wrong = judge_case(numel, world, answers)
+            if wrong:
+                passed = False
+                lines.append(f"ring all-reduce on {world} ranks: FAILED: tensor of {numel} element"
+                             f"{'s' * (numel != 1)}: {wrong}")
+                break
+        else:
+            lines.append(f"ring all-reduce on {world} ranks: PASSED ({len(CASES)}/{len(CASES)} cases; send/recv "
+                         f"only, 2(p−1)/p of the tensor per rank)")
+    return passed, lines
+
+
+EXERCISE = register(Exercise(
+    "ring-all-reduce", "ring all-reduce", POLICY, judge,
+    forbids="collectives (dist.all_reduce, ...) and the library's own ring: build it from isend/recv"))
+
+
+def check_ring_all_reduce(fn) -> Verdict:
     """Lesson 01's exercise: ``fn(tensor)`` sums ``tensor`` over all ranks in place with a ring of
-    send/recv; checked against ``dist.all_reduce`` on real ranks. Prints and returns the verdict."""
-    verdict = check_on_ranks(fn, ring_all_reduce_cases, world_sizes, "ring all-reduce")
-    print(verdict)
-    return verdict
+    send/recv; checked on 2 and 4 real ranks. Prints and returns the verdict."""
+    return EXERCISE.check_object(fn)

@@ -1,8 +1,11 @@
 """Lesson 02's first exercise: the row-parallel forward ``Y = X·W + bias`` from this rank's slices,
 checked on real ranks against the dense product (lessons/02_tensor_parallelism.ipynb).
 
-The student's code takes an explicit ``group``; on 4 ranks the check also runs it in two groups of
-2 with different data, which catches a collective that ignores ``group`` (it would sum over all 4).
+The answer takes an explicit ``group``; on 4 ranks the check also runs it in two groups of 2 with
+different data, which catches a collective that ignores ``group`` (it would sum over all 4). It
+forbids the library's parallel layers and mappings (from the source): the one collective is the
+student's own ``dist.all_reduce``. The ranks return what the answer computed; the checking process
+recomputes the dense product and compares.
 """
 
 from __future__ import annotations
@@ -10,33 +13,49 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from parallel_lab.exercises.check import Verdict, check_on_ranks, row_problem, short, tp_groups
+from parallel_lab.exercises.check import (
+    Exercise,
+    Verdict,
+    compile_answer,
+    plain,
+    register,
+    row_problem,
+    run_answer,
+    short,
+    tensor_of,
+    tp_group_labels,
+    tp_groups,
+)
+from parallel_lab.exercises.policy import Policy
 
-ROW_SHAPES = (((3,), 8, 5), ((2, 4), 8, 6))  # (leading dims of x, in features, out features)
+SHAPES = (((3,), 8, 5), ((2, 4), 8, 6))  # (leading dims of x, in features, out features)
+WORLD_SIZES = (2, 4)
+POLICY = Policy("my_row_parallel_forward", dist=("all_reduce", "get_rank", "get_world_size", "ReduceOp"),
+                builds="the row-parallel forward from one all-reduce")
 
 
-def row_parallel_forward_cases(student_fn):
-    """On a rank: ``student_fn(x_shard, w_shard, bias, group)`` against the dense ``X·W + bias``,
-    with ``X`` split along its last dimension and ``W`` along its rows, for each group and shape."""
-    results = []
-    for where, group, tp, index in tp_groups():
+def shards(leading, n_in, n_out, index: int, r: int, tp: int):
+    """``(x, w, bias, x_shard, w_shard)`` of group ``index``'s problem for its rank ``r`` of ``tp``."""
+    x, w, bias = row_problem(leading, n_in, n_out, seed=100 * index + n_out)
+    k = n_in // tp
+    return x, w, bias, x[..., r * k:(r + 1) * k], w[r * k:(r + 1) * k]
+
+
+def harness(source: str, name: str) -> list[dict]:
+    """On a rank: the answer's output for every group layout and shape, in order."""
+    fn = compile_answer(source, name)
+    out = []
+    for _, group, tp, index in tp_groups():
         r = dist.get_rank(group)
-        for leading, n_in, n_out in ROW_SHAPES:
-            x, w, bias = row_problem(leading, n_in, n_out, seed=100 * index + n_out)
-            k = n_in // tp
-            x_shard, w_shard = x[..., r * k:(r + 1) * k], w[r * k:(r + 1) * k]
-            expected = x @ w + bias
-            got = student_fn(x_shard.clone(), w_shard.clone(), bias.clone(), group)
-            ok = isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.equal(got, expected)
-            detail = "" if ok else _row_hint(got, expected, x_shard @ w_shard, bias, tp, where)
-            results.append((f"x {tuple(x.shape)}, W {tuple(w.shape)}, {where}", ok, detail))
+        for leading, n_in, n_out in SHAPES:
+            _, _, bias, x_shard, w_shard = shards(leading, n_in, n_out, index, r, tp)
+            out.append(plain(fn(x_shard.clone(), w_shard.clone(), bias.clone(), group)))
             dist.barrier()  # keep ranks in step between cases, so a failure is pinned to its case
-    return results
+    return out
 
 
-def _row_hint(got, expected, partial, bias, tp, where) -> str:
-    if not isinstance(got, torch.Tensor):
-        return f"returned {type(got).__name__}, expected a tensor of shape {tuple(expected.shape)}"
+def hint(got, expected, partial, bias, tp, where) -> str:
+    """What a wrong output most likely is."""
     if got.shape != expected.shape:
         return f"shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
     if torch.equal(got, partial + bias) or torch.equal(got, partial):
@@ -51,10 +70,47 @@ def _row_hint(got, expected, partial, bias, tp, where) -> str:
     return f"got {short(got)}, expected {short(expected)}"
 
 
-def check_row_parallel_forward(fn, world_sizes=(2, 4)) -> Verdict:
+def judge(source: str) -> tuple[bool, list]:
+    lines, passed = [], True
+    for world in WORLD_SIZES:
+        per_rank = run_answer(harness, source, POLICY.name, world, "row-parallel forward")
+        if isinstance(per_rank, str):
+            passed = False
+            lines.append(per_rank)
+            continue
+        cases = [(where, tp, groups, shape) for where, tp, groups in tp_group_labels(world) for shape in SHAPES]
+        wrong = None
+        for i, (where, tp, groups, (leading, n_in, n_out)) in enumerate(cases):
+            for rank in range(world):
+                index, r = (rank // tp if groups > 1 else 0), rank % tp
+                x, w, bias, x_shard, w_shard = shards(leading, n_in, n_out, index, r, tp)
+                expected, got = x @ w + bias, tensor_of(per_rank[rank][i])
+                if got is None:
+                    wrong = (f"x {tuple(x.shape)}, W {tuple(w.shape)}, {where}", rank,
+                             f"returned {per_rank[rank][i]['type']}, expected a tensor of shape {tuple(expected.shape)}")
+                elif got.shape != expected.shape or not torch.equal(got, expected):
+                    wrong = (f"x {tuple(x.shape)}, W {tuple(w.shape)}, {where}", rank,
+                             hint(got, expected, x_shard @ w_shard, bias, tp, where))
+                if wrong:
+                    break
+            if wrong:
+                break
+        if wrong:
+            passed = False
+            case, rank, detail = wrong
+            lines.append(f"row-parallel forward on {world} ranks: FAILED: {case}: rank {rank}: {detail}")
+        else:
+            lines.append(f"row-parallel forward on {world} ranks: PASSED ({len(cases)}/{len(cases)} cases)")
+    return passed, lines
+
+
+EXERCISE = register(Exercise(
+    "row-parallel-forward", "row-parallel forward", POLICY, judge,
+    forbids="the library's parallel layers and mappings: one dist.all_reduce of your own"))
+
+
+def check_row_parallel_forward(fn) -> Verdict:
     """Lesson 02's first exercise: ``fn(x_shard, w_shard, bias, group)`` computes the row-parallel
     ``Y = X·W + bias`` from this rank's column slice of ``X`` and row slice of ``W``; checked against
-    the dense product on real ranks. Prints and returns the verdict."""
-    verdict = check_on_ranks(fn, row_parallel_forward_cases, world_sizes, "row-parallel forward")
-    print(verdict)
-    return verdict
+    the dense product on 2 and 4 real ranks. Prints and returns the verdict."""
+    return EXERCISE.check_object(fn)

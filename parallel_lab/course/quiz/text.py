@@ -137,7 +137,7 @@ from parallel_lab.course.quiz import show
 
 show("{name}")
 
-# %%
+# %% tags=["answer:quiz:{name}"]
 {sheet_template(bank)}
 
 # %% tags=["check:quiz:{name}", "points:{points}"]
