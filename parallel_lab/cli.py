@@ -40,7 +40,7 @@ def _bench(args):
 
 def _bench_arguments(parser):
     parser.add_argument("suites", nargs="*", metavar="SUITE",
-                        help="launcher, collectives, simulator, tensor, pipeline (default: all)")
+                        help="launcher, collectives, simulator, tensor, pipeline, grading (default: all)")
 
 
 SCHEDULE_NAMES = ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v")
@@ -188,57 +188,71 @@ def _grade_arguments(parser) -> None:
     parser.add_argument("submissions", nargs="+", metavar="SUBMISSION",
                         help="student notebooks (or folders of them); the student is the notebook's folder name")
     parser.add_argument("--out", required=True, help="the gradebook CSV to write")
+    parser.add_argument("--summary", metavar="CSV",
+                        help="per-student summary for an LMS (default: <out>-summary.csv beside --out)")
     parser.add_argument("--reference", action="append", default=[], metavar="LESSON.ipynb",
                         help="reference lesson(s) with tagged check cells (default: lessons/*.ipynb)")
     parser.add_argument("--feedback", metavar="DIR", help="feedback folder (default: feedback/ beside --out)")
-    parser.add_argument("--cell-timeout", type=float, default=60, metavar="S", help="seconds per cell (60)")
-    parser.add_argument("--timeout", type=float, default=600, metavar="S", help="seconds per notebook (600)")
+    parser.add_argument("--check-timeout", "--cell-timeout", dest="check_timeout", type=float, default=60,
+                        metavar="S", help="seconds for one run of an answer on its ranks (60)")
+    parser.add_argument("--timeout", type=float, default=600, metavar="S",
+                        help="seconds per submission, all its checks (600)")
     parser.add_argument("--student-from", choices=("parent", "stem"), default="parent",
                         help="student name from the folder (default) or the file name")
     parser.add_argument("--jobs", type=int, default=1, help="submissions graded at once (1)")
+    parser.add_argument("--no-bwrap", action="store_true",
+                        help="grade without bubblewrap even where it works (a subreaper sandbox; not advised)")
 
 
 def _grade(args):
     from parallel_lab.course.grading.gradebook import grade as run_grade
+    from parallel_lab.course.grading.sandbox import Sandbox
 
     out = Path(args.out)
     feedback = Path(args.feedback) if args.feedback else out.parent / "feedback"
-    rows = run_grade(args.submissions, out, args.reference or None, feedback, args.cell_timeout,
-                     args.timeout, args.student_from, args.jobs)
+    summary = Path(args.summary) if args.summary else out.with_name(f"{out.stem}-summary.csv")
+    sandbox = Sandbox.detect(prefer_bwrap=not args.no_bwrap)
+    rows = run_grade(args.submissions, out, args.reference or None, feedback, args.check_timeout,
+                     args.timeout, args.student_from, args.jobs, summary=summary, sandbox=sandbox)
     students = sorted({r.student for r in rows})
-    report = {"gradebook": str(out), "feedback": str(feedback), "students": len(students),
-              "submissions": len({r.submission for r in rows}),
+    report = {"gradebook": str(out), "summary": str(summary), "feedback": str(feedback), "sandbox": sandbox.kind,
+              "students": len(students), "submissions": len({r.submission for r in rows}),
               "rows": [{"student": r.student, "lesson": r.lesson, "exercise": r.exercise, "passed": r.passed,
-                        "points": r.points, "max_points": r.max_points, "reason": r.reason} for r in rows]}
+                        "points": r.points, "max_points": r.max_points, "reason": r.reason,
+                        "sandbox": r.sandbox} for r in rows]}
     width = max(len(s) for s in students)
     lines = [f"{s:{width}}  {sum(r.points for r in rows if r.student == s):g} of "
              f"{sum(r.max_points for r in rows if r.student == s):g} points" for s in students]
-    lines.append(f"gradebook: {out}; feedback: {feedback}/")
+    lines.append(f"gradebook: {out}; summary: {summary}; feedback: {feedback}/ (sandbox: {sandbox.kind})")
     return report, "\n".join(lines), ""
 
 
 def _certificate_arguments(parser) -> None:
     actions = parser.add_subparsers(dest="action", required=True)
-    verify = actions.add_parser("verify", help="check a certificate: exit 0 if valid, 1 if not")
-    verify.add_argument("file")
-    verify.add_argument("--accept-self-issued", action="store_true",
-                        help="with an instructor key, also accept certificates signed with the public key")
-    issue = actions.add_parser("issue", help="issue a certificate (with an instructor key: unforgeable)")
-    issue.add_argument("--name", required=True)
+    keygen = actions.add_parser("keygen", help="make an Ed25519 key pair: DIR/NAME.key (secret) and DIR/NAME.pub")
+    keygen.add_argument("dir", metavar="DIR", help="folder for the key files (created if missing)")
+    keygen.add_argument("--name", default="instructor", help="file name stem of the two files (instructor)")
+    issue = actions.add_parser("issue", help="issue a certificate, signed with your private key")
+    issue.add_argument("--name", required=True, help="the student's full name, as printed")
     source = issue.add_mutually_exclusive_group(required=True)
     source.add_argument("--lessons", nargs="+", metavar="NN")
     source.add_argument("--gradebook", metavar="CSV", help="lessons the student passed in this gradebook")
     issue.add_argument("--student", help="the student's name in the gradebook")
     issue.add_argument("--threshold", type=float, default=0.8, help="share of a lesson's points to pass (0.8)")
-    issue.add_argument("--out", default="certificate.json")
+    signer = issue.add_mutually_exclusive_group(required=True)
+    signer.add_argument("--key-file", metavar="PRIVATE", help="your private key (NAME.key from keygen)")
+    signer.add_argument("--self-issued", action="store_true",
+                        help="no key: a self-issued certificate, tamper-evident only")
     issue.add_argument("--issuer", help="who issues it, e.g. 'Prof. Lin, CS 4xx' (default: instructor/self-issued)")
     issue.add_argument("--date", help="YYYY-MM-DD (default: today)")
-    keygen = actions.add_parser("keygen", help="write a new instructor key file (keep it secret)")
-    keygen.add_argument("file")
-    for sub in (verify, issue):
-        sub.add_argument("--key-file", help="instructor key (default: $PARALLEL_LAB_CERT_KEY_FILE or "
-                                            "$PARALLEL_LAB_CERT_KEY; else the public course key)")
-    for sub in (verify, issue, keygen):  # --json may come after the action too
+    issue.add_argument("--out", default="certificate.json")
+    verify = actions.add_parser("verify", help="check a certificate: exit 0 if valid, 1 if not")
+    verify.add_argument("file")
+    verify.add_argument("--public-key", metavar="PUB",
+                        help="the instructor's public key (NAME.pub, or one line of base64)")
+    verify.add_argument("--accept-self-issued", action="store_true",
+                        help="accept a self-issued certificate (tamper-evident only: anyone can make one)")
+    for sub in (keygen, issue, verify):  # --json may come after the action too
         sub.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                          help="print one JSON object on stdout")
 
@@ -247,14 +261,14 @@ def _certificate(args):
     from parallel_lab.course import certificate as cert
 
     if args.action == "keygen":
-        key = cert.keygen(args.file)
-        return ({"file": args.file, "key_id": key.key_id},
-                f"wrote instructor key {key.key_id} to {args.file} (keep it secret; set "
-                f"PARALLEL_LAB_CERT_KEY_FILE={args.file} or pass --key-file)", "")
-    key = cert.load_key(args.key_file)
+        made = cert.keygen(args.dir, args.name)
+        return made, (f"private key: {made['private_key']} (keep it secret; mode 0600)\n"
+                      f"public key:  {made['public_key']} (give it out)\n"
+                      f"fingerprint: {made['fingerprint']} (publish it, e.g. on the course page)"), ""
     if args.action == "verify":
-        result = cert.verify(args.file, key, accept_self_issued=args.accept_self_issued)
+        result = cert.verify(args.file, args.public_key, accept_self_issued=args.accept_self_issued)
         return result, result["reason"], "" if result["valid"] else f"certificate verify: {result['reason']}"
+    key = None if args.self_issued else cert.load_private_key(args.key_file)
     if args.gradebook:
         if not args.student:
             raise ValueError("--gradebook needs --student (the student's name in the gradebook)")
@@ -277,7 +291,7 @@ COMMANDS = {
             _run_arguments),
     "plan": (_plan, "rank parallel plans (dp, pp, tp, micro-batches, schedule, recompute)",
              _plan_arguments),
-    "grade": (_grade, "grade student notebooks with nbval: a gradebook CSV and feedback per student",
+    "grade": (_grade, "grade student notebooks in a sandbox: a gradebook CSV, a summary and feedback per student",
               _grade_arguments),
     "certificate": (_certificate, "verify, issue, or make keys for course certificates",
                     _certificate_arguments),

@@ -16,9 +16,7 @@ import re
 
 import psutil
 import pytest
-
-from browser_support import (HOOKS, ROOT, Browser, JupyterServer, chromium_path, in_ci, lesson, library_has,
-                             wait_for)
+from browser_support import HOOKS, ROOT, Browser, JupyterServer, chromium_path, in_ci, lesson, library_has, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 

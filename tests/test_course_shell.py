@@ -4,11 +4,11 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import nbformat
 import pytest
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,10 +4,10 @@ import pytest
 import torch
 from torch import nn
 
-from parallel_lab.parallel3d import data_parallel
-from parallel_lab.runtime import launcher
 from parallel_lab import models
+from parallel_lab.parallel3d import data_parallel
 from parallel_lab.parallel3d.data_parallel import batch_slice, buckets
+from parallel_lab.runtime import launcher
 
 
 def _params(*sizes, dtype=torch.float32):

@@ -1,9 +1,13 @@
-"""Instructor grading with nbval: fixture submissions (correct, wrong, hanging, crashing, tampered,
-not a notebook, too slow) graded against a tiny fixture lesson, with the exact gradebook; and one
-submission graded against the real lesson 01's check cell on real ranks."""
+"""Grading: the grader reads each submission's answer cells, runs every check itself in a fresh,
+sandboxed process that executes none of the submission's other cells, and writes a gradebook, a
+summary and feedback. An untouched notebook earns 0; a correct answer written differently earns
+the points; shortcuts, forged verdicts and patched comparisons earn 0 with a reason; hostile
+submissions leak nothing and leave no process behind."""
 
-import copy
+import csv
 import json
+import os
+import sys
 from pathlib import Path
 
 import nbformat
@@ -11,179 +15,258 @@ import psutil
 import pytest
 
 from parallel_lab import cli
-from parallel_lab.course.grading import gradebook, plugin, reference, runner
+from parallel_lab.course.grading import gradebook, reference, runner
+from parallel_lab.course.grading.sandbox import ENV_TOKEN, Sandbox
+from parallel_lab.course.quiz import load
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "submissions"
-REFERENCE = FIXTURES / "reference" / "99_fixture_lesson.ipynb"
 ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "tools"))
+import build_lessons  # noqa: E402
+from test_exercises import RING_BY_PARITY, RING_SOLUTION  # noqa: E402
 
-EXPECTED = """\
-student,lesson,exercise,passed,points,max_points,reason
-alice,99_fixture_lesson,add,true,2,2,
-alice,99_fixture_lesson,quiz:tiny,true,1,1,
-bob,99_fixture_lesson,add,false,0,2,output differs from the reference: add: FAILED
-bob,99_fixture_lesson,quiz:tiny,false,0,1,"output differs from the reference: quiz tiny: NOT PASSED: 0 of 2 points, pass mark 1"
-carol,99_fixture_lesson,add,false,0,2,timed out after 3 s
-carol,99_fixture_lesson,quiz:tiny,true,1,1,
-dave,99_fixture_lesson,add,false,0,2,not run: the kernel died in code cell 2
-dave,99_fixture_lesson,quiz:tiny,false,0,1,not run: the kernel died in code cell 2
-erin,99_fixture_lesson,add,false,0,2,check cell edited (its code must stay as in the lesson)
-erin,99_fixture_lesson,quiz:tiny,false,0,1,check cell deleted
-grace,99_fixture_lesson,add,false,0,2,not a notebook: Notebook does not appear to be JSON
-grace,99_fixture_lesson,quiz:tiny,false,0,1,not a notebook: Notebook does not appear to be JSON
-"""
+LESSON = ROOT / "lessons" / "src" / "01_ranks_and_collectives.py"
+NAME = "01_ranks_and_collectives.ipynb"
 
 
-def leftover_processes():
-    """Processes started by a grading run (they carry its log path in their environment)."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if plugin.LOG_ENV in proc.environ():
-                found.append(proc)
-        except (psutil.Error, OSError):
-            continue
-    return found
+def right_sheet(bank_name: str) -> dict:
+    """A correct answer sheet for a bank, as a student would paste it."""
+    sheet = {}
+    for item in load(bank_name).items:
+        if item.kind == "numeric":
+            sheet[item.id] = item.value()
+        elif item.kind == "single":
+            sheet[item.id] = sorted(item.correct_keys())[0]
+        else:
+            sheet[item.id] = sorted(item.correct_keys())
+    return sheet
 
 
-@pytest.fixture(scope="module")
-def fixture_quizzes():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PARALLEL_LAB_QUIZZES", str(FIXTURES / "quizzes"))
-        yield
+def with_answer(nb, check: str, source: str):
+    nb = nbformat.from_dict(json.loads(json.dumps(nb)))
+    for cell in nb.cells:
+        if f"answer:{check}" in cell.metadata.get("tags", []):
+            cell.source = source
+    return nb
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory, fixture_quizzes):
-    out = tmp_path_factory.mktemp("grades")
-    students = ["alice", "bob", "carol", "dave", "erin", "grace"]
-    rows = gradebook.grade([FIXTURES / s / REFERENCE.name for s in students], out / "grades.csv", [REFERENCE],
-                         cell_timeout=3, notebook_timeout=90, jobs=4)
-    return out, rows
+def lesson01(tmp_path_factory):
+    """The reference (the student edition of lesson 01, unexecuted: grading needs only its tags)."""
+    root = tmp_path_factory.mktemp("lesson01")
+    ref = build_lessons.notebook(LESSON)
+    nbformat.write(ref, root / NAME)
+    return root / NAME, ref
 
 
-def test_gradebook_is_exact(graded):
-    out, rows = graded
-    assert (out / "grades.csv").read_text() == EXPECTED
-    assert [r.points for r in rows if r.student == "alice"] == [2, 1]
+def submit(root: Path, student: str, nb) -> Path:
+    (root / student).mkdir(parents=True, exist_ok=True)
+    path = root / student / NAME
+    if isinstance(nb, str):
+        path.write_text(nb)
+    else:
+        nbformat.write(nb, path)
+    return path
 
 
-def test_feedback_says_which_checks_failed_and_why(graded):
-    out, _ = graded
-    assert sorted(p.name for p in (out / "feedback").iterdir()) == [
-        "alice.md", "bob.md", "carol.md", "dave.md", "erin.md", "grace.md"]
-    bob = (out / "feedback" / "bob.md").read_text()
-    assert "Score: 0 of 3 points" in bob
-    assert "- add (2 points): FAILED: output differs from the reference: add: FAILED" in bob
-    assert "expected:\n      add: PASSED\n  got:\n      add: FAILED" in bob
-    assert "quiz tiny: PASSED (pass mark: 1 of 2 points)" in bob  # what the quiz check expects
-    assert "Score: 3 of 3 points" in (out / "feedback" / "alice.md").read_text()
-    assert "FAILED: timed out after 3 s" in (out / "feedback" / "carol.md").read_text()
+def rows_by(rows):
+    return {(r.student, r.exercise): r for r in rows}
 
 
-def test_grading_leaves_no_process_behind(graded):
-    assert leftover_processes() == []
+# ----------------------------------------------------------------------------------------------
+# The reference and the answer sheet: no process.
 
 
-def test_notebook_time_limit_fails_what_was_not_reached(tmp_path, fixture_quizzes):
-    rows = gradebook.grade([FIXTURES / "heidi" / REFERENCE.name], tmp_path / "g.csv", [REFERENCE],
-                         cell_timeout=60, notebook_timeout=4)
-    assert [(r.exercise, r.passed, r.reason) for r in rows] == [
-        ("add", False, "not run: the notebook exceeded its 4 s limit"),
-        ("quiz:tiny", False, "not run: the notebook exceeded its 4 s limit")]
-    assert leftover_processes() == []
+def test_reference_lists_its_checks_with_their_answer_cells(lesson01):
+    ref = reference.load_reference(lesson01[0])
+    assert [(c.id, c.points) for c in ref.checks] == [("ring-all-reduce", 2.0), ("quiz:01", 3.0)]
+    assert all(c.answer_cell_id for c in ref.checks) and ref.checks[1].quiz == "01"
 
 
-def test_check_cells_are_found_by_tag_or_metadata():
-    cell = nbformat.v4.new_code_cell("x", metadata={"tags": ["check:ex1", "points:2.5"]})
-    assert reference.check_tags(cell) == ("ex1", 2.5)
-    cell = nbformat.v4.new_code_cell("x", metadata={"parallel_lab": {"check": "ex2"}})
-    assert reference.check_tags(cell) == ("ex2", 1.0)
-    assert reference.check_tags(nbformat.v4.new_markdown_cell("x", metadata={"tags": ["check:no"]})) == (None, 0)
+def test_reference_errors_name_what_is_wrong(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
+    nbformat.write(nb, tmp_path / "r.ipynb")
+    with pytest.raises(reference.GradingError, match="r.ipynb: no check cells"):
+        reference.load_reference(tmp_path / "r.ipynb")
+    nb.cells.append(nbformat.v4.new_code_cell("check()", metadata={"tags": ["check:ex", "points:2"]}))
+    nbformat.write(nb, tmp_path / "r.ipynb")
+    with pytest.raises(reference.GradingError, match="check 'ex' has no answer cell"):
+        reference.load_reference(tmp_path / "r.ipynb")
     with pytest.raises(reference.GradingError, match="points must be a number, got 'two'"):
         reference.check_tags(nbformat.v4.new_code_cell("x", metadata={"tags": ["check:a", "points:two"]}))
 
 
-def test_test_notebook_restores_check_cells_and_ignores_the_rest(fixture_quizzes):
-    ref = reference.load_reference(REFERENCE)
-    nb = nbformat.read(FIXTURES / "bob" / REFERENCE.name, as_version=4)
-    nb.cells[2].metadata["tags"] = ["check:add", "nbval-skip"]  # a student cannot skip a check
-    found = runner.match_checks(nb, ref.checks)
-    test, numbers = runner.build_test_notebook(nb, ref.checks, found)
-    assert numbers == {1: "add", 3: "quiz:tiny"}
-    add = test.cells[2]
-    assert add.metadata["tags"] == ["nbval-check-output"] and add.outputs[0]["text"] == "add: PASSED\n"
-    quiz = test.cells[5]
-    assert quiz.outputs[0]["text"] == "quiz tiny: PASSED (pass mark: 1 of 2 points)\n"
-    assert all(c.get("outputs") in (None, []) for i, c in enumerate(test.cells) if i not in (2, 5))
+def test_the_answer_sheet_is_read_as_a_literal_never_run():
+    assert runner.answer_sheet('my_answers = {"a/b": "c", "a/n": 4.5, "a/m": ["x", "y"], "a/u": None}') == \
+        {"a/b": "c", "a/n": 4.5, "a/m": ["x", "y"], "a/u": None}
+    assert "not a plain dict of answers" in runner.answer_sheet(
+        'my_answers = {"a": __import__("os").system("touch /tmp/pwned")}')
+    assert runner.answer_sheet("x = 1") == "the answer sheet cell defines no my_answers"
 
 
-def test_reference_without_checks_is_an_error(tmp_path):
-    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")]), tmp_path / "r.ipynb")
-    with pytest.raises(reference.GradingError, match="r.ipynb: no check cells"):
-        reference.load_reference(tmp_path / "r.ipynb")
-
-
-def test_cli_grade_writes_gradebook_and_reports_json(tmp_path, monkeypatch, capsys, fixture_quizzes):
-    """Through `parallel-lab grade` (registered as the lead will); erin and grace need no kernel."""
-    monkeypatch.setitem(cli.COMMANDS, "grade", (cli._grade, "grade", cli._grade_arguments))
-    status = cli.main(["grade", str(FIXTURES / "erin" / REFERENCE.name), str(FIXTURES / "grace" / REFERENCE.name),
-                       "--reference", str(REFERENCE), "--out", str(tmp_path / "g.csv"), "--json"])
-    report = json.loads(capsys.readouterr().out)
-    assert status == 0 and report["students"] == 2 and report["submissions"] == 2
-    assert [(r["student"], r["exercise"], r["points"]) for r in report["rows"]] == [
-        ("erin", "add", 0), ("erin", "quiz:tiny", 0), ("grace", "add", 0), ("grace", "quiz:tiny", 0)]
-    assert (tmp_path / "g.csv").read_text().splitlines()[1:] == EXPECTED.splitlines()[9:]
-    assert (tmp_path / "feedback" / "grace.md").exists()
-    assert cli.main(["grade", str(tmp_path / "none"), "--out", str(tmp_path / "x.csv")]) == 2  # nothing to grade
-
-
-RING_FORGETS_ALL_GATHER = '''import torch
-import torch.distributed as dist
-
-
-def my_ring_all_reduce(tensor):
-    rank, p = dist.get_rank(), dist.get_world_size()
-    chunks = list(tensor.view(-1).tensor_split(p))
-    for step in range(p - 1):
-        send, recv = (rank - step) % p, (rank - step - 1) % p
-        buffer = torch.empty_like(chunks[recv])
-        request = dist.isend(chunks[send].contiguous(), dst=(rank + 1) % p)
-        dist.recv(buffer, src=(rank - 1) % p)
-        request.wait()
-        chunks[recv] += buffer
-    return tensor
-'''
+# ----------------------------------------------------------------------------------------------
+# A class of submissions on lesson 01, graded for real.
 
 
 @pytest.mark.ranks
-@pytest.mark.timeout(120)
-def test_real_lesson_01_check_cell(tmp_path, monkeypatch):
-    """Lesson 01's exercise check on real ranks, graded against the committed lesson: a student who
-    kept only the setup, the exercise and the check (deleting other cells is allowed) and forgot the
-    all-gather phase. The check cell is tagged here unless the lesson already tags it."""
-    monkeypatch.delenv("PARALLEL_LAB_QUIZZES", raising=False)  # the course's banks, not the fixture's
-    lesson = nbformat.read(ROOT / "lessons" / "01_ranks_and_collectives.ipynb", as_version=4)
-    check = next(c for c in lesson.cells if c.cell_type == "code" and "check_ring_all_reduce(" in c.source)
-    tags = check.metadata.setdefault("tags", [])
-    if not any(t.startswith("check:") for t in tags):
-        tags += ["check:ring-all-reduce", "points:2"]
-    nbformat.write(lesson, tmp_path / "01_ranks_and_collectives.ipynb")
-    submission = copy.deepcopy(lesson)
-    submission.cells = [c for c in submission.cells if c.cell_type == "code" and (
-        "setup()" in c.source or "def my_ring_all_reduce" in c.source or c.get("id") == check.get("id"))]
-    submission.cells[1].source = RING_FORGETS_ALL_GATHER
-    (tmp_path / "ben").mkdir()
-    nbformat.write(submission, tmp_path / "ben" / "01_ranks_and_collectives.ipynb")
-    rows = gradebook.grade([tmp_path / "ben" / "01_ranks_and_collectives.ipynb"], tmp_path / "g.csv",
-                         [tmp_path / "01_ranks_and_collectives.ipynb"], cell_timeout=60, notebook_timeout=110)
-    check_id = reference.check_tags(check)[0]
-    assert [(r.exercise, r.passed, r.reason) for r in rows if r.exercise == check_id] == [
-        (check_id, False, "output differs from the reference: ring all-reduce on 2 ranks: FAILED: "
-                          "tensor of 1 element: rank 0: got [0], expected [1]")]
-    # The student also deleted the lesson's quiz check cell: graded as failing, with the reason.
-    assert [(r.exercise, r.passed, r.reason) for r in rows if r.exercise != check_id] == [
-        ("quiz:01", False, "check cell deleted")]
-    feedback = (tmp_path / "feedback" / "ben.md").read_text()
-    assert "ring all-reduce on 2 ranks: PASSED (5/5 cases)" in feedback  # the reference's verdict
-    assert leftover_processes() == []
+@pytest.mark.timeout(600)
+def test_gradebook_of_a_class(lesson01, tmp_path):
+    ref_path, ref = lesson01
+    sheet = f"my_answers = {right_sheet('01')!r}"
+    forged = with_answer(ref, "ring-all-reduce", ref_cell(ref, "ring-all-reduce"))  # the stub, untouched
+    forged.cells.append(nbformat.v4.new_code_cell('print("ring all-reduce on 2 ranks: PASSED (5/5 cases)")'))
+    for cell in forged.cells:  # and the check cell's stored output says PASSED
+        if "check:ring-all-reduce" in cell.metadata.get("tags", []):
+            cell.source = 'print("ring all-reduce on 4 ranks: PASSED (5/5 cases)")'
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="ring all-reduce: PASSED\n")]
+    deleted = with_answer(ref, "ring-all-reduce", "")
+    deleted.cells = [c for c in deleted.cells if "answer:ring-all-reduce" not in c.metadata.get("tags", [])]
+    students = {
+        "alice": with_answer(with_answer(ref, "ring-all-reduce", RING_SOLUTION), "quiz:01", sheet),
+        "carl": with_answer(ref, "ring-all-reduce", RING_BY_PARITY),
+        "dan": ref,
+        "eve": with_answer(ref, "ring-all-reduce", "def my_ring_all_reduce(tensor):\n    dist.all_reduce(tensor)\n"
+                                                   "    return tensor\n"),
+        "fay": with_answer(ref, "ring-all-reduce", "from parallel_lab.runtime.collectives import ring_all_reduce\n\n"
+                                                   "def my_ring_all_reduce(tensor):\n    return ring_all_reduce(tensor)\n"),
+        "gus": forged,
+        "hal": with_answer(ref, "ring-all-reduce", "t = torch\nt.equal = lambda a, b: True\n\n"
+                                                   "def my_ring_all_reduce(tensor):\n    return tensor\n"),
+        "ivy": with_answer(ref, "ring-all-reduce", "def my_ring_all_reduce(tensor):\n    b = torch.empty_like(tensor)\n"
+                                                   "    dist.recv(b, src=(dist.get_rank() + 1) % 2)\n    return b\n"),
+        "kim": "this is not a notebook {",
+        "lea": deleted,
+    }
+    root = tmp_path / "submissions"
+    for student, nb in students.items():
+        submit(root, student, nb)
+    out = tmp_path / "out" / "grades.csv"
+    rows = gradebook.grade([root], out, [ref_path], check_timeout=5, jobs=2, progress=False)
+    got = rows_by(rows)
+    points = {s: sum(r.points for r in rows if r.student == s) for s in students}
+    assert points == {"alice": 5, "carl": 2, "dan": 0, "eve": 0, "fay": 0, "gus": 0, "hal": 0, "ivy": 0, "kim": 0,
+                      "lea": 0}
+    ring = {s: got[s, "ring-all-reduce"].reason for s in students}
+    assert ring["alice"] == ring["carl"] == ""
+    assert ring["dan"].startswith("ring all-reduce: NOT YET: my_ring_all_reduce still raises NotImplementedError")
+    assert ring["gus"] == ring["dan"]  # a forged output, another cell, an edited check: all ignored
+    assert "uses dist.all_reduce; this exercise builds it from isend/recv" in ring["eve"]
+    assert "imports parallel_lab.runtime.collectives: the library's own implementation is not an answer" in ring["fay"]
+    assert ring["hal"].startswith("ring all-reduce on 2 ranks: FAILED: tensor of 1 element: rank 0: got [")
+    assert "did not finish within 5 s" in ring["ivy"]
+    assert ring["kim"].startswith("not a notebook: ") and "{" not in ring["kim"]
+    assert ring["lea"] == "answer cell deleted (the cell tagged answer:ring-all-reduce)"
+    assert got["dan", "quiz:01"].reason.startswith("quiz collectives (lesson 01): NOT PASSED: 0 of 8 points")
+    sandbox = Sandbox.detect().kind
+    assert {r.sandbox for r in rows} == {sandbox}
+
+    with open(out, newline="") as f:
+        table = list(csv.DictReader(f))
+    assert list(table[0]) == list(gradebook.GRADEBOOK_COLUMNS) and len(table) == 2 * len(students)
+    with open(out.with_name("grades-summary.csv"), newline="") as f:
+        summary = {row["student"]: row for row in csv.DictReader(f)}
+    assert summary["alice"]["01_ranks_and_collectives points"] == "5" and summary["alice"]["total max"] == "5"
+    assert summary["dan"]["total points"] == "0"
+    feedback = (out.parent / "feedback" / "hal.md").read_text()
+    assert "Score: 0 of 5 points" in feedback and "expected [" in feedback and "got [" in feedback
+
+
+def ref_cell(nb, check):
+    return next(c.source for c in nb.cells if f"answer:{check}" in c.metadata.get("tags", []))
+
+
+# ----------------------------------------------------------------------------------------------
+# Hostile submissions: the sandbox, not the review, stops them (the probe exercise allows anything).
+
+SECRET = "s3cr3t-grader-token-8d1f"
+
+
+def probe_reference(root: Path) -> Path:
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("def probe():\n    # YOUR CODE HERE\n    raise NotImplementedError\n",
+                                  metadata={"tags": ["answer:probe"]}),
+        nbformat.v4.new_code_cell("check(probe)", metadata={"tags": ["check:probe", "points:1"]})])
+    nbformat.write(nb, root / "99_probe.ipynb")
+    return root / "99_probe.ipynb"
+
+
+def probe(body: str) -> str:
+    return "def probe():\n" + "".join(f"    {line}\n" for line in body.splitlines())
+
+
+def hostile_answers(outside: Path, inside_repo: Path | None) -> dict:
+    writes = f'open({str(outside)!r}, "w").write("x")\n'
+    if inside_repo is not None:  # only where the sandbox can refuse it
+        writes += f'open({str(inside_repo)!r}, "w")\n'
+    return {
+        "secret": probe('import os\nreturn os.environ.get("PARALLEL_LAB_TEST_SECRET", "no secret")'),
+        "writer": probe(writes + 'return "wrote"'),
+        "forker": probe('import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n'
+                        '        os.execvp("sleep", ["sleep", "301"])\n    os._exit(0)\ntime.sleep(0.5)\nreturn "forked"'),
+        "bomber": probe("import os\nwhile True:\n    os.fork()"),
+        "hoarder": probe("x = []\nwhile True:\n    x.append(bytearray(2**28))"),
+        "sleeper": probe("import time\nwhile True:\n    time.sleep(1)"),
+    }
+
+
+def leftovers() -> list:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if p.info["cmdline"][:2] == ["sleep", "301"] or ENV_TOKEN in p.environ():
+                found.append(p)
+        except (psutil.Error, OSError, TypeError):
+            continue
+    return found
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("kind", ["bwrap", "subreaper"])
+def test_hostile_submissions_are_graded_and_harm_nothing(kind, tmp_path, monkeypatch):
+    sandbox = Sandbox.detect(prefer_bwrap=kind == "bwrap")
+    if sandbox.kind != kind:  # CI installs bubblewrap (.ci/run): there its absence is a failure
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"bubblewrap does not work here: {sandbox.missing}")
+    monkeypatch.setenv("PARALLEL_LAB_TEST_SECRET", SECRET)
+    outside = tmp_path / "outside.txt"
+    root = tmp_path / "submissions"
+    ref = probe_reference(tmp_path)
+    in_repo = ROOT / "pwned-by-a-submission.txt" if kind == "bwrap" else None
+    for student, source in hostile_answers(outside, in_repo).items():
+        submit(root, student, nbformat.v4.new_notebook(cells=[
+            nbformat.v4.new_code_cell(source, metadata={"tags": ["answer:probe"]})])).rename(root / student / "99_probe.ipynb")
+    out = tmp_path / "grades.csv"
+    rows = gradebook.grade([root], out, [ref], check_timeout=60, notebook_timeout=25, jobs=2, sandbox=sandbox,
+                           modules=("grading_probe",), env={"PYTHONPATH": str(TESTS)}, progress=False)
+    reasons = {r.student: r.reason for r in rows}
+    assert not any(r.passed for r in rows) and all(reasons.values())
+    assert reasons["secret"] == "probe: FAILED: it said no secret"
+    everything = out.read_text() + "".join(p.read_text() for p in (tmp_path / "feedback").iterdir())
+    assert SECRET not in everything
+    assert "MemoryError" in reasons["hoarder"] or "memory" in reasons["hoarder"]
+    assert "exceeded its 25 s limit" in reasons["sleeper"]
+    assert any(word in reasons["bomber"] for word in ("processes", "BlockingIOError", "Resource temporarily"))
+    if kind == "bwrap":  # a private, read-only view of the file system
+        assert not outside.exists() and not in_repo.exists()
+        assert "No such file" in reasons["writer"] or "Read-only" in reasons["writer"]
+    assert reasons["forker"] in ("probe: FAILED: it said forked",)
+    assert leftovers() == []
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line.
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(300)
+def test_grade_command_json_contract(lesson01, tmp_path, capsys):
+    ref_path, ref = lesson01
+    submit(tmp_path / "subs", "ada", with_answer(ref, "ring-all-reduce", RING_SOLUTION))
+    status = cli.main(["grade", str(tmp_path / "subs"), "--out", str(tmp_path / "g.csv"), "--reference", str(ref_path),
+                       "--json"])
+    out = capsys.readouterr().out
+    assert status == 0
+    report = json.loads(out)
+    assert report["students"] == 1 and report["summary"].endswith("g-summary.csv")
+    assert [(r["exercise"], r["passed"]) for r in report["rows"]] == [("ring-all-reduce", True), ("quiz:01", False)]
+    assert os.path.exists(report["summary"]) and report["sandbox"] in ("bwrap", "subreaper")

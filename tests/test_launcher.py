@@ -10,7 +10,6 @@ import pickle
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import psutil

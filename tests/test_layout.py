@@ -16,8 +16,8 @@ LAYERS = (
     ("planning",),
     ("parallel3d",),
     ("exercises",),
-    ("course", "bench"),
-    ("show",),
+    ("course",),
+    ("bench", "show"),
     ("doctor",),
     ("cli",),
 )

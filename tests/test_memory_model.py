@@ -6,12 +6,12 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
-from parallel_lab.planning import memory, memory_model
 from parallel_lab import models
 from parallel_lab.pipeline import profile
-from parallel_lab.planning.memory_model import activation_bytes_per_layer as per_layer
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import simulate
+from parallel_lab.planning import memory, memory_model
+from parallel_lab.planning.memory_model import activation_bytes_per_layer as per_layer
 
 GPT3 = memory.MODELS["GPT-3 175B"]
 

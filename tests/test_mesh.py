@@ -9,7 +9,6 @@ from parallel_lab.runtime import launcher, mesh
 from parallel_lab.runtime.mesh import Coord, ParallelDims
 from parallel_lab.show.mesh import mesh_figure
 
-
 # ----------------------------------------------------------------------------------------------
 # Pure: no processes.
 

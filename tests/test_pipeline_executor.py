@@ -16,15 +16,15 @@ import json
 import pytest
 import torch
 
-from parallel_lab.hardware import PCIE4
-from parallel_lab.runtime import launcher
-from parallel_lab.pipeline.schedules import Action, Schedule, ScheduleError, build
-from parallel_lab.pipeline.communication import communication
-from parallel_lab.pipeline.simulate import simulate
 from parallel_lab.bench import pipeline as bench
+from parallel_lab.hardware import PCIE4
 from parallel_lab.pipeline import pipedream
 from parallel_lab.pipeline import run as prun
+from parallel_lab.pipeline.communication import communication
+from parallel_lab.pipeline.schedules import Action, Schedule, ScheduleError, build
+from parallel_lab.pipeline.simulate import simulate
 from parallel_lab.pipeline.stages import ModelSpec, bounds, cut, reference
+from parallel_lab.runtime import launcher
 
 TOL = 1e-10
 MLP = ModelSpec("mlp", hidden=8, layers=8, batch=12)

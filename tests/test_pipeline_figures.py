@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from parallel_lab.show import pipeline as figures
 from parallel_lab.pipeline.schedules import SCHEDULES, build
 from parallel_lab.pipeline.simulate import Costs, simulate
+from parallel_lab.show import pipeline as figures
 
 
 def _bars_by_rank(fig):

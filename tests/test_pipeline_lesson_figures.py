@@ -5,14 +5,13 @@ weight versions predicted from the schedule. Only the last test starts ranks (Pi
 
 import pytest
 
-from parallel_lab.planning import cost, memory
 from parallel_lab.pipeline import communication, pipedream
+from parallel_lab.pipeline.schedules import build
+from parallel_lab.pipeline.simulate import simulate
+from parallel_lab.planning import cost, memory
 from parallel_lab.show import pipedream as pf
 from parallel_lab.show import recompute as rf
 from parallel_lab.show import schedules as sf
-from parallel_lab.pipeline.schedules import build
-from parallel_lab.pipeline.simulate import simulate
-
 
 # ----------------------------------------------------------------------------------------------
 # Lesson 06: schedules compared.

@@ -6,13 +6,11 @@ import json
 
 import pytest
 
-from parallel_lab.planning import memory, memory_model, planner
-from parallel_lab.hardware import ring_all_reduce_time
-from parallel_lab.hardware import Cluster
-from parallel_lab.planning import calibration
-from parallel_lab.planning.cost import pipeline_makespan, step_time
+from parallel_lab.hardware import Cluster, ring_all_reduce_time
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import Costs, simulate
+from parallel_lab.planning import calibration, memory, memory_model, planner
+from parallel_lab.planning.cost import pipeline_makespan, step_time
 
 GPT3 = memory.ModelConfig("GPT-3 175B", 96, 12288, 96, 50257, 2048)
 CLUSTER = Cluster(nodes=64, gpus_per_node=8, gpu_mem_gb=80)

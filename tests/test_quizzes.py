@@ -75,6 +75,81 @@ def test_faq_checks_each_of_the_six_entries_twice_in_both_languages():
                 assert item.prompt[lang] and all(o.text[lang] and o.why[lang] for o in item.options)
 
 
+def test_every_bank_is_bilingual_and_valid():
+    """Every bank, lessons and FAQ alike, declares en and zh-Hant, carries both in every text field,
+    and validates on its own."""
+    banks = load_all(BANKS)
+    assert len(banks) == 13
+    for b in banks:
+        assert {"en", "zh-Hant"} <= set(b.languages), b.id
+        errors, loaded = validate.validate_file(b.path, BANKS)
+        assert errors == [] and loaded is not None, errors
+        assert isinstance(b.title, dict) and b.title["zh-Hant"].strip(), b.id
+        for item in b.items:
+            for name, field in validate._texts(item):
+                assert isinstance(field, dict) and field["en"].strip() and field["zh-Hant"].strip(), (item.id, name)
+                if not name.endswith(" text"):  # option texts may be API names or numbers, the same in both
+                    assert field["zh-Hant"] != field["en"], (item.id, name)  # translated, not copied
+
+
+def test_every_numeric_item_gives_feedback_in_both_languages():
+    for b in load_all(BANKS):
+        for item in b.items:
+            if item.kind == "numeric":
+                assert check.feedback(item, item.value(), "zh-Hant").message.startswith("正確。"), item.id
+                assert check.feedback(item, item.value(), "en").message.startswith("Correct."), item.id
+                assert item.prompt_text("zh-Hant") != item.prompt_text("en")
+
+
+# Taiwan usage: 列 is a row and 行 (or 欄) a column -- the opposite of mainland usage. Words in which
+# 列 does not mean a matrix row at all:
+NOT_A_ROW = ("序列", "下列", "排列", "命令列", "陣列", "佇列", "系列", "列出", "列表", "列舉")
+
+
+def _zh_texts():
+    for b in load_all(BANKS):
+        fields = [("title", b.title)] + [(f"faq {e['entry']}", e["question"]) for e in b.faq]
+        for item in b.items:
+            fields += [(f"{item.id} {name}", field) for name, field in validate._texts(item)]
+        for where, field in fields:
+            if isinstance(field, dict) and "zh-Hant" in field:
+                yield f"{b.path.name}: {where}", field["en"], field["zh-Hant"]
+
+
+def test_rows_are_lie_and_columns_are_hang_in_taiwan_usage():
+    """No zh-Hant text uses 列 for a column: every 列 that means a row says so, 列（row）or
+    列平行（row-parallel）, in a text whose English is about rows; every 行（column）is about columns."""
+    checked = 0
+    for where, en, zh in _zh_texts():
+        bare = zh
+        for word in NOT_A_ROW:
+            bare = bare.replace(word, "")
+        for n in [i for i, c in enumerate(bare) if c == "列"]:
+            assert bare[n + 1:].startswith(("（row", "平行（row")), f"{where}: 列 without （row）: {zh}"
+            assert "row" in en.lower(), f"{where}: 列 (row) where the English has no row: {en}"
+            checked += 1
+        if "行（column" in zh or "欄（column" in zh:
+            assert "column" in en.lower(), f"{where}: 行 (column) where the English has no column: {en}"
+            checked += 1
+        if "column" in en.lower() and "row" not in en.lower() and ("matri" in en.lower() or "split" in en.lower()):
+            assert "行（column" in zh or "欄（column" in zh or "行平行（column" in zh, \
+                f"{where}: a column, but no 行/欄（column）: {zh}"
+    assert checked >= 10  # the test does look at the matrix texts
+
+
+def test_faq_column_split_says_column_in_taiwan_usage():
+    faq = load("faq")
+    item = faq.item("column-split")
+    assert "column" in item.prompt["en"]
+    zh = item.prompt["zh-Hant"]
+    assert ("按行" in zh or "按欄" in zh) and "（column）" in zh and "按列分割" not in zh
+    assert "行（column）" in item.option("b").why["zh-Hant"] and "行（column）" in item.option("c").why["zh-Hant"]
+    assert "按列（row）分割" in item.option("a").why["zh-Hant"]  # the row-split layer that follows
+    tensor_split = faq.item("tensor-split").option("a").why["zh-Hant"]
+    assert "按行（column）或按列（row）" in tensor_split
+    assert all("按列分割" not in zh for _, _, zh in _zh_texts())
+
+
 def test_item_ids_are_unique_across_banks():
     ids = [item.id for b in load_all(BANKS) for item in b.items]
     assert len(ids) == len(set(ids))
@@ -150,6 +225,42 @@ MALFORMED = {
     "id without the bank prefix": (
         "ranks_and_collectives.yaml", lambda d: _item(d, "collectives/skipped").update(id="faq/skipped"),
         "ranks_and_collectives.yaml: item 'faq/skipped': id must start with the bank id 'collectives/'"),
+    "lesson item without its zh-Hant prompt": (
+        "ranks_and_collectives.yaml", lambda d: _item(d, "collectives/identity")["prompt"].pop("zh-Hant"),
+        "ranks_and_collectives.yaml: item 'collectives/identity': prompt lacks language(s) zh-Hant "
+        "(the bank declares en, zh-Hant)"),
+    "lesson item with an English-only prompt": (
+        "tensor_parallelism.yaml",
+        lambda d: _item(d, "tensor-parallel/inside-node").update(prompt="Why is tensor parallelism kept in a node?"),
+        "tensor_parallelism.yaml: item 'tensor-parallel/inside-node': prompt lacks language(s) zh-Hant"),
+    "option without its zh-Hant text": (
+        "ranks_and_collectives.yaml", lambda d: _option(d, "collectives/identity", False)["text"].pop("zh-Hant"),
+        "ranks_and_collectives.yaml: item 'collectives/identity': option a text lacks language(s) zh-Hant"),
+    "option with a blank zh-Hant explanation": (
+        "pipeline_bubble.yaml",
+        lambda d: _option(d, "pipeline-bubble/why-microbatches")["why"].update({"zh-Hant": "  "}),
+        "pipeline_bubble.yaml: item 'pipeline-bubble/why-microbatches': option a why lacks language(s) zh-Hant"),
+    "mistake without its zh-Hant explanation": (
+        "ranks_and_collectives.yaml", lambda d: _item(d, "collectives/ring-bytes")["mistakes"][2]["why"].pop("zh-Hant"),
+        "ranks_and_collectives.yaml: item 'collectives/ring-bytes': mistake 3 why lacks language(s) zh-Hant"),
+    "hint without its zh-Hant text": (
+        "planner.yaml", lambda d: _item(d, "planner/gpu-hours")["hint"].pop("zh-Hant"),
+        "planner.yaml: item 'planner/gpu-hours': hint lacks language(s) zh-Hant"),
+    "title without its zh-Hant text": (
+        "balancing.yaml", lambda d: d["title"].pop("zh-Hant"),
+        "balancing.yaml: title lacks language(s) zh-Hant"),
+    "translation that changes a placeholder": (
+        "ranks_and_collectives.yaml",
+        lambda d: _item(d, "collectives/ring-bytes")["prompt"].update(
+            {"zh-Hant": "環狀 all-reduce 在 {ranks} 個 rank 上加總 {size} MB，每個 rank 送出多少 MB？"}),
+        "ranks_and_collectives.yaml: item 'collectives/ring-bytes': prompt in zh-Hant has placeholders "
+        "{ranks}, {size}, but in en {ranks}, {size:g}"),
+    "lesson bank declaring only English": (
+        "capstone.yaml", lambda d: d.update(languages=["en"]),
+        "capstone.yaml: quiz banks are bilingual: en + zh-Hant; languages is [en], missing zh-Hant"),
+    "FAQ bank declaring only English": (
+        "faq.yaml", lambda d: d.update(languages=["en"]),
+        "faq.yaml: quiz banks are bilingual: en + zh-Hant"),
     "FAQ item without Traditional Chinese": (
         "faq.yaml", lambda d: _item(d, "faq/why-in-node")["prompt"].pop("zh-Hant"),
         "faq.yaml: item 'faq/why-in-node': prompt lacks language(s) zh-Hant"),
@@ -168,6 +279,32 @@ def test_malformed_bank_error_names_file_and_item(bank_copy, case):
     path = bank_copy(name, change)
     errors, _ = validate.validate_file(path, path.parent)
     assert any(e.startswith(expected) for e in errors), errors
+
+
+def test_missing_translation_fails_the_whole_validation(bank_copy, capsys):
+    """validate_all and the command fail on one missing zh-Hant text, naming bank, item, field and language."""
+    path = bank_copy("pipeline_schedules.yaml",
+                     lambda d: _option(d, "pipeline-schedules/zb-v-placement")["text"].pop("zh-Hant"))
+    errors = validate.validate_all(path.parent)
+    assert errors == ["pipeline_schedules.yaml: item 'pipeline-schedules/zb-v-placement': option c text lacks "
+                      "language(s) zh-Hant (the bank declares en, zh-Hant)"]
+    assert validate.main([str(path.parent)]) == 1
+    assert "option c text lacks language(s) zh-Hant" in capsys.readouterr().err
+
+
+def test_english_only_bank_fails_even_when_every_text_is_english(bank_copy):
+    def english_only(data):
+        data["languages"] = ["en"]
+        data["title"] = data["title"]["en"]
+        for item in data["items"]:
+            for holder in [item] + item.get("options", []) + item.get("mistakes", []):
+                for key in ("prompt", "text", "why", "explanation", "hint"):
+                    if isinstance(holder.get(key), dict):
+                        holder[key] = holder[key]["en"]
+    path = bank_copy("why_split_a_model.yaml", english_only)
+    errors, _ = validate.validate_file(path, path.parent)
+    assert errors == ["why_split_a_model.yaml: quiz banks are bilingual: en + zh-Hant; languages is [en], "
+                      "missing zh-Hant"]
 
 
 def test_duplicate_ids_and_lessons_across_banks_are_named(bank_copy):
@@ -230,10 +367,13 @@ def test_feedback_explains_the_chosen_option_and_allows_retry():
     wrong = next(o for o in item.options if not o.correct)
     right = next(o for o in item.options if o.correct)
     first = check.feedback(item, wrong.key)
-    assert first.status == "wrong" and wrong.why.strip() in first.message and "Try again." in first.message
-    assert right.why.strip() not in first.message  # a wrong answer does not reveal the right one
+    why = {o.key: bank.localize(o.why).strip() for o in item.options}  # the English of each explanation
+    assert first.status == "wrong" and why[wrong.key] in first.message and "Try again." in first.message
+    assert why[right.key] not in first.message  # a wrong answer does not reveal the right one
     second = check.feedback(item, right.key.upper())
-    assert second.correct and right.why.strip() in second.message
+    assert second.correct and why[right.key] in second.message
+    in_chinese = check.feedback(item, wrong.key, "zh-Hant")
+    assert in_chinese.status == "wrong" and bank.localize(wrong.why, "zh-Hant").strip() in in_chinese.message
 
 
 def test_multiple_choice_needs_exactly_the_right_set():
@@ -309,7 +449,13 @@ def test_passing_is_recorded_for_the_certificate(capsys):
 
 @pytest.mark.parametrize("name,lang", [("00", "en"), ("01", "en"), ("tensor-parallel", "en"),
                                        ("pipeline-bubble", "en"), ("pipeline-schedules", "en"),
-                                       ("faq", "en"), ("faq", "zh-Hant")])
+                                       ("faq", "en"), ("faq", "zh-Hant"), ("00", "zh-Hant"),
+                                       ("01", "zh-Hant"), ("tensor-parallel", "zh-Hant"),
+                                       ("pipeline-bubble", "zh-Hant"), ("pipeline-schedules", "zh-Hant"),
+                                       ("recompute-pipedream", "zh-Hant"), ("balancing", "zh-Hant"),
+                                       ("3d-parallelism", "zh-Hant"), ("planner", "zh-Hant"),
+                                       ("capstone", "zh-Hant"), ("pipeline-line", "zh-Hant"),
+                                       ("pipeline-1f1b", "zh-Hant")])
 def test_text_form_shows_questions_but_no_answers(name, lang):
     b = load(name)
     shown = text.quiz_text(name, lang)
@@ -325,8 +471,10 @@ def test_answer_prints_feedback(capsys):
     result = text.answer("01", "collectives/ring-bytes", 112)
     assert result.correct
     assert capsys.readouterr().out.startswith("collectives/ring-bytes: Correct. 112 MB = 2(p−1)/p")
-    with pytest.raises(ValueError, match="available in en, not 'zh-Hant'"):
-        text.answer("01", "ring-bytes", 1, lang="zh-Hant")
+    assert text.answer("01", "ring-bytes", 112, lang="zh-Hant").correct  # lesson banks are bilingual now
+    assert capsys.readouterr().out.startswith("collectives/ring-bytes: 正確。112 MB = 2(p−1)/p")
+    with pytest.raises(ValueError, match="available in en, zh-Hant, not 'fr'"):
+        text.answer("01", "ring-bytes", 1, lang="fr")
     with pytest.raises(KeyError, match="quiz collectives has no question 'nope'"):
         text.answer("01", "nope", 1)
 
@@ -344,7 +492,7 @@ def _build_lessons():
 def test_lesson_cells_parse_and_run_deterministically(lesson):
     cells = _build_lessons().parse(text.lesson_cells(lesson))
     kinds = [(c.cell_type, c.metadata.get("tags", [])) for c in cells]
-    assert kinds == [("markdown", []), ("code", ["nbval-ignore-output"]), ("code", []), ("code", []),
+    assert kinds == [("markdown", []), ("code", ["nbval-ignore-output"]), ("code", []), ("code", [f"answer:quiz:{lesson}"]),
                      ("code", [f"check:quiz:{lesson}", "points:3"])]
     namespace, outputs = {}, []
     for cell in cells[1:]:
@@ -371,7 +519,8 @@ def widget_state(box) -> str:
 
 @pytest.mark.parametrize("name,lang", [("00", "en"), ("01", "en"), ("tensor-parallel", "en"),
                                        ("pipeline-bubble", "en"), ("pipeline-schedules", "en"),
-                                       ("faq", "zh-Hant")])
+                                       ("faq", "zh-Hant"), ("01", "zh-Hant"), ("tensor-parallel", "zh-Hant"),
+                                       ("planner", "zh-Hant")])
 def test_widget_state_holds_no_answer_key(name, lang):
     """What nbclient or JupyterLab save into a notebook's metadata: prompts and option labels, but
     no explanation, hint or answer -- until the student answers, and then only their own."""

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from parallel_lab.pipeline.communication import Comm, communication
 from parallel_lab.pipeline.schedules import (
     SCHEDULES,
     Action,
@@ -21,7 +22,6 @@ from parallel_lab.pipeline.schedules import (
     zb_h1,
     zb_v,
 )
-from parallel_lab.pipeline.communication import Comm, communication
 from parallel_lab.pipeline.validate import validate
 
 

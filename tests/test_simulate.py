@@ -20,8 +20,8 @@ from parallel_lab.pipeline.schedules import (
     zb_h1,
     zb_v,
 )
-from parallel_lab.pipeline.validate import validate
 from parallel_lab.pipeline.simulate import Costs, parse_costs, simulate, summary, unit_grid
+from parallel_lab.pipeline.validate import validate
 
 GRID = [(p, m) for p in range(1, 9) for m in range(1, 17)]
 EXACT = 1e-9

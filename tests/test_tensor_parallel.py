@@ -12,10 +12,10 @@ import json
 import pytest
 import torch
 
-from parallel_lab.runtime import launcher
 from parallel_lab import models
-from parallel_lab.tensor import plan as tp_plan
+from parallel_lab.runtime import launcher
 from parallel_lab.tensor import dtensor as tp_dtensor
+from parallel_lab.tensor import plan as tp_plan
 from parallel_lab.tensor import run
 
 # Shapes divisible by 1, 2, 3 and 4: hidden, 2*hidden, 4*hidden, heads, vocab and seq.

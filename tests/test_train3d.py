@@ -15,12 +15,12 @@ import sys
 
 import pytest
 
-from parallel_lab.runtime import launcher
-from parallel_lab.planning import cost, memory, planner
 from parallel_lab.hardware import Cluster
 from parallel_lab.parallel3d import train3d, validate_plans
-from parallel_lab.show import train3d as show_train3d
 from parallel_lab.pipeline.schedules import ScheduleError
+from parallel_lab.planning import cost, memory
+from parallel_lab.runtime import launcher
+from parallel_lab.show import train3d as show_train3d
 
 TINY = train3d.Config(steps=2, layers=4, hidden=16, heads=4, vocab=32, seq=8, batch=8)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from parallel_lab.bench.collectives import bench_collectives
+from parallel_lab.bench.grading import bench_grading
 from parallel_lab.bench.launcher import bench_launcher
 from parallel_lab.bench.pipeline import bench_pipeline
 from parallel_lab.bench.simulator import bench_simulator
@@ -21,6 +22,7 @@ SUITES = {
     "simulator": bench_simulator,
     "tensor": bench_tensor,
     "pipeline": bench_pipeline,
+    "grading": bench_grading,
 }
 
 

@@ -2,6 +2,6 @@
 
 - ``notebook``: what every lesson runs first (``setup``)
 - ``quiz``: the question banks (``quizzes/*.yaml``), answers, scores, progress
-- ``grading``: grading submitted notebooks (reference, runner, gradebook, nbval plugin)
+- ``grading``: grading submitted notebooks (reference, runner, sandbox, checker, gradebook)
 - ``certificate``: course certificates
 """

@@ -1,2 +1,3 @@
-"""Grading submitted notebooks: ``reference`` (which cells are graded), ``runner`` (one submission),
-``gradebook`` (many submissions: the CSV and the feedback), ``plugin`` (inside the nbval process)."""
+"""Grading submitted notebooks: ``reference`` (which checks a lesson grades and their answer cells),
+``runner`` (one submission), ``sandbox`` (where its checks run), ``checker`` (the checking process in
+the sandbox), ``gradebook`` (many submissions: the CSV, the per-student summary, the feedback)."""

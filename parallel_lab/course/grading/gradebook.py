@@ -1,18 +1,29 @@
-"""Many submissions: match each to its lesson, grade it, write the gradebook CSV and the feedback.
+"""Many submissions: match each to its lesson, grade it, write the gradebook, the per-student
+summary and the feedback.
 
-    parallel-lab grade submissions/*/01_ranks_and_collectives.ipynb --out grades.csv
+    parallel-lab grade submissions/ --out grades.csv --jobs 2       # + grades-summary.csv, feedback/
+
+Outputs (``grade``): ``grades.csv``, one row per submission and check (``GRADEBOOK_COLUMNS``, with
+the sandbox that graded it); ``grades-summary.csv`` (or ``summary=``), one row per student with the
+points of each lesson and in all, ready to import into an LMS; ``feedback/<student>.md``, each
+failed check's reason and its verdict (expected against actual). A progress bar (tqdm) goes to
+stderr.
 """
 
 from __future__ import annotations
 
 import csv
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from parallel_lab.course.grading.reference import DEFAULT_SANITIZE, ROOT, GradingError, Reference, load_reference
-from parallel_lab.course.grading.runner import Row, grade_submission
+from tqdm import tqdm
 
-GRADEBOOK_COLUMNS = ("student", "lesson", "exercise", "passed", "points", "max_points", "reason")
+from parallel_lab.course.grading.reference import ROOT, GradingError, Reference, load_reference
+from parallel_lab.course.grading.runner import Row, grade_submission
+from parallel_lab.course.grading.sandbox import Limits, Sandbox
+
+GRADEBOOK_COLUMNS = ("student", "lesson", "exercise", "passed", "points", "max_points", "reason", "sandbox")
 
 
 def expand(submissions) -> list[Path]:
@@ -54,11 +65,17 @@ def student_of(path: Path, student_from: str = "parent") -> str:
     return path.resolve().parent.name
 
 
-def grade(submissions, out, references=None, feedback_dir=None, cell_timeout: float = 60,
-          notebook_timeout: float = 600, student_from: str = "parent", jobs: int = 1,
-          sanitize: Path | None = DEFAULT_SANITIZE) -> list[Row]:
-    """Grade every submission, write the gradebook CSV to ``out`` and one feedback file per
-    student to ``feedback_dir`` (default: ``feedback/`` beside ``out``). Returns the rows."""
+def grade(submissions, out, references=None, feedback_dir=None, check_timeout: float = 60,
+          notebook_timeout: float = 600, student_from: str = "parent", jobs: int = 1, summary=None,
+          sandbox: Sandbox | None = None, modules=(), env=None, progress: bool = True) -> list[Row]:
+    """Grade every submission, write the gradebook CSV to ``out``, the per-student summary (default:
+    ``<out stem>-summary.csv`` beside it) and one feedback file per student to ``feedback_dir``
+    (default: ``feedback/`` beside ``out``). Returns the rows.
+
+    ``check_timeout`` bounds one run of an answer on its ranks; ``notebook_timeout`` one submission
+    (the sandbox is stopped, every process of it killed). ``sandbox``: ``Sandbox.detect()`` by
+    default (bubblewrap when it works here). ``modules``/``env``: extra exercise modules for the
+    checker and their environment (tests)."""
     paths = expand(submissions)
     if not paths:
         raise GradingError("no submissions to grade")
@@ -71,22 +88,52 @@ def grade(submissions, out, references=None, feedback_dir=None, cell_timeout: fl
                 continue
     if not refs:
         raise GradingError("no reference lesson with check cells; pass --reference LESSON.ipynb")
-    if cell_timeout <= 0 or notebook_timeout <= 0 or jobs < 1:
-        raise GradingError(f"timeouts must be > 0 and jobs >= 1, got cell {cell_timeout}, "
+    if check_timeout <= 0 or notebook_timeout <= 0 or jobs < 1:
+        raise GradingError(f"timeouts must be > 0 and jobs >= 1, got check {check_timeout}, "
                            f"notebook {notebook_timeout}, jobs {jobs}")
+    sandbox = sandbox or Sandbox.detect()
+    if sandbox.missing:
+        print(f"parallel-lab grade: WARNING: {sandbox.missing}", file=sys.stderr, flush=True)
+    limits = Limits(wall_s=notebook_timeout)
+    env = {"PARALLEL_LAB_CHECK_TIMEOUT": f"{check_timeout:g}", **(env or {})}
 
     def one(path: Path) -> list[Row]:
         student, ref = student_of(path, student_from), choose_reference(path, refs)
         if ref is None:
             return [Row(student, "?", "*", False, 0, 0, "cannot tell which lesson this is; pass --reference "
-                        f"(references: {', '.join(r.path.name for r in refs)})", str(path))]
-        return grade_submission(path, ref, student, cell_timeout, notebook_timeout, sanitize)
+                        f"(references: {', '.join(r.path.name for r in refs)})", str(path), sandbox=sandbox.kind)]
+        return grade_submission(path, ref, student, sandbox, limits, modules, env)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        rows = [row for rows in pool.map(one, paths) for row in rows]
+        graded = pool.map(one, paths)
+        bar = tqdm(graded, total=len(paths), desc="grading", unit="submission", file=sys.stderr,
+                   disable=not progress)
+        rows = [row for rows in bar for row in rows]
     write_gradebook(rows, out)
+    write_summary(rows, summary or Path(out).with_name(f"{Path(out).stem}-summary.csv"))
     write_feedback(rows, Path(feedback_dir) if feedback_dir else Path(out).parent / "feedback")
     return rows
+
+
+def write_summary(rows, path) -> Path:
+    """One row per student: points per lesson and in all (``<lesson> points``, ``<lesson> max``)."""
+    path = Path(path)
+    lessons = sorted({r.lesson for r in rows})
+    students = list(dict.fromkeys(r.student for r in rows))
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(["student", *(f"{lesson} {what}" for lesson in lessons for what in ("points", "max")),
+                         "total points", "total max"])
+        for student in students:
+            mine = [r for r in rows if r.student == student]
+            cells = []
+            for lesson in lessons:
+                graded = [r for r in mine if r.lesson == lesson]
+                cells += [f"{sum(r.points for r in graded):g}" if graded else "",
+                          f"{sum(r.max_points for r in graded):g}" if graded else ""]
+            writer.writerow([student, *cells, f"{sum(r.points for r in mine):g}",
+                             f"{sum(r.max_points for r in mine):g}"])
+    return path
 
 
 def write_gradebook(rows, path) -> Path:

@@ -1,52 +1,48 @@
-"""The reference lesson of a grading job: which cells are graded, what they must print.
+"""The reference lesson of a grading job: which checks are graded, for how many points, and which
+answer cell each one reads.
 
-**Graded cells.** The reference lesson marks each check cell with tags (the percent-format source
-writes them as ``# %% tags=["check:ring-all-reduce", "points:2"]``): ``check:ID`` names the
-exercise in the gradebook, ``points:N`` its weight (default 1). Cell metadata
-``{"parallel_lab": {"check": "ID", "points": N}}`` works too. A quiz check is ``check:quiz:LESSON``.
+A lesson (the student edition, ``lessons/NN_*.ipynb``) marks them with tags, written in its source
+as ``# %% tags=[...]``:
+
+- a check cell ``check:ID`` with ``points:N`` (default 1): an exercise (``check:ring-all-reduce``,
+  looked up in ``parallel_lab.exercises.REGISTRY``) or a quiz (``check:quiz:01``, a bank of
+  ``quizzes/``);
+- its answer cell, before it, ``answer:ID``: the cell whose source the grader reads from the
+  submission (the exercise's code, or the quiz's answer sheet). Cell metadata
+  ``{"parallel_lab": {"check": "ID", "points": N}}`` works for check cells too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
-from parallel_lab.course.quiz.bank import load
-from parallel_lab.course.quiz.check import passing_verdict
-
 ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_SANITIZE = ROOT / "lessons" / "sanitize.cfg"
 
 
 class GradingError(ValueError):
     """The grading job itself is wrong (no reference, a reference without checks, ...)."""
 
 
-# ----------------------------------------------------------------------------------------------
-# The reference: which cells are graded.
-
-
 @dataclass(frozen=True)
 class Check:
-    """A graded cell of the reference lesson."""
+    """A graded check of the reference lesson: its id, points, and the cell id of its answer cell."""
 
     id: str
     points: float
-    cell_id: str | None
-    source: str
-    outputs: tuple
+    answer_cell_id: str | None
 
     @property
     def quiz(self) -> str | None:
+        """The quiz bank's name for a quiz check (``quiz:01`` -> ``01``), else None."""
         return self.id.split(":", 1)[1] if self.id.startswith("quiz:") else None
 
 
 @dataclass(frozen=True)
 class Reference:
     path: Path
-    notebook: object = field(repr=False)
     checks: tuple
 
     @property
@@ -54,15 +50,20 @@ class Reference:
         return self.path.stem
 
 
+def _tags(cell) -> list:
+    tags = cell.get("metadata", {}).get("tags", [])
+    return [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []
+
+
 def check_tags(cell) -> tuple[str | None, float]:
     """``(check id, points)`` of a cell, or ``(None, 0)`` when it is not a check cell."""
     meta = cell.get("metadata", {})
     own = meta.get("parallel_lab", {}) if isinstance(meta.get("parallel_lab"), dict) else {}
     check, points = own.get("check"), own.get("points")
-    for tag in meta.get("tags", []) if isinstance(meta.get("tags", []), list) else []:
-        if isinstance(tag, str) and tag.startswith("check:"):
+    for tag in _tags(cell):
+        if tag.startswith("check:"):
             check = tag[len("check:"):]
-        elif isinstance(tag, str) and tag.startswith("points:"):
+        elif tag.startswith("points:"):
             points = tag[len("points:"):]
     if not check or cell.get("cell_type") != "code":
         return None, 0
@@ -72,10 +73,17 @@ def check_tags(cell) -> tuple[str | None, float]:
         raise GradingError(f"check {check}: points must be a number, got {points!r}") from None
 
 
+def answer_tag(cell) -> str | None:
+    """The check id a cell answers (tag ``answer:ID``), or None."""
+    return next((t[len("answer:"):] for t in _tags(cell) if t.startswith("answer:")), None)
+
+
 def load_reference(path) -> Reference:
-    """The reference lesson and its check cells; raises GradingError if it has none."""
+    """The reference lesson's checks; GradingError if it has none, if a check id is tagged twice,
+    or if a check has no answer cell."""
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
+    answers = {answer_tag(c): c.get("id") for c in nb.cells if answer_tag(c)}
     checks, seen = [], set()
     for cell in nb.cells:
         check, points = check_tags(cell)
@@ -83,21 +91,10 @@ def load_reference(path) -> Reference:
             continue
         if check in seen:
             raise GradingError(f"{path.name}: check {check!r} is tagged on two cells; check ids must be unique")
+        if check not in answers:
+            raise GradingError(f"{path.name}: check {check!r} has no answer cell (tag a cell 'answer:{check}')")
         seen.add(check)
-        checks.append(Check(check, points, cell.get("id"), cell.source, tuple(expected_outputs(check, cell))))
+        checks.append(Check(check, points, answers[check]))
     if not checks:
         raise GradingError(f"{path.name}: no check cells (tag a cell 'check:ID' and 'points:N')")
-    return Reference(path, nb, tuple(checks))
-
-
-def expected_outputs(check: str, cell) -> list:
-    """What a passing submission prints in a check cell: the reference's outputs, or for a quiz
-    check the quiz's pass line."""
-    if check.startswith("quiz:"):
-        try:
-            bank = load(check.split(":", 1)[1])
-        except KeyError as exc:  # the lesson names a quiz the banks do not have
-            raise GradingError(f"check {check!r}: {exc.args[0]}") from None
-        text = passing_verdict(bank) + "\n"
-        return [nbformat.v4.new_output("stream", name="stdout", text=text)]
-    return list(cell.outputs)
+    return Reference(path, tuple(checks))
