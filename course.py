@@ -6,12 +6,20 @@
 
 Both are idempotent: the environment is rebuilt only when pyproject.toml changed since the last run.
 Extra arguments after ``test`` go to pytest (e.g. ``python3 course.py test -k launcher``).
+
+Stopping ``start`` (Ctrl-C, or SIGTERM from a process manager) stops JupyterLab and everything it
+started: the server shuts its kernels down, and whatever outlives it (a kernel's forkserver, its
+ranks) is terminated too, so that no process of the course is left holding a port or a core.
 """
 
 import hashlib
+import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -19,6 +27,10 @@ VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
 FIRST_LESSON = "lessons/00_why_split_a_model.ipynb"
+# The course's JupyterLab settings (no "get notified about Jupyter news?" pop-up over the first
+# lesson, no update check): JupyterLab reads them from <prefix>/share/jupyter/lab/settings, where
+# binder/postBuild copies the same file on Binder.
+LAB_OVERRIDES = ROOT / "binder" / "overrides.json"
 
 
 def say(text):
@@ -52,6 +64,16 @@ def setup(extra: str) -> None:
     (VENV / f".installed-{extra}").write_text(_fingerprint(extra))
 
 
+def install_lab_settings(prefix: Path = VENV) -> Path:
+    """Copy the course's JupyterLab settings into the environment (every start: cheap, and a
+    changed file takes effect without a reinstall)."""
+    target = prefix / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    json.loads(LAB_OVERRIDES.read_text())  # fail here, not in the browser, on a broken file
+    shutil.copyfile(LAB_OVERRIDES, target)
+    return target
+
+
 def env() -> dict:
     """One thread per process: N ranks on few cores stay honest (the same as binder/start)."""
     return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
@@ -60,16 +82,111 @@ def env() -> dict:
 
 def start(args) -> int:
     setup("course")
-    say(f"opening JupyterLab at {FIRST_LESSON}")
+    install_lab_settings()
+    say(f"opening JupyterLab at {FIRST_LESSON} (Ctrl-C stops it and every kernel and rank)")
     # Containers often run as root, which JupyterLab refuses unless told it is on purpose.
     root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
     # Served from the repository (as on Binder), opened at the first lesson.
     where = [f"--ServerApp.root_dir={ROOT}", f"--LabApp.default_url=/lab/tree/{FIRST_LESSON}"]
-    return subprocess.call([str(BIN / "jupyter"), "lab", *where, *root, *args], cwd=ROOT, env=env())
+    return supervise([str(BIN / "jupyter"), "lab", *where, *root, *args])
+
+
+def _become_subreaper() -> bool:
+    """Linux: orphans of our tree (a kernel's forkserver, its ranks) are re-parented to us instead
+    of init, so that we can still find and stop them after JupyterLab has exited."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def _children() -> list[int]:
+    """Our live child processes (Linux /proc; elsewhere none are known)."""
+    me, found = os.getpid(), []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        if int(fields[1]) == me and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _stop_leftovers(grace: float = 5.0, limit: float = 60.0) -> None:
+    """SIGTERM every process still under us, SIGKILL those still there ``grace`` s later. Rounds
+    repeat: when a kernel ends, its forkserver is re-parented to us, and then its ranks."""
+    told: dict[int, float] = {}
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        _reap()
+        pids = _children()
+        if not pids:
+            return
+        now = time.monotonic()
+        fresh = [pid for pid in pids if pid not in told]
+        if fresh:
+            say(f"stopping {len(fresh)} process(es) JupyterLab left behind: {' '.join(map(str, fresh))}")
+        for pid in pids:
+            sig = signal.SIGTERM if pid not in told else signal.SIGKILL if now - told[pid] > grace else None
+            told.setdefault(pid, now)
+            if sig is not None:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        time.sleep(0.1)
+
+
+def supervise(command: list[str], grace: float = 20.0) -> int:
+    """Run JupyterLab until it exits or we are told to stop (SIGINT, SIGTERM, SIGHUP): then SIGTERM
+    it (it shuts its kernels down), wait ``grace`` seconds, and stop whatever of its tree is left."""
+    subreaper = _become_subreaper()
+    proc = subprocess.Popen(command, cwd=ROOT, env=env())
+    stopping = []
+
+    def stop(signum, frame):
+        if not stopping:
+            say(f"{signal.Signals(signum).name}: stopping JupyterLab, its kernels and their ranks")
+        stopping.append(signum)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM if len(stopping) == 1 else signal.SIGKILL)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=0.5 if not stopping else grace)
+                break
+            except subprocess.TimeoutExpired:
+                if stopping:  # SIGTERM was not enough
+                    proc.kill()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if subreaper:
+            _stop_leftovers()
+    return 128 + stopping[0] if stopping else code
 
 
 def test(args) -> int:
     setup("test")
+    install_lab_settings()  # the browser tests open the course's JupyterLab as a student would
     return subprocess.call([str(PYTHON), "-m", "pytest", *args], cwd=ROOT, env=env())
 
 

@@ -144,33 +144,124 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.timeout(180)
-def test_course_py_start_serves_jupyterlab_at_the_first_lesson(tmp_path):
-    """The README's first command, without opening a browser: the server answers at the first lesson."""
+def _wait(predicate, timeout, what):
     import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _port_is_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:  # as a server binds (JupyterLab too): TIME_WAIT leftovers do not count
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            return True
+        except OSError:
+            return False
+
+
+RANKS_IN_A_KERNEL = """
+from parallel_lab.course import notebook
+notebook.setup()
+from parallel_lab.runtime import launcher
+from parallel_lab.runtime.demos import hello
+print(launcher.run(hello, 2))
+"""
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
+def test_course_py_start_serves_the_first_lesson_and_stopping_it_leaves_no_process(tmp_path, stop):
+    """The README's first command, without a browser: the server answers at the first lesson with
+    the course's settings (no news pop-up); then a kernel runs ranks, and stopping course.py (as a
+    process manager or Ctrl-C would) ends JupyterLab, the kernel, its forkserver and its ranks, and
+    frees the port."""
+    import os
+    import signal
     import urllib.request
 
+    import psutil
+    from jupyter_client import BlockingKernelClient
+
     port, token = _free_port(), "course-start-test"
-    env = {**__import__("os").environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-           "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_DATA_DIR": str(tmp_path / "data")}
+    runtime = tmp_path / "runtime"
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime), "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
+           "JUPYTER_DATA_DIR": str(tmp_path / "data"), "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
+           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces")}
     proc = subprocess.Popen([sys.executable, str(ROOT / "course.py"), "start", "--no-browser",
-                             f"--port={port}", f"--IdentityProvider.token={token}"],
+                             f"--port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: dict[int, psutil.Process] = {}
     try:
-        url = f"http://127.0.0.1:{port}/lab/tree/lessons/00_why_split_a_model.ipynb?token={token}"
-        deadline, status = time.monotonic() + 150, None
-        while time.monotonic() < deadline and proc.poll() is None:
+        base = f"http://127.0.0.1:{port}"
+
+        def get(path, method="GET"):
+            request = urllib.request.Request(base + path, method=method, headers={"Authorization": f"token {token}"})
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, response.read()
+
+        def up():
+            assert proc.poll() is None, f"course.py exited {proc.returncode}: {proc.stdout.read()[-3000:]}"
             try:
-                status = urllib.request.urlopen(url, timeout=5).status
-                break
+                return get(f"/lab/tree/{_course_module().FIRST_LESSON}")[0] == 200
             except OSError:
-                time.sleep(0.5)
-        assert status == 200, f"JupyterLab did not answer (exit {proc.poll()})"
-        api = f"http://127.0.0.1:{port}/api/contents/lessons/00_why_split_a_model.ipynb?token={token}&content=0"
-        assert json.loads(urllib.request.urlopen(api, timeout=10).read())["type"] == "notebook"
+                return False
+
+        _wait(up, 150, "JupyterLab at the first lesson")
+        _, body = get("/api/contents/lessons/00_why_split_a_model.ipynb?content=0")
+        assert json.loads(body)["type"] == "notebook"
+        _, body = get("/lab/api/settings/@jupyterlab/apputils-extension:notification")
+        schema = json.loads(body)["schema"]["properties"]  # the course's overrides are the defaults
+        assert schema["fetchNews"]["default"] == "false", schema["fetchNews"]  # not JupyterLab's "ask"
+        assert schema["checkForUpdates"]["default"] is False
+
+        _, body = get("/api/kernels", "POST")
+        kernel = json.loads(body)["id"]
+        client = BlockingKernelClient(connection_file=str(runtime / f"kernel-{kernel}.json"))
+        client.load_connection_file()
+        client.start_channels()
+        outputs = []
+        reply = client.execute_interactive(RANKS_IN_A_KERNEL, timeout=120,
+                                           output_hook=lambda msg: outputs.append(msg["content"]))
+        client.stop_channels()
+        assert reply["content"]["status"] == "ok", (reply["content"], outputs)
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            seen[p.pid] = p
+        names = " ".join(p.name() for p in seen.values())
+        assert len(seen) >= 5, names  # jupyter-lab, the kernel, its forkserver, two ranks (a pool)
+
+        proc.send_signal(getattr(signal, stop))
+        assert proc.wait(timeout=90) == 128 + getattr(signal, stop)
+        left = [f"{p.pid} {p.name()}" for p in seen.values()
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not left, f"left behind after {stop}: {left}"
+        assert _port_is_free(port), f"port {port} still held after {stop}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
+        if proc.poll() is None:
             proc.kill()
+            proc.wait(timeout=30)
+        for p in seen.values():
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def test_course_settings_turn_the_news_pop_up_off_locally_and_on_binder(tmp_path):
+    course = _course_module()
+    settings = json.loads(course.LAB_OVERRIDES.read_text())["@jupyterlab/apputils-extension:notification"]
+    assert settings == {"fetchNews": "false", "checkForUpdates": False}
+    target = course.install_lab_settings(tmp_path)
+    assert target == tmp_path / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    assert json.loads(target.read_text()) == json.loads(course.LAB_OVERRIDES.read_text())
+    post_build = (ROOT / "binder" / "postBuild").read_text()
+    assert "binder/overrides.json" in post_build and "share/jupyter/lab/settings/overrides.json" in post_build
