@@ -12,9 +12,12 @@ Layers, outermost first:
   its virtual environment included), a private scratch directory (the only writable place besides
   a private /tmp and /dev/shm), an unprivileged user, no capabilities, a new session, and death
   with the grader.
-- **Without bwrap** (macOS, locked-down hosts): the grader becomes a child subreaper
-  (``PR_SET_CHILD_SUBREAPER`` on Linux), so that double-forked processes are reparented to it and
-  found and killed after the job; a warning names what is missing.
+- **Without bwrap** (macOS, locked-down hosts): a warning names what is missing; what follows
+  still holds.
+- **A reaper per job** (``REAPER``, a few lines of Python first in the job's chain): a child
+  subreaper (``PR_SET_CHILD_SUBREAPER`` on Linux), so that double-forked processes are reparented
+  to it instead of init, found in the job's tree, killed when the job's first process ends, and
+  reaped there -- never left as zombies of the grader, which stays an ordinary process.
 - **Always**: a scrubbed environment (an allow-list: nothing of the grader's own variables, its
   secrets included, reaches the submission), rlimits per process (address space, CPU seconds, file
   size, no core dumps, processes), a control group limiting processes and memory where one can be
@@ -27,7 +30,6 @@ ranks share, so that no rank can print a verdict of its own.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal
@@ -44,7 +46,38 @@ import psutil
 ROOT = Path(__file__).resolve().parents[3]
 ENV_TOKEN = "PARALLEL_LAB_GRADE_JOB"  # marks every process of one job (found even when orphaned)
 ALLOWED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
-PR_SET_CHILD_SUBREAPER = 36
+# The first process of every job: becomes the subreaper of the job's tree, runs the job, and when
+# the job's first process has ended kills (SIGKILL) and reaps whatever of the tree is left.
+REAPER = r"""
+import ctypes, os, signal, sys
+if sys.platform.startswith("linux"):
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+main = os.fork()
+if main == 0:
+    os.execvp(sys.argv[1], sys.argv[1:])
+code, me = 1, str(os.getpid())
+while True:
+    try:
+        pid, status = os.wait()
+    except ChildProcessError:
+        break
+    if pid == main:
+        code = os.waitstatus_to_exitcode(status)
+    if pid == main or main is None:
+        main = None
+        for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[1] == me:
+                try:
+                    os.kill(int(entry), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+sys.exit(code if code >= 0 else 128 - code)
+"""
 
 
 @dataclass(frozen=True)
@@ -139,6 +172,19 @@ class _Cgroup:
                     return None
         return None
 
+    def memory(self) -> int | None:
+        """Bytes the job's processes use, counted once (shared pages of forked copies are not
+        multiplied, as a sum of RSS would); None without a memory controller."""
+        for d in self.dirs:
+            for name in ("memory.current", "memory.usage_in_bytes"):
+                f = d / name
+                if f.exists():
+                    try:
+                        return int(f.read_text())
+                    except (OSError, ValueError):
+                        return None
+        return None
+
     def kill(self) -> None:
         for d in self.dirs:
             try:
@@ -191,7 +237,6 @@ class Sandbox:
         missing = (f"{why}: grading runs without a private view of the file system, without its own PID and "
                    f"network namespaces; a child subreaper, a scrubbed environment and rlimits remain "
                    f"(install Debian's bubblewrap for the full sandbox)")
-        become_subreaper()
         return cls("subreaper", missing)
 
     def run(self, argv: list[str], stdin: bytes, scratch: Path, limits: Limits = Limits(),
@@ -214,6 +259,7 @@ class Sandbox:
             wrapper = ["/bin/sh", "-c", f'{joins}; exec "$@"', "sh"]
         if shutil.which("prlimit"):
             wrapper += [shutil.which("prlimit"), *_prlimit_args(limits), "--"]
+        wrapper += [sys.executable, "-I", "-S", "-c", REAPER]
         start = time.monotonic()
         out_path, err_path = scratch.parent / f"{scratch.name}.out", scratch.parent / f"{scratch.name}.err"
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
@@ -248,17 +294,6 @@ def _bwrap_base(scratch: Path, mounts) -> list[str]:
     if scratch != Path("/"):
         args += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
     return args
-
-
-def become_subreaper() -> bool:
-    """Make this process the reaper of its orphaned descendants (Linux); False where it cannot."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 def _drain(fd: int, chunks: list) -> None:
@@ -310,12 +345,15 @@ def _supervise(process, stdin: bytes, limits: Limits, cgroup: _Cgroup, token: st
         count = len(procs) if count is None else count
         if count > limits.processes:
             return f"started more than {limits.processes} processes at once (a fork bomb?)"
-        rss = 0
-        for p in procs:
-            try:
-                rss += p.memory_info().rss
-            except psutil.Error:
-                pass
+        rss = cgroup.memory()
+        if rss is None:  # no memory controller: private memory per process (forked copies share the rest)
+            rss = 0
+            for p in procs:
+                try:
+                    info = p.memory_info()
+                    rss += info.rss - getattr(info, "shared", 0)
+                except psutil.Error:
+                    pass
         if rss > limits.total_memory_bytes:
             return f"used more than {limits.total_memory_bytes / 2**30:g} GiB of memory"
         time.sleep(0.1)
@@ -323,13 +361,15 @@ def _supervise(process, stdin: bytes, limits: Limits, cgroup: _Cgroup, token: st
 
 
 def _kill_job(process, token: str) -> None:
-    """Stop the job and everything it started: its session, its descendants, its orphans."""
+    """Stop the job and everything it started: its session, its descendants, its orphans (found
+    first: once the reaper is gone they would be init's)."""
+    first = _job_processes(process, token)
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    for _ in range(3):  # orphans may fork while we kill; a few rounds catch them
-        victims = _job_processes(process, token)
+    for round in range(3):  # orphans may fork while we kill; a few rounds catch them
+        victims = first if round == 0 else _job_processes(process, token)
         for p in victims:
             try:
                 p.kill()
