@@ -110,12 +110,39 @@ def _svg(chart) -> str:
 
 # --- lessons that exist ---------------------------------------------------------------------------
 
-def test_lesson_01_runs_in_the_browser_with_figures_and_a_passing_exercise(lessons):
+def _solution(lesson_source: str, check_id: str) -> str:
+    """The instructor's solution of an exercise, from the lesson's source (the solution edition)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import build_lessons
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    cells = build_lessons.parse((ROOT / "lessons" / "src" / lesson_source).read_text(encoding="utf-8"))
+    return build_lessons.solution_source(build_lessons.answer_cells(cells)[check_id].source)
+
+
+def test_lesson_01_runs_in_the_browser_and_its_exercise_passes_once_written(lessons):
+    """The student edition as a student meets it: every cell runs, the exercise says NOT YET (its
+    stub), and once the student types a solution into the answer cell and runs it and its check,
+    the verdict is PASSED."""
     lab = lessons(LESSON_01)
     assert not lab.errors(), lab.errors()
     assert lab.saved_figures >= 6  # five collectives and the α–β fit
     wait_for(lambda: lab.plotly_figures().count() >= lab.saved_figures, 60, 0.5, "figures drawn after the run")
-    assert "ring all-reduce on 4 ranks: PASSED" in lab.outputs_text()
+    assert "ring all-reduce: NOT YET" in lab.outputs_text()
+    assert "ring all-reduce on 4 ranks: PASSED" not in lab.outputs_text()
+    answer = lab.panel.locator(".jp-CodeCell", has_text="def my_ring_all_reduce").first
+    answer.scroll_into_view_if_needed()
+    answer.locator(".cm-content").first.click()
+    lab.page.keyboard.press("Control+A")
+    # inserted as one piece of text: no auto-indentation or closing brackets on the way
+    lab.page.keyboard.insert_text(_solution("01_ranks_and_collectives.py", "ring-all-reduce"))
+    lab.page.keyboard.press("Shift+Enter")  # runs the answer and moves on to its check cell
+    lab.page.keyboard.press("Shift+Enter")  # runs the check
+    wait_for(lambda: "ring all-reduce on 4 ranks: PASSED" in lab.outputs_text(), 180, 0.5, "the exercise passed")
+    lab.wait_idle(120)
     verdict = lab.cell_with_output(r"ring all-reduce on 4 ranks: PASSED")
     lab.screenshot("01-exercise-verdict", verdict)
     lab.screenshot("01-collective-figure", lab.plotly_figures().first)

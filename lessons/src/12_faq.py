@@ -27,6 +27,16 @@ setup(ranks=False)  # this lesson starts no ranks
 # | 3 | How does tensor (intra-layer) splitting work? 張量（層內）平行如何分割？ | It splits the math inside a layer — a weight matrix by columns (行, column) or rows (列, row) — so each GPU computes part of the output, recombined with all-reduce. | [02](02_tensor_parallelism.ipynb): column and row splits on real ranks, Megatron's f and g |
 # | 4 | What is the "bubble" in simple pipeline parallelism? 簡單管線平行中的「氣泡」是什麼？ | Early in a step, downstream stages have no input yet and sit idle (and upstream ones at the end): that idle time is the bubble. | [03](03_pipeline_bubble.ipynb): the naive split's idle time on two clocks |
 # | 5 | How does pipelining reduce the bubble? 管線平行如何縮小氣泡？ | Micro-batches let several stages work at once: GPipe's bubble is (p−1)/(m+p−1); interleaving and zero-bubble schedules shrink it further. | [04](04_gpipe_microbatching.ipynb), [05](05_1f1b_memory.ipynb), [06](06_interleaving_zero_bubble.ipynb) |
-# | 6 | Why is tensor parallelism kept inside one node? 為什麼張量平行通常留在單一節點內？ | It all-reduces partial results in every layer, forward and backward: only the fast links inside a node (NVLink) keep that cheaper than the compute. | [02](02_tensor_parallelism.ipynb), [09](09_3d_parallelism.ipynb), [10](10_planner.ipynb) |
+# | 6 | Why is tensor parallelism kept inside one node? 為什麼張量平行通常留在單一節點內？ | It all-reduces partial results in every layer, forward and backward: only the fast NVLink domain keeps that cheaper than the compute: 8 GPUs in a DGX/HGX node, 72 in a GB200 NVL72 rack. | [02](02_tensor_parallelism.ipynb), [09](09_3d_parallelism.ipynb), [10](10_planner.ipynb) |
 #
 # The article's own words for each are in `quizzes/faq_source.md`.
+
+# %% [markdown]
+# ## What to remember
+#
+# - Model parallelism splits the model itself: tensor parallelism inside a layer, pipeline
+#   parallelism across layers; both exist because the model state and activations outgrow one GPU.
+# - The pipeline bubble is idle time: (p − 1)(F + B) per GPU in total for GPipe and 1F1B, which
+#   micro-batches, interleaving and zero-bubble schedules shrink (lessons 04–06).
+# - Tensor parallelism all-reduces in every layer, so it stays inside the fast NVLink domain
+#   (lessons 02, 09, 10).
