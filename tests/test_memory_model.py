@@ -9,7 +9,7 @@ from torch.utils.checkpoint import checkpoint
 from parallel_lab import models
 from parallel_lab.pipeline import profile
 from parallel_lab.pipeline.schedules import build
-from parallel_lab.pipeline.simulate import simulate
+from parallel_lab.pipeline.simulate import M_W_SHARE, simulate
 from parallel_lab.planning import memory, memory_model
 from parallel_lab.planning.memory_model import activation_bytes_per_layer as per_layer
 
@@ -144,7 +144,32 @@ def test_in_flight_closed_forms():
     assert memory_model.in_flight("1f1b", 4, 16) == [4, 3, 2, 1]  # min(m, p - r)
     assert memory_model.in_flight("1f1b", 4, 2) == [2, 2, 2, 1]
     assert memory_model.in_flight("gpipe", 4, 600) == [600] * 4  # beyond the simulator's cap
-    assert memory_model.in_flight("zb-h1", 4, 16) == [4, 3, 2, 1]
+    # ZB-H1 counted until W: rank r holds p - r micro-batches whole and r waiting for their W
+    assert memory_model.in_flight("zb-h1", 4, 16, w_share=0.5) == [4, 3.5, 3, 2.5]
+    assert memory_model.in_flight("zb-h1", 4, 16, w_share=1.0) == [4, 4, 4, 4]
+
+
+def test_weight_gradient_memory_is_the_papers_m_w():
+    """Qi et al. 2023, Table 1: M_W = 32sbh with 2-byte values; M_W / M_B = 32/34 once the attention
+    scores are not stored (selective recomputation), which is the simulator's default share."""
+    s, b, h = GPT3.seq, 1, GPT3.hidden
+    assert memory_model.weight_grad_bytes_per_layer(s, b, h) == 32 * s * b * h
+    assert memory_model.weight_grad_bytes_per_layer(s, b, h, tp=8, sequence_parallel=True) == 32 * s * b * h / 8
+    assert memory_model.weight_grad_bytes_per_layer(s, b, h, tp=8) == 2 * s * b * h * (2 + 14 / 8)
+    selective = per_layer(s, b, h, GPT3.heads, recompute="selective")
+    assert memory_model.weight_grad_bytes_per_layer(s, b, h) / selective == pytest.approx(M_W_SHARE)
+
+
+def test_zb_h1_device_memory_counts_activations_until_w():
+    kwargs = dict(micro_batch=1, dp=8, pp=8, tp=8, sequence_parallel=True, microbatches=64, recompute="selective")
+    zb = memory_model.device_memory(GPT3, schedule="zb-h1", **kwargs)
+    one = memory_model.device_memory(GPT3, schedule="1f1b", **kwargs)
+    assert zb[0]["activations"] == pytest.approx(one[0]["activations"])  # rank 0: p M_B in both
+    for r in range(1, 7):  # later ranks: (p - r) M_B + r M_W, more than 1F1B's (p - r) M_B
+        assert zb[r]["in_flight"] == pytest.approx(8 - r + r * 32 / 34, abs=1e-6)
+        assert zb[r]["activations"] > one[r]["activations"]
+    worst = memory_model.max_device_memory(GPT3, schedule="zb-h1", **kwargs)
+    assert worst == max(zb, key=lambda row: row["total"])
 
 
 # ----------------------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ def results(p):
         spec = base.replace(batch=m * (3 if model == "mlp" else 2))
         sched = build(name, p, m, v)
         calls.append(dict(spec=spec, schedule=sched, recompute=variant == "recompute",
-                          fuse=variant != "unfused", warmup=0, tags=variant != "untagged"))
+                          fuse=variant != "unfused", warmup=0, tags=variant != "untagged", steps=1))
     per_rank = launcher.run(prun.pipeline_jobs, p, args=(calls,), timeout=120)
     return {job: prun.report(call["schedule"], call["spec"], [r[i] for r in per_rank],
                              recompute=call["recompute"])
@@ -94,7 +94,7 @@ def test_peak_activations_exactly_as_simulated_and_bytes_as_messages(p, job):
     name, m, v, _, _ = job
     r = results(p)[job]
     sched = build(name, p, m, v)
-    assert r["peak_activations"] == simulate(sched).peak_activations
+    assert r["peak_activations"] == simulate(sched, w_share=r["w_share"]).peak_activations  # counted until W
     sends = [sum(1 for op in ops if getattr(op, "op", None) == "send") for ops in communication(sched).values()]
     assert r["bytes_sent"] == [n * r["link"]["message_bytes"] for n in sends]
 
@@ -184,25 +184,44 @@ def test_run_pipeline_contract_and_trace(tmp_path):
     assert any(e["ph"] == "C" for e in events)
 
 
-PREDICTION = dict(ranks=4, microbatches=8, hidden=512, batch=256, dtype=torch.float32)
+BUBBLE_RUNS = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-v", 2)]
 
 
 @pytest.mark.ranks
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("schedule", ("gpipe", "1f1b"))
-def test_measured_bubble_matches_the_prediction_from_measured_costs(schedule):
-    """Compute dominates at this size, so the virtual-clock bubble is the simulator's within 10%.
-    This machine is shared (2 cores, other test runs): one retry before failing."""
+@pytest.mark.parametrize("schedule, virtual", BUBBLE_RUNS, ids=[name for name, _ in BUBBLE_RUNS])
+def test_measured_bubble_is_within_10_percent_of_the_prediction(schedule, virtual):
+    """`parallel-lab run pipeline --schedule S --ranks 4 --microbatches 8` (the course MLP): the
+    virtual-clock bubble of the typical step (each action's median thread CPU time over the recorded
+    steps) is the prediction's (medians per kind, stage and kind before) within 10 %, for every
+    schedule. Thread CPU time, not wall time: it holds on 2 cores under the load of this test run.
+    One retry, for a machine shared with other jobs."""
     for attempt in range(2):
-        sched, spec = prun.plan(schedule, **PREDICTION)
-        ranks = launcher.run(prun.pipeline_rank, 4, kwargs=dict(spec=spec, schedule=sched, grads=False),
-                             timeout=120)
-        a = prun.analyse(sched, ranks, PCIE4)
-        error = abs(a["bubble_measured"] / a["bubble_predicted"] - 1)
+        r = prun.run_pipeline(schedule, ranks=4, microbatches=8, virtual=virtual, timeout=120)
+        error = abs(r["bubble_measured"] / r["bubble_predicted"] - 1)
         if error <= 0.10:
             break
-    assert error <= 0.10, (a["bubble_measured"], a["bubble_predicted"])
-    assert a["peak_activations"] == a["peak_activations_predicted"]
+    assert error <= 0.10, (r["bubble_measured"], r["bubble_predicted"])
+    assert r["steps_recorded"] == prun.STEPS and r["max_grad_diff"] < TOL
+    assert r["peak_activations"] == r["peak_activations_predicted"]
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("schedule, virtual", [("1f1b", 1), ("zb-v", 2)])
+def test_the_executors_virtual_clock_is_list_scheduling_of_its_own_durations(schedule, virtual):
+    """Each recorded step's clock, kept by the ranks as they run (a message carries its sender's
+    clock), equals the simulator placing the same actions with the same durations and link: the
+    measured timeline (the typical step) is that rule, not a second model."""
+    sched, spec = prun.plan(schedule, 4, 8, virtual=virtual)
+    ranks = launcher.run(prun.pipeline_rank, 4, kwargs=dict(spec=spec, schedule=sched, grads=False), timeout=120)
+    costs = prun.measured_costs(sched, ranks, PCIE4)
+    for step in range(prun.STEPS):
+        records = [rec for r in ranks for rec in r["samples"][step]]
+        own = {Action.parse(rec["action"]): rec["cpu"] for rec in records}
+        placed = simulate(sched, costs, durations=own)
+        ends = {str(a): e for timed in placed.ranks for a, _, e in timed}
+        assert max(abs(ends[rec["action"]] - rec["virtual"][1]) for rec in records) < 1e-9
 
 
 # ----------------------------------------------------------------------------------------------

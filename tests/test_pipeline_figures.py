@@ -94,7 +94,7 @@ def test_schedule_panel_updates_chart_and_numbers_in_place():
     panel = figures.schedule_panel("1f1b", 4, 8)
     figure = panel.figure
     before, numbers = _bar_data(panel), panel.numbers.value
-    assert "bubble 27.3%" in numbers and "[4, 3, 2, 1]" in numbers
+    assert "simulated bubble 27.3%" in numbers and "F:B:W = 1:2:1" in numbers and "[4, 3, 2, 1]" in numbers
 
     panel.controls["schedule"].value = "gpipe"
     assert panel.figure is figure and _bar_data(panel) != before  # same widget, new bars
@@ -113,8 +113,9 @@ def test_schedule_panel_updates_chart_and_numbers_in_place():
 
     chart = _bar_data(panel)
     panel.controls["schedule"].value = "interleaved-1f1b"
-    panel.controls["microbatches"].value = 6  # 6 % 4 != 0: the reason is shown, the chart stays
+    panel.controls["microbatches"].value = 6  # 6 % 4 != 0: the reason is shown, no chart of another setting
     assert "microbatches % ranks == 0" in panel.numbers.value
+    assert panel.figure.data == () and "no schedule for these settings" in panel.figure.layout.title.text
     panel.controls["microbatches"].value = 8
     panel.controls["virtual"].value = 2
     assert _bar_data(panel) != chart and "bubble" in panel.numbers.value
@@ -130,3 +131,4 @@ def test_schedule_panel_runs_on_real_ranks_and_overlays_the_measurement():
     names = [t.name for t in panel.figure.data]
     assert "F forward" in names and "F forward (predicted)" in names
     assert "measured on 2 ranks" in panel.numbers.value and "virtual" in panel.numbers.value
+    assert "from this run's measured costs" in panel.numbers.value

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from parallel_lab.pipeline.schedules import (
+    Action,
     ScheduleError,
     build,
     gpipe,
@@ -106,9 +107,50 @@ def test_zb_h1_bubble_is_a_third_of_1f1b():
             assert zb_idle < 3 * (p - 1), (p, m)
 
 
-def test_zb_h1_keeps_1f1b_peak_memory():
+def grid_peaks(schedule, w):
+    """Peak activations per rank counted independently from the unit grid's strings: a microbatch
+    holds 1 from the first slot of its F, frees 1 after its B's last slot, 1 - w after its I's and
+    w after its W's (costs F=1, B=2, I=W=1)."""
+    timeline = simulate(schedule, Costs(F=1, B=2, I=1, W=1), w_share=w)
+    peaks = []
+    for row in unit_grid(timeline).values():
+        held, peak = 0.0, 0.0
+        for t, cell in enumerate(row):
+            kind = cell and Action.parse(cell).kind
+            if cell and kind == "F" and (t == 0 or row[t - 1] != cell):
+                held += 1
+            peak = max(peak, held)
+            if cell and (t + 1 == len(row) or row[t + 1] != cell):  # its last slot
+                held -= {"F": 0, "B": 1, "I": 1 - w, "W": w}[kind]
+        peaks.append(round(peak, 6))
+    return peaks
+
+
+@pytest.mark.parametrize("w", [1.0, 32 / 34, 0.5, 0.0])
+def test_zb_h1_peaks_counted_until_w(w):
+    """I frees M_B - M_W, W frees M_W (Qi et al. 2023, Table 1): rank r holds min(m, p - r) whole
+    microbatches and up to r waiting for their W: (p - r) M_B + r M_W once m >= p, more than 1F1B's
+    (p - r) M_B on every rank but the first."""
     for p, m in GRID:
-        assert simulate(zb_h1(p, m)).peak_activations == [min(m, p - r) for r in range(p)]
+        zb = simulate(zb_h1(p, m), w_share=w)
+        full = [min(m, p - r) for r in range(p)]
+        closed = [round(f + w * min(r, m - f), 6) for r, f in enumerate(full)]
+        assert zb.peak_rank_activations == zb.peak_activations == closed, (p, m, w)
+        assert grid_peaks(zb_h1(p, m), w) == closed, (p, m, w)
+        assert max(closed) == min(m, p) == max(simulate(one_f_one_b(p, m)).peak_activations)
+
+
+def test_zb_h1_schedule_json_reports_peaks_until_w():
+    out = summary(zb_h1(4, 8))
+    assert out["peak_activations"] == [4, round(3 + 32 / 34, 6), round(2 + 2 * 32 / 34, 6), round(1 + 3 * 32 / 34, 6)]
+    assert out["w_share"] == round(32 / 34, 6)
+    assert simulate(zb_h1(4, 8), w_share=1.0).peak_activations == [4, 4, 4, 4]
+
+
+def test_split_backward_peaks_match_the_grid_count_for_every_split_schedule():
+    for p, m in [(2, 3), (3, 5), (4, 8), (4, 12)]:
+        for schedule in (zb_h1(p, m), zb_v(p, m)):
+            assert simulate(schedule, Costs(F=1, B=2, I=1, W=1)).peak_rank_activations == grid_peaks(schedule, 32 / 34)
 
 
 def test_zb_v_reaches_the_start_up_lower_bound():
@@ -121,6 +163,7 @@ def test_zb_v_reaches_the_start_up_lower_bound():
             assert t.makespan == 6 * m + p - 1, (p, m)
         assert t.makespan <= simulate(zb_h1(p, m), Costs(F=2, B=4, I=2, W=2)).makespan, (p, m)
         # each stage is half a rank: 2 stashes per 1F1B microbatch, so 1F1B's rank-0 peak p becomes 2p
+        # (counted until W; W follows its I at once in the steady state, so nothing is held at the peak)
         assert max(t.peak_rank_activations) == 2 * min(m, p), (p, m)
 
 

@@ -37,7 +37,7 @@ from torch import nn
 from parallel_lab.hardware import PCIE4, Link
 from parallel_lab.pipeline import partition, profile
 from parallel_lab.pipeline.executor import Executor
-from parallel_lab.pipeline.run import make_spec, report
+from parallel_lab.pipeline.run import STEPS, make_spec, recorded_steps, report
 from parallel_lab.pipeline.schedules import Schedule, build
 from parallel_lab.pipeline.simulate import Costs, simulate
 from parallel_lab.pipeline.stages import ModelSpec, bounds, check_parts, check_stages, cut_at
@@ -91,39 +91,22 @@ def profile_pieces(spec: ModelSpec, microbatches: int = 8, repeats: int = 5) -> 
 
 
 def cut_rank(spec: ModelSpec, schedule: Schedule, parts: Sequence[int], link: Link = PCIE4,
-             warmup: int = 1, steps: int = 1) -> dict:
+             warmup: int = 1, steps: int = STEPS) -> dict:
     """Rank function: ``pipeline.run.pipeline_rank`` with the stages cut at ``parts``. Runs
-    ``warmup`` unrecorded steps, then ``steps`` recorded ones and keeps the records of the one
-    with the median makespan on the virtual clock (steadier on a busy machine). The gradients
-    returned are those of that step alone."""
+    ``warmup`` unrecorded steps, then ``steps`` recorded ones (``pipeline.run.recorded_steps``:
+    the records of the one with the median makespan on the virtual clock, every step's for the
+    costs)."""
     rank = dist.get_rank()
     mine = {s for s, r in enumerate(schedule.stage_to_rank) if r == rank}
     stages = {st.index: st for st in cut_at(spec, parts, keep=mine) if st is not None}
     ex = Executor(schedule, stages, spec, rank)
-    x, target = spec.data()
-    for _ in range(warmup):
-        ex.step(x, target)
-        ex.zero_grad()
-    ex.record = True
-    runs = []
-    for i in range(steps):
-        if i:
-            ex.zero_grad()
-        loss = ex.step(x, target)
-        runs.append((ex.records[-1]["virtual"][1] if ex.records else 0.0, loss, ex.records))
-    # every rank must keep the same step, or the timelines would not fit together: a step's
-    # makespan is its latest end over the ranks
-    end = torch.tensor([r[0] for r in runs], dtype=torch.float64)
-    dist.all_reduce(end, op=dist.ReduceOp.MAX)
-    chosen = sorted(range(steps), key=lambda i: end[i].item())[steps // 2]
-    _, loss, records = runs[chosen]
-    return {"rank": rank, "loss": loss, "records": records, "bytes_sent": ex.bytes_sent,
-            "message_bytes": ex.message_bytes,
+    out = recorded_steps(ex, *spec.data(), warmup=warmup, steps=steps)
+    return {"rank": rank, **out,
             "grads": {name: p.grad for w in ex.workers.values() for name, p in zip(w.names, w.params)}}
 
 
 def run_cut(spec: ModelSpec, parts: Sequence[int], schedule: str = "1f1b", microbatches: int = 8,
-            link: Link = PCIE4, warmup: int = 1, steps: int = 1, timeout: float = 60.0) -> dict:
+            link: Link = PCIE4, warmup: int = 1, steps: int = STEPS, timeout: float = 60.0) -> dict:
     """Run ``schedule`` on ``len(parts) - 1`` ranks with the model cut at ``parts``; returns the
     ``parallel_lab.pipeline.run.run_pipeline`` dict (``max_grad_diff``, ``loss_diff`` against one
     process, ``bubble_measured`` on the virtual clock, ``bubble_predicted``, ``costs`` per stage,

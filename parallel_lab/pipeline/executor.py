@@ -246,6 +246,7 @@ class Executor:
         shape, dtype = self.spec.boundary_shape(self.spec.batch // m), self.spec.torch_dtype
         self.message_bytes = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
         self.loss, self.records, self.bytes_sent = 0.0, [], 0
+        self.w_bytes = [0, 0]  # over this step's I's: bytes kept for W, bytes of the whole stash before
         inbox = Inbox(self.needs, self.arrive, self.tag, self.peers, shape, dtype, self.device, self.record,
                       self.prefetch)
         # A hang report then names the action: "pipeline action 1B3 (...): wait(irecv(src=2, ...))".
@@ -346,8 +347,10 @@ class Executor:
             return out
         with _saved_bytes(w, j) if w.recompute else _nothing():
             out = w.backward(j, data) if kind == "B" else w.input_grad(j, data)
-        if kind == "I":
-            w.saved_bytes[j] = w.held_bytes(j)
+        if kind == "I":  # from here on j keeps only what W needs: M_W of its M_B (simulate.Timeline)
+            full, w.saved_bytes[j] = w.saved_bytes.get(j, 0), w.held_bytes(j)
+            self.w_bytes[0] += w.saved_bytes[j]
+            self.w_bytes[1] += full
         return None if s == 0 else out
 
     def _remember(self, action, w, wall0, wall1, v0, v1, cpu) -> None:
@@ -357,7 +360,7 @@ class Executor:
         held = sum(w.saved_bytes.values())
         self.records.append({
             "action": str(action), "wall": (wall0, wall1), "virtual": (v0, v1), "cpu": cpu,
-            "stashed": w.stashed(), "bytes": held,
+            "stashed": w.stashed(), "held": len(w.held), "bytes": held,
         })
 
 

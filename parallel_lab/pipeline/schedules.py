@@ -313,8 +313,13 @@ def zb_h1(p: int, m: int) -> Schedule:
     (p-r-1 forwards), then F, I pairs in 1F1B order, but holds back its first r W passes; the
     deferred W's fill the cool-down bubble that 1F1B leaves while gradients trickle back. With
     F = I = W the idle time per rank drops from 1F1B's (p-1)(F+B) to (p-1)(F+I-W), i.e. a bubble of
-    (p-1)/(3m) of the ideal time 3mF. Activations are freed by I (the paper's accounting: W keeps only
-    the small M_W), so stage r stashes at most min(m, p-r) microbatches, exactly as 1F1B.
+    (p-1)/(3m) of the ideal time 3mF.
+
+    Memory is what it costs: I frees a microbatch's activations except M_W, what W still needs (every
+    Linear's input and output gradient; M_W = 32sbh of M_B = 34sbh + 5as^2b in the paper's Table 1),
+    and rank r holds r microbatches waiting for their W. Its peak is (p-r) M_B + r M_W for m >= p:
+    p M_B on rank 0 as in 1F1B (the paper's "same peak memory as 1F1B" is this maximum over ranks),
+    but later ranks hold nearly p M_B where 1F1B holds (p-r) M_B (see `simulate.Timeline`).
     """
     _check_positive("zb-h1", ranks=p, microbatches=m)
     return _make("zb-h1", p, m, 1, range(p), (_zb_h1_rank(r, p, m) for r in range(p)))
@@ -354,7 +359,9 @@ def zb_v(p: int, m: int) -> Schedule:
     pairs, then steady F-I-W triples alternating between the two stages, with W's deferred to fill
     the cool-down. It is generated for max(m, 2p-1) microbatches and the actions of microbatches
     >= m are dropped (removing whole microbatches keeps every remaining dependency in order).
-    Peak activation memory per rank is that of 1F1B (2p half-size stashes = p full ones).
+    Counted until W (see `simulate.Timeline`), each rank peaks at about 2p half-size stashes, i.e.
+    p full ones, on every rank (Qi et al. 2023, section 6: ZB-V's peak equals 1F1B's p M_B, reached
+    on every rank instead of rank 0 only).
     """
     _check_positive("zb-v", ranks=p, microbatches=m)
     stage_to_rank = [s if s < p else 2 * p - 1 - s for s in range(2 * p)]

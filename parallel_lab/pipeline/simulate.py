@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain
 from operator import itemgetter
-from typing import NamedTuple, Sequence, Union
+from typing import Mapping, NamedTuple, Sequence, Union
 
 import numpy as np
 
@@ -27,6 +27,11 @@ from parallel_lab.pipeline.validate import validate
 Cost = Union[float, Sequence[float]]  # one value for every stage, or one per model stage
 MAX_GRID_CELLS = 1_000_000  # unit grids larger than this (huge integer costs) fall back to action order
 SWEEPS_BEFORE_VALIDATE = 64  # the paper schedules settle in 2-11 sweeps; a deadlock never does
+# What W keeps between I and W, as a share of a micro-batch's activations M_B. Qi et al. 2023 ("Zero
+# Bubble Pipeline Parallelism"), Table 1, for a transformer layer: M_B = 34sbh + 5as^2b, M_W = 32sbh
+# (W needs every Linear's input and output gradient). With the attention scores not stored (flash
+# attention, or Korthikanti et al.'s selective recomputation) M_B = 34sbh, so M_W / M_B = 32/34.
+M_W_SHARE = 32 / 34
 
 
 @dataclass(frozen=True)
@@ -110,14 +115,17 @@ class Timeline:
     makespan:           end of the last action
     busy[r]:            total compute time of rank r
     bubble_fraction:    1 - sum(busy) / (n_ranks * makespan), the idle share of the device-time box
-    memory[s]:          [(time, stashed microbatches), ...] for model stage s, a step function
-    peak_activations:   per stage, the most microbatches stashed at once
-    peak_rank_activations: per rank, the most stashed at once over all its stages
+    memory[s]:          [(time, activations held), ...] for model stage s, a step function
+    peak_activations:   per stage, the most activations held at once
+    peak_rank_activations: per rank, the most held at once over all its stages
+    w_share:            M_W / M_B, what a microbatch keeps from its I to its W
 
-    A microbatch's activations are stashed on a stage from the start of its F until the end of the
-    backward that frees them: B, or I when the backward is split. That is the Zero Bubble paper's
-    accounting (Qi et al. 2023, Table 1): I releases the activations and W keeps only its small
-    M_W (the stage input and output gradient), so ZB-H1 peaks at 1F1B's min(m, p-r) on stage r.
+    Activations are counted in units of one microbatch's activations on its stage, M_B. A
+    microbatch holds M_B from the start of its F. A full backward B frees all of it. A split one
+    frees only M_B - M_W at the end of I: W still needs every Linear's input and its output gradient,
+    M_W, which is most of M_B (Qi et al. 2023, Table 1: 32sbh of 34sbh, `M_W_SHARE`), and frees it
+    at its own end. So schedules that defer W hold more than their I order suggests: ZB-H1 defers r
+    W's on rank r and peaks at (p - r) M_B + r M_W there, not 1F1B's (p - r) M_B (m >= p).
     """
 
     schedule: Schedule = field(repr=False)
@@ -126,8 +134,9 @@ class Timeline:
     ends: list[np.ndarray] = field(repr=False)
     makespan: float
     busy: list[float]
-    peak_activations: list[int]
-    peak_rank_activations: list[int]
+    peak_activations: list[float]
+    peak_rank_activations: list[float]
+    w_share: float
     _stash: tuple = field(repr=False, compare=False)  # (times, counts, stage bounds) for `memory`
 
     @property
@@ -233,7 +242,8 @@ def _inputs(schedule: Schedule, flat: _Flat, link: float) -> tuple[np.ndarray, n
 # Timing: list scheduling as a max-plus scan per rank.
 
 
-def _schedule_times(schedule: Schedule, costs: Costs, flat: _Flat) -> tuple[np.ndarray, np.ndarray]:
+def _schedule_times(schedule: Schedule, costs: Costs, flat: _Flat,
+                    durations: Mapping[Action, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Start and end of every flat action by list scheduling; ScheduleError when it cannot finish.
 
     An action starts at max(end of the previous action on its rank, arrival of its input). Along
@@ -248,6 +258,11 @@ def _schedule_times(schedule: Schedule, costs: Costs, flat: _Flat) -> tuple[np.n
     table = costs.per_stage(schedule.n_stages)
     by_kind = np.array([table[kind] for kind in "FBIW"])  # [kind, stage]
     duration = by_kind[flat.kind, flat.stage]
+    if durations:
+        every = [a for actions in schedule.ranks for a in actions if a is not None]
+        duration = np.array([durations.get(a, d) for a, d in zip(every, duration.tolist())])
+        if not (duration > 0).all():
+            raise ScheduleError(f"durations must be > 0, got {min(duration)}")
     source, hop = _inputs(schedule, flat, costs.link)
     has_input, source = source >= 0, np.maximum(source, 0)
     ready = np.zeros(len(duration))  # end of every rank's chain if nobody ever waited
@@ -273,47 +288,63 @@ def _schedule_times(schedule: Schedule, costs: Costs, flat: _Flat) -> tuple[np.n
             validate(schedule)  # raises for a deadlock; a valid schedule settles in the sweeps to come
 
 
-def _memory(schedule: Schedule, flat: _Flat, start: np.ndarray, end: np.ndarray):
-    """Stash curves per stage (F start +1, B/I end -1) and peaks per stage and per rank.
+def _memory(schedule: Schedule, flat: _Flat, start: np.ndarray, end: np.ndarray, w_share: float):
+    """Activation curves per stage (F start +1, B end -1, I end -(1 - w_share), W end -w_share) and
+    peaks per stage and per rank, in units of M_B (see Timeline).
 
-    Returns ((event times, stash counts, per-stage bounds into them), peak per stage, peak per rank).
+    Returns ((event times, held, per-stage bounds into them), peak per stage, peak per rank).
     """
-    change = np.select([flat.kind == 0, flat.kind == 3], [1, 0], -1)  # +1 F, -1 B or I, 0 W
+    change = np.select([flat.kind == 0, flat.kind == 1, flat.kind == 2], [1.0, -1.0, w_share - 1.0], -w_share)
     held = np.cumsum(change)
     rank_peak = []
     for lo, hi in zip(flat.offsets[:-1].tolist(), flat.offsets[1:].tolist()):
-        before = held[lo - 1] if lo else 0
-        rank_peak.append(int(max(0, (held[lo:hi] - before).max())) if hi > lo else 0)
+        before = held[lo - 1] if lo else 0.0
+        rank_peak.append(units(max(0.0, (held[lo:hi] - before).max())) if hi > lo else 0)
     # per stage: its events in time order (one rank runs a stage, so its order is the schedule's)
     events = np.flatnonzero(change)
     events = events[np.argsort(flat.stage[events], kind="stable")]
     stages = flat.stage[events]
     counts = np.cumsum(change[events])
     bounds = np.searchsorted(stages, np.arange(schedule.n_stages + 1))
-    first = np.concatenate([[0], counts])[bounds[:-1]]  # running total before each stage's first event
-    counts -= np.repeat(first, np.diff(bounds))
+    first = np.concatenate([[0.0], counts])[bounds[:-1]]  # running total before each stage's first event
+    counts = np.round(counts - np.repeat(first, np.diff(bounds)), 9)
     times = np.where(flat.kind[events] == 0, start[events], end[events])
-    peak = np.zeros(schedule.n_stages, np.int64)
+    peak = np.zeros(schedule.n_stages)
     np.maximum.at(peak, stages, counts)
-    return (times, counts, bounds), peak.tolist(), rank_peak
+    return (times, counts, bounds), [units(x) for x in peak.tolist()], rank_peak
 
 
-def simulate(schedule: Schedule, costs: Costs | None = None) -> Timeline:
+def units(x: float) -> float | int:
+    """A count of M_B units as printed: 4 for whole numbers (every schedule without a split backward),
+    else rounded to 6 digits (3.823529)."""
+    x = round(float(x), 6)
+    return int(x) if x == int(x) else x
+
+
+def simulate(schedule: Schedule, costs: Costs | None = None, w_share: float = M_W_SHARE,
+             durations: Mapping[Action, float] | None = None) -> Timeline:
     """Simulate `schedule` with `costs` (default F=1, B=2, I=W=1, free links) into a Timeline.
+
+    w_share is M_W / M_B, what a split backward keeps from I to W (default: the transformer layer of
+    Qi et al. 2023, `M_W_SHARE`); a run on real ranks passes the share its tensors measured.
+    durations, {action: time}, overrides the cost of those actions (a finer cost model than one
+    value per kind and stage: `pipeline.run` predicts with what came before each action on its rank).
 
     Vectorised: a few numpy passes over all actions per sweep (see `_schedule_times`), so p = 64
     ranks and m = 512 microbatches simulate at slider speed. An invalid schedule raises the same
     ScheduleError as `validate`.
     """
     costs = costs or Costs()
+    if not 0 <= w_share:
+        raise ScheduleError(f"w_share is M_W / M_B and must be >= 0, got w_share {w_share}")
     flat = _flatten(schedule)
-    start, end = _schedule_times(schedule, costs, flat)
+    start, end = _schedule_times(schedule, costs, flat, durations)
     spans = list(zip(flat.offsets[:-1].tolist(), flat.offsets[1:].tolist()))
     starts, ends = [start[lo:hi] for lo, hi in spans], [end[lo:hi] for lo, hi in spans]
     busy = [float((e - s).sum()) for s, e in zip(starts, ends)]
     makespan = float(end.max()) if len(end) else 0.0
-    stash, peak, rank_peak = _memory(schedule, flat, start, end)
-    return Timeline(schedule, costs, starts, ends, makespan, busy, peak, rank_peak, stash)
+    stash, peak, rank_peak = _memory(schedule, flat, start, end, float(w_share))
+    return Timeline(schedule, costs, starts, ends, makespan, busy, peak, rank_peak, float(w_share), stash)
 
 
 def unit_grid(timeline: Timeline) -> dict[int, list[str | None]]:
@@ -349,7 +380,7 @@ def summary(schedule: Schedule, costs: Costs | None = None) -> dict:
 
     {"schedule", "stages" (p ranks), "microbatches", "virtual", "model_stages" (p*v),
      "ranks" (rank -> unit grid, see `unit_grid`), "makespan", "bubble_fraction",
-     "peak_activations" (per model stage)}
+     "peak_activations" (per model stage, in M_B, counted until W), "w_share" (M_W / M_B)}
     """
     timeline = simulate(validate(schedule), costs)
     return {
@@ -362,4 +393,5 @@ def summary(schedule: Schedule, costs: Costs | None = None) -> dict:
         "makespan": timeline.makespan,
         "bubble_fraction": timeline.bubble_fraction,
         "peak_activations": timeline.peak_activations,
+        "w_share": round(timeline.w_share, 6),
     }

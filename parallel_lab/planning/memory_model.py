@@ -26,9 +26,12 @@ Extends ``parallel_lab.planning.memory`` (one device) to a (dp, pp, tp) mesh:
   the two LayerNorm inputs and the inputs of the QKV and first MLP projections) + two 1-byte
   dropout masks, and per head the s x s softmax output (v bytes) + its dropout mask (1) + dropout
   output (v).
-- **Micro-batches in flight**: how many micro-batches a pipeline rank stashes at its peak comes from
-  the schedule simulator (``parallel_lab.pipeline.simulate``: ``peak_rank_activations``): m for GPipe,
-  min(m, p - r) for 1F1B and ZB-H1 on rank r, more for interleaved 1F1B (v chunks of L/(pv) layers).
+- **Micro-batches in flight**: how many micro-batches' activations a pipeline rank holds at its peak
+  comes from the schedule simulator (``parallel_lab.pipeline.simulate``: ``peak_rank_activations``,
+  in units of one micro-batch's activations M_B): m for GPipe, min(m, p - r) for 1F1B on rank r, more
+  for interleaved 1F1B (v chunks of L/(pv) layers). A split backward (ZB-H1, ZB-V) keeps M_W from I
+  until W (``weight_grad_bytes_per_layer``: every Linear's input and output gradient, Qi et al. 2023,
+  Table 1), so ZB-H1 holds (p - r) M_B + r M_W on rank r once m >= p: almost p M_B on every rank.
 - The last stage also keeps the head's input and the fp32 logits for the loss: ``(v·sbh + 4sbV)/t``.
 
 Not counted: temporary buffers (communication buckets, workspace), fragmentation, the CUDA context.
@@ -41,7 +44,7 @@ import math
 
 from parallel_lab.checks import positive_int
 from parallel_lab.pipeline.schedules import build
-from parallel_lab.pipeline.simulate import simulate
+from parallel_lab.pipeline.simulate import M_W_SHARE, simulate
 from parallel_lab.planning import memory
 
 RECOMPUTE = ("none", "selective", "full")
@@ -121,6 +124,20 @@ def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: i
     return sbh * per_sbh + scores
 
 
+def weight_grad_bytes_per_layer(seq: int, micro_batch: int, hidden: int, tp: int = 1,
+                                sequence_parallel: bool = False, value_bytes: int = 2) -> float:
+    """M_W: bytes one transformer layer keeps from its input-gradient pass I to its weight-gradient
+    pass W, per micro-batch, on one device. W computes dW = dY^T X for each of the four Linears, so
+    it keeps each one's input X (QKV and MLP-in: sbh each, replicated under plain TP; attention-out:
+    sbh/t; MLP-out: 4sbh/t) and output gradient dY (QKV 3sbh, attention-out sbh, MLP-in 4sbh,
+    MLP-out sbh, each /t): 16 sbh-sized values without parallelism, Qi et al. 2023's M_W = 32sbh
+    (Table 1, 2-byte values). With sequence parallelism the two replicated inputs are split too."""
+    s, b, h = (positive_int(n, v) for n, v in (("seq", seq), ("micro_batch", micro_batch), ("hidden", hidden)))
+    t, v = positive_int("tp", tp), value_bytes
+    replicated = 2.0 / t if sequence_parallel else 2.0  # QKV and MLP-in inputs
+    return v * s * b * h * (replicated + 14.0 / t)  # + attention-out 1, MLP-out 4, gradients 9, all /t
+
+
 def head_activation_bytes(seq: int, micro_batch: int, hidden: int, vocab: int, tp: int = 1,
                           value_bytes: int = 2) -> float:
     """The last stage's extra per micro-batch: the final LayerNorm's input and fp32 logits."""
@@ -128,20 +145,21 @@ def head_activation_bytes(seq: int, micro_batch: int, hidden: int, vocab: int, t
 
 
 @functools.lru_cache(maxsize=4096)
-def _simulated_in_flight(schedule: str, pp: int, microbatches: int, virtual: int) -> tuple[int, ...]:
-    return tuple(simulate(build(schedule, pp, microbatches, virtual)).peak_rank_activations)
+def _simulated_in_flight(schedule: str, pp: int, microbatches: int, virtual: int, w_share: float) -> tuple:
+    return tuple(simulate(build(schedule, pp, microbatches, virtual), w_share=w_share).peak_rank_activations)
 
 
-def in_flight(schedule: str, pp: int, microbatches: int, virtual: int = 1) -> list[int]:
-    """Per pipeline rank, the most micro-batch *chunks* stashed at once (a chunk is ``L/(pp*virtual)``
-    layers), from the simulator. Once the pipeline is full the peak stops growing with m (1F1B and
-    ZB-H1 from m = pp, interleaved 1F1B from m = 2 pp), so those are simulated with m capped at
-    2 pp + m % pp (tested equal to the uncapped run); GPipe stashes all m by construction."""
+def in_flight(schedule: str, pp: int, microbatches: int, virtual: int = 1, w_share: float = M_W_SHARE) -> list:
+    """Per pipeline rank, the most micro-batch *chunks* of activations held at once (a chunk is
+    ``L/(pp*virtual)`` layers), in units of a chunk's M_B, from the simulator; a split backward holds
+    ``w_share`` = M_W / M_B of a chunk from I until W. Once the pipeline is full the peak stops growing
+    with m (1F1B and ZB-H1 from m = pp, interleaved 1F1B from m = 2 pp), so those are simulated with
+    m capped at 2 pp + m % pp (tested equal to the uncapped run); GPipe stashes all m by construction."""
     pp, m, v = (positive_int(n, x) for n, x in (("pp", pp), ("microbatches", microbatches), ("virtual", virtual)))
     if schedule == "gpipe":
         return [m] * pp
     capped = m if m <= 2 * pp else 2 * pp + (m % pp)  # keeps m % pp (interleaving needs it 0)
-    return list(_simulated_in_flight(schedule, pp, capped, v))
+    return list(_simulated_in_flight(schedule, pp, capped, v, round(float(w_share), 9)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -154,7 +172,8 @@ def device_memory(model: memory.ModelConfig, micro_batch: int = 1, dp: int = 1, 
                   precision: str = "mixed", dropout: bool = True, stages=None) -> list[dict]:
     """Bytes on one device of every pipeline stage (a list, stage 0 first; only ``stages`` if given):
     ``stage``, ``params``, ``weights``, ``gradients``, ``optimizer``, ``activations`` (``in_flight``
-    chunks of ``layers_per_chunk`` layers, plus the head's on the last stage) and ``total``."""
+    chunks of ``layers_per_chunk`` layers in units of a chunk's M_B, ``w_share`` = M_W / M_B, plus
+    the head's on the last stage) and ``total``."""
     dp = positive_int("dp", dp)
     prec = memory.PRECISIONS[precision] if isinstance(precision, str) else precision
     if model.layers % (pp * virtual):
@@ -163,8 +182,10 @@ def device_memory(model: memory.ModelConfig, micro_batch: int = 1, dp: int = 1, 
         raise ValueError(f"heads {model.heads} % tp {tp} != 0")
     per_layer = activation_bytes_per_layer(model.seq, micro_batch, model.hidden, model.heads, tp,
                                            sequence_parallel, recompute, prec.activation, dropout)
+    share = weight_grad_bytes_per_layer(model.seq, micro_batch, model.hidden, tp, sequence_parallel,
+                                        prec.activation) / per_layer
     chunk_layers = model.layers // (pp * virtual)
-    peaks = in_flight(schedule, pp, microbatches, virtual)
+    peaks = in_flight(schedule, pp, microbatches, virtual, share)
     rows = []
     for stage in range(pp) if stages is None else sorted(set(stages)):
         params = stage_params(model, pp, tp, stage)
@@ -177,7 +198,8 @@ def device_memory(model: memory.ModelConfig, micro_batch: int = 1, dp: int = 1, 
         row = {"stage": stage, "params": params, "weights": params * prec.weights,
                "gradients": params * prec.gradients,
                "optimizer": params * prec.optimizer / (dp if zero1 else 1),
-               "activations": acts, "in_flight": peaks[stage], "layers_per_chunk": chunk_layers}
+               "activations": acts, "in_flight": peaks[stage], "layers_per_chunk": chunk_layers,
+               "w_share": share}
         row["total"] = row["weights"] + row["gradients"] + row["optimizer"] + row["activations"]
         rows.append(row)
     return rows
@@ -189,5 +211,9 @@ def max_device_memory(model: memory.ModelConfig, **kwargs) -> dict:
     every other stage holds the same blocks and no more activations than that one."""
     pp = kwargs.get("pp", 1)
     peaks = in_flight(kwargs.get("schedule", "1f1b"), pp, kwargs.get("microbatches", 1), kwargs.get("virtual", 1))
+    # rank 0 holds the most activations for every w_share < 1 or schedule without a split backward
+    # (their peaks fall with r); with w_share >= 1 ZB's later ranks can hold more: keep them all
     candidates = {0, pp - 1, max(range(pp), key=lambda r: peaks[r])}
+    if kwargs.get("schedule") in ("zb-h1", "zb-v"):
+        candidates = set(range(pp))
     return max(device_memory(model, **kwargs, stages=candidates), key=lambda row: row["total"])

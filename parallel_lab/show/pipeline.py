@@ -159,7 +159,7 @@ def memory(source, title: str | None = None):
     fig = go.Figure(traces)
     fig.update_layout(**{k: LAYOUT[k] for k in ("template", "plot_bgcolor", "margin", "xaxis", "yaxis", "font")},
                       height=320, xaxis_title=AXIS[axis],
-                      yaxis_title="stashed microbatches", title=title or "Activation memory per stage")
+                      yaxis_title="activations held (micro-batches)", title=title or "Activation memory per stage")
     return fig
 
 
@@ -172,9 +172,10 @@ def _costs(f: float, b: float, w: float) -> Costs:
     return Costs(F=f, B=b, I=b - w, W=w) if 0 < w < b else Costs(F=f, B=b)
 
 
-def _numbers(timeline: Timeline) -> str:
-    return (f"<b>bubble {timeline.bubble_fraction:.1%}</b> &nbsp; makespan {timeline.makespan:g} &nbsp; "
-            f"peak stashed microbatches per stage {timeline.peak_activations}")
+def _numbers(timeline: Timeline, v: dict) -> str:
+    return (f"<b>simulated bubble {timeline.bubble_fraction:.1%}</b> with the sliders' costs F:B:W = "
+            f"{v['F']:g}:{v['B']:g}:{v['W']:g} &nbsp; makespan {timeline.makespan:g} &nbsp; peak activations "
+            f"per stage {timeline.peak_activations} (micro-batches, counted until W)")
 
 
 def schedule_panel(schedule: str = "1f1b", ranks: int = 4, microbatches: int = 8, virtual: int = 1,
@@ -216,11 +217,15 @@ def schedule_panel(schedule: str = "1f1b", ranks: int = 4, microbatches: int = 8
         try:
             sched = build(v["schedule"], v["ranks"], v["microbatches"], v["virtual"])
             timeline = simulate(sched, _costs(v["F"], v["B"], v["W"]))
-        except ScheduleError as exc:
-            panel.numbers.value = f"<span style='color:#b00'>{exc.args[0].splitlines()[0]}</span>"
+        except ScheduleError as exc:  # no chart of another setting under the error
+            reason = exc.args[0].splitlines()[0]
+            with panel.figure.batch_update():
+                panel.figure.data = ()
+                panel.figure.layout.title = f"no schedule for these settings: {reason}"
+            panel.numbers.value = f"<span style='color:#b00'>{reason}</span>"
             return
         redraw(gantt(timeline))
-        panel.numbers.value = _numbers(timeline)
+        panel.numbers.value = _numbers(timeline, v)
 
     def run(_=None) -> None:
         v = values()
@@ -236,8 +241,9 @@ def schedule_panel(schedule: str = "1f1b", ranks: int = 4, microbatches: int = 8
         redraw(compare(result))
         panel.numbers.value = (
             f"<b>measured on {v['ranks']} ranks</b>: bubble {result['bubble_measured']:.1%} on the virtual "
-            f"clock (predicted {result['bubble_predicted']:.1%}; wall clock {result['bubble_wall']:.1%}), "
-            f"peak stashed {result['peak_activations']}, max gradient difference {result['max_grad_diff']:.1e}")
+            f"clock, predicted {result['bubble_predicted']:.1%} from this run's measured costs (not the "
+            f"sliders'; wall clock {result['bubble_wall']:.1%}); peak activations {result['peak_activations']}, "
+            f"max gradient difference {result['max_grad_diff']:.1e}")
         panel.progress.value, panel.progress.description = 3, "done"
 
     for c in controls.values():
