@@ -174,9 +174,12 @@ def _plan_arguments(parser):
     for name, kind in (("layers", int), ("hidden", int), ("heads", int), ("vocab", int), ("seq", int),
                        ("batch", int), ("nodes", int), ("gpus-per-node", int), ("gpu-mem-gb", float)):
         parser.add_argument(f"--{name}", type=kind, required=True)
-    parser.add_argument("--intra-gbps", type=float, default=300.0, help="intra-node GB/s per device")
-    parser.add_argument("--inter-gbps", type=float, default=25.0, help="inter-node GB/s per device")
-    parser.add_argument("--tflops", type=float, default=150.0, help="achieved TFLOP/s per device")
+    parser.add_argument("--intra-gbps", type=float, default=450.0,
+                        help="GB/s per device and direction inside a node (NVLink 4: 450)")
+    parser.add_argument("--inter-gbps", type=float, default=50.0,
+                        help="GB/s per device and direction between nodes (InfiniBand NDR: 50)")
+    parser.add_argument("--tflops", type=float, default=395.6,
+                        help="achieved TFLOP/s per device (40%% of an H100's 989 dense BF16)")
     parser.add_argument("--latency-us", type=float, default=5.0, help="link latency α in µs")
     parser.add_argument("--price", type=float, help="$ per GPU-hour: adds the cost of a training run")
     parser.add_argument("--tokens", type=float, default=300e9, help="training tokens for the cost")

@@ -55,11 +55,69 @@ class Link:
 
 
 # Presets. PCIE4 is the executor's default modelled link between two simulated devices.
+# Bandwidths per GPU and per direction (datasheets quote both directions: "900 GB/s" NVLink 4 is
+# 450 GB/s each way). α: the order of a small NCCL message inside a node / across the network.
 PCIE4 = Link("PCIe 4.0 x16", 25e9, 10e-6)
 LINKS = {
-    "nvlink": Link("NVLink-class (inside a node)", 300e9, 3e-6),
-    "infiniband": Link("InfiniBand-class (between nodes)", 25e9, 10e-6),
+    # NVIDIA A100 Tensor Core GPU datasheet (2020): 3rd-generation NVLink, 600 GB/s per GPU, both
+    # directions together; DGX A100: one ConnectX-6 port per GPU, InfiniBand HDR 200 Gb/s (25 GB/s).
+    "nvlink3": Link("NVLink 3 (A100, in an 8-GPU node)", 300e9, 3e-6),
+    "hdr": Link("InfiniBand HDR (200 Gb/s per GPU, between nodes)", 25e9, 10e-6),
+    # NVIDIA H100 Tensor Core GPU datasheet (2022) and H200 datasheet (2024): 4th-generation NVLink,
+    # 900 GB/s per GPU, both directions together.
+    "nvlink4": Link("NVLink 4 (H100/H200, in an 8-GPU node)", 450e9, 3e-6),
+    # NVIDIA Blackwell architecture technical brief (2024), DGX B200 and GB200 NVL72 datasheets:
+    # 5th-generation NVLink, 1.8 TB/s per GPU, both directions together.
+    "nvlink5": Link("NVLink 5 (B200/GB200)", 900e9, 3e-6),
+    # NVIDIA DGX H100 / DGX B200 datasheets: one ConnectX-7 port per GPU, InfiniBand NDR 400 Gb/s
+    # (50 GB/s); also the GPU's scale-out port in GB200 NVL72.
+    "ndr": Link("InfiniBand NDR (400 Gb/s per GPU, between nodes)", 50e9, 10e-6),
 }
+# The share of the datasheet's dense BF16 peak a large training run achieves (model FLOPs
+# utilisation): 38-43 % for Llama 3 405B on 16K H100s (Dubey et al. 2024, "The Llama 3 Herd of
+# Models", Table 4); Megatron-LM reported 52 % on A100s for GPT 1T (Narayanan et al. 2021).
+ACHIEVED_SHARE = 0.40
+
+
+@dataclass(frozen=True)
+class System:
+    """A GPU system as the course models it: ``domain`` GPUs joined by ``nvlink`` (the fast domain
+    tensor parallelism stays in), ``network`` to the other domains, ``gpu_mem_gb`` of HBM per GPU
+    and the datasheet's dense BF16 peak ``peak_tflops``; ``tflops`` is what training achieves
+    (``ACHIEVED_SHARE`` of the peak)."""
+
+    name: str
+    gpu_mem_gb: float
+    peak_tflops: float
+    nvlink: Link
+    domain: int
+    network: Link
+    source: str
+
+    @property
+    def tflops(self) -> float:
+        return round(ACHIEVED_SHARE * self.peak_tflops, 1)
+
+    def cluster(self, domains: int, latency_us: float = 5.0) -> "Cluster":
+        """``domains`` of these NVLink domains as the planner's Cluster (a "node" is one domain)."""
+        return Cluster(domains, self.domain, self.gpu_mem_gb, self.nvlink.bandwidth / 1e9,
+                       self.network.bandwidth / 1e9, self.tflops, latency_us)
+
+
+SYSTEMS = {s.name: s for s in (
+    System("DGX A100", 80, 312, LINKS["nvlink3"], 8, LINKS["hdr"],
+           "NVIDIA A100 datasheet: 312 TFLOPS BF16 dense, 80 GB HBM2e; DGX A100: 8 GPUs (Megatron-LM's "
+           "2021 runs, Narayanan et al.)"),
+    System("DGX H100", 80, 989, LINKS["nvlink4"], 8, LINKS["ndr"],
+           "NVIDIA H100 datasheet: 989 TFLOPS BF16 dense (1979 with sparsity), 80 GB HBM3; DGX H100: 8 GPUs"),
+    System("DGX H200", 141, 989, LINKS["nvlink4"], 8, LINKS["ndr"],
+           "NVIDIA H200 datasheet: H100's compute with 141 GB HBM3e"),
+    System("DGX B200", 180, 2250, LINKS["nvlink5"], 8, LINKS["ndr"],
+           "NVIDIA DGX B200 datasheet: 8 B200, 1440 GB HBM3e; 2.25 PFLOPS BF16 dense per GPU"),
+    System("GB200 NVL72", 186, 2500, LINKS["nvlink5"], 72, LINKS["ndr"],
+           "NVIDIA GB200 NVL72 datasheet: 72 GPUs in one NVLink domain, 13.4 TB HBM3e, 360 PFLOPS "
+           "FP16/BF16 with sparsity (2.5 PFLOPS dense per GPU)"),
+)}
 
 
 @dataclass(frozen=True)
@@ -67,17 +125,18 @@ class Cluster:
     """``nodes`` machines of ``gpus_per_node`` devices with ``gpu_mem_gb`` GB each (10^9 bytes).
 
     Bandwidths are per device and per direction in GB/s (bytes, not bits): ``intra_gbps`` over the
-    node's links (NVLink), ``inter_gbps`` over the network (one 200 Gb/s InfiniBand port per GPU is 25).
-    ``tflops`` is the *achieved* dense throughput per device (not the datasheet peak; ~50% of an
-    A100's 312). ``latency_us`` is the α of one message, on either link.
+    node's links (NVLink), ``inter_gbps`` over the network (one 400 Gb/s InfiniBand NDR port per GPU
+    is 50). ``tflops`` is the *achieved* dense throughput per device, not the datasheet peak
+    (``ACHIEVED_SHARE`` of it). ``latency_us`` is the α of one message, on either link. The defaults
+    are a DGX H100 node (``SYSTEMS["DGX H100"].cluster(nodes)`` builds the same).
     """
 
     nodes: int
     gpus_per_node: int
     gpu_mem_gb: float
-    intra_gbps: float = 300.0
-    inter_gbps: float = 25.0
-    tflops: float = 150.0
+    intra_gbps: float = 450.0
+    inter_gbps: float = 50.0
+    tflops: float = 395.6
     latency_us: float = 5.0
 
     def __post_init__(self):

@@ -265,3 +265,21 @@ def test_course_settings_turn_the_news_pop_up_off_locally_and_on_binder(tmp_path
     assert json.loads(target.read_text()) == json.loads(course.LAB_OVERRIDES.read_text())
     post_build = (ROOT / "binder" / "postBuild").read_text()
     assert "binder/overrides.json" in post_build and "share/jupyter/lab/settings/overrides.json" in post_build
+
+
+def test_diagrams_and_commands_in_the_lessons_fit_an_ordinary_width():
+    """Fenced blocks (ASCII diagrams, commands) are monospace and do not reflow: a line wider than
+    80 characters wraps in JupyterLab at ordinary widths and breaks the drawing."""
+    too_wide = []
+    for source in sorted((ROOT / "lessons" / "src").glob("[0-9][0-9]_*.py")):
+        fenced = False
+        for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.startswith("#"):
+                fenced = False
+                continue
+            body = line[2:] if line.startswith("# ") else line[1:]
+            if body.strip().startswith("```"):
+                fenced = not fenced
+            elif fenced and len(body) > 80:
+                too_wide.append(f"{source.name}:{number} ({len(body)} characters)")
+    assert not too_wide, too_wide

@@ -591,3 +591,50 @@ def test_widget_passing_records_progress():
             view.number_box.value = str(value)
         view.check_button.click()
     assert "Passed!" in box.score_line.value and progress.lessons_passed() == ["01"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Numbers a quiz quotes from a lesson are the library's numbers (the quiz and the lesson cannot
+# drift apart: both print what these functions return).
+
+
+def _item_text(bank_name: str, item_id: str) -> str:
+    raw = yaml.safe_load((BANKS / f"{bank_name}.yaml").read_text(encoding="utf-8"))
+    return json.dumps(next(i for i in raw["items"] if i["id"] == item_id), ensure_ascii=False)
+
+
+def test_quoted_tp_layer_numbers_are_lesson_09s():
+    from parallel_lab.hardware import SYSTEMS
+    from parallel_lab.planning.cost import tp_layer_step
+
+    dgx = SYSTEMS["DGX H100"]
+    compute, fast = tp_layer_step(2048, 12288, 8, dgx.nvlink, dgx.tflops * 1e12)
+    slow = tp_layer_step(2048, 12288, 8, dgx.network, dgx.tflops * 1e12)[1]
+    quoted = _item_text("3d_parallelism", "3d-parallelism/tp-ib-ratio")
+    for value in (compute, fast, slow):
+        assert f"{value * 1e3:.2f} ms" in quoted
+    assert load("3d-parallelism").item("3d-parallelism/tp-ib-ratio").answer["value"] == pytest.approx(
+        (compute + slow) / (compute + fast), rel=0.005)
+
+
+def test_quoted_planner_numbers_are_lesson_10s():
+    from parallel_lab.planning import cost, memory_model, planner
+    from parallel_lab.show import planner as pw
+
+    plans = planner.plan(pw.GPT3, pw.CLUSTER, pw.BATCH)["plans"]
+    why = _item_text("planner", "planner/why-tp4")
+    for tp in (4, 8):
+        for schedule in ("zb-h1", "1f1b"):
+            parts = pw.best_plan(plans, tp=tp, schedule=schedule)["breakdown"]
+            assert f"{parts['bubble_s']:.2f} s" in why, (tp, schedule)
+        parts = pw.best_plan(plans, tp=tp, schedule="zb-h1")["breakdown"]
+        assert f"{parts['tp_comm_s']:.2f} s" in why
+    inside = pw.best_plan(plans, tp=8, pp=16, schedule="zb-h1")["breakdown"]["tp_comm_s"]
+    spanning = cost.across_nodes(pw.GPT3, pw.CLUSTER, pw.BATCH, dp=2, pp=16, tp=16, microbatches=768)["tp_comm_s"]
+    node = _item_text("planner", "planner/tp-in-node")
+    assert f"{spanning:.1f} s" in node and f"{inside:.1f} s" in node
+    fit = _item_text("planner", "planner/make-it-fit")
+    for dp, pp, tp, m in ((8, 16, 4, 192), (16, 16, 4, 96), (4, 16, 8, 384)):
+        gb = memory_model.max_device_memory(pw.GPT3, micro_batch=1, dp=dp, pp=pp, tp=tp, sequence_parallel=True,
+                                            schedule="gpipe", microbatches=m, recompute="full")["total"] / 1e9
+        assert f"{gb:.1f} GB" in fit, (dp, pp, tp)

@@ -81,37 +81,49 @@ def test_heads_figure_gives_each_rank_consecutive_whole_heads():
 # The compute-vs-communication model: formulas, the default numbers, the chart and the widget.
 
 
-def test_compute_is_24_b_s_h_squared_over_t():
+def test_compute_is_three_times_24_b_s_h_squared_over_t():
+    """A layer's forward matmuls are 24·b·s·h² FLOPs, its backward twice that (Narayanan et al. 2021)."""
     assert cost.layer_flops(tokens=2048, hidden=12288) == 24 * 2048 * 12288**2
-    compute, _ = cost.tp_layer_forward(2048, 12288, 8, LINKS["nvlink"], 400e12)
-    assert compute == pytest.approx(24 * 2048 * 12288**2 / 8 / 400e12)
+    compute, _ = cost.tp_layer_step(2048, 12288, 8, LINKS["nvlink4"], 400e12)
+    assert compute == pytest.approx(3 * 24 * 2048 * 12288**2 / 8 / 400e12)
 
 
-def test_communication_is_two_ring_all_reduces_of_the_activation():
+def test_communication_is_four_ring_all_reduces_of_the_activation():
     n = 2048 * 12288 * 2
     link = Link("test", 300e9, 3e-6)
-    expected = 2 * ring_all_reduce_time(n, 8, 3e-6, 300e9)
-    assert cost.tp_layer_forward(2048, 12288, 8, link, 1.0)[1] == pytest.approx(expected)
-    assert expected == pytest.approx(2 * (2 * 7 / 8 * n / 300e9 + 14 * 3e-6))
-    assert cost.tp_layer_forward(2048, 12288, 1, link, 1.0)[1] == 0.0
+    expected = 4 * ring_all_reduce_time(n, 8, 3e-6, 300e9)  # g, g forward; f, f backward
+    assert cost.tp_layer_step(2048, 12288, 8, link, 1.0)[1] == pytest.approx(expected)
+    assert expected == pytest.approx(4 * (2 * 7 / 8 * n / 300e9 + 14 * 3e-6))
+    assert cost.tp_layer_step(2048, 12288, 1, link, 1.0)[1] == 0.0
 
 
 @pytest.mark.parametrize("tp", [2, 8, 64])
-def test_ratio_without_latency_is_t_minus_1_bytes_f_over_6_h_b(tp):
+def test_ratio_without_latency_is_t_minus_1_bytes_f_over_9_h_b(tp):
     # The lesson's closed form: the tokens cancel.
     for tokens in (512, 8192):
-        compute, comm = cost.tp_layer_forward(tokens, 4096, tp, Link("no latency", 50e9, 0.0), 300e12)
-        assert comm / compute == pytest.approx((tp - 1) * 2 * 300e12 / (6 * 4096 * 50e9))
+        compute, comm = cost.tp_layer_step(tokens, 4096, tp, Link("no latency", 50e9, 0.0), 300e12)
+        assert comm / compute == pytest.approx((tp - 1) * 2 * 300e12 / (9 * 4096 * 50e9))
+
+
+def test_presets_are_2026_hardware_with_sources():
+    from parallel_lab.hardware import SYSTEMS
+
+    assert LINKS["nvlink4"].bandwidth == 450e9 and LINKS["nvlink5"].bandwidth == 900e9  # per direction
+    assert LINKS["ndr"].bandwidth == 50e9  # 400 Gb/s per GPU
+    assert SYSTEMS["GB200 NVL72"].domain == 72 and SYSTEMS["DGX H100"].domain == 8
+    assert all(system.source for system in SYSTEMS.values())
+    assert widgets.PRESETS["nvlink4"] == (LINKS["nvlink4"], SYSTEMS["DGX H100"].tflops * 1e12)
 
 
 def test_default_summary_is_the_lessons_text():
     assert widgets.default_summary().splitlines() == [
-        "h = 12288, t = 8, 2048 tokens (b·s), 16-bit activations, 400 TFLOP/s per device; "
-        "each all-reduce sums 50.3 MB",
-        "NVLink-class (inside a node), 300 GB/s, α 3 µs: compute 2.32 ms, communication 671 µs per layer "
-        "forward -> comm/compute = 0.29",
-        "InfiniBand-class (between nodes), 25 GB/s, α 10 µs: compute 2.32 ms, communication 7.33 ms per "
-        "layer forward -> comm/compute = 3.2",
+        "h = 12288, t = 8, 2048 tokens (b·s), 16-bit activations; each of the 4 all-reduces sums 50.3 MB",
+        "NVLink 4 (H100/H200, in an 8-GPU node), 450 GB/s, α 3 µs, 396 TFLOP/s: compute 7.04 ms, "
+        "communication 951 µs per layer (forward + backward) -> comm/compute = 0.14",
+        "InfiniBand NDR (400 Gb/s per GPU, between nodes), 50 GB/s, α 10 µs, 396 TFLOP/s: compute 7.04 ms, "
+        "communication 7.61 ms per layer (forward + backward) -> comm/compute = 1.1",
+        "NVLink 5 (B200/GB200), 900 GB/s, α 3 µs, 900 TFLOP/s: compute 3.09 ms, communication 559 µs per "
+        "layer (forward + backward) -> comm/compute = 0.18",
     ]
 
 
@@ -121,16 +133,15 @@ def test_times_are_written_without_exponents():
 
 
 def test_cost_figure_draws_compute_and_communication_against_t():
-    link = LINKS["nvlink"]
-    fig = widgets.cost_figure(link, 12288, 8, 2048, 400e12, others=[LINKS["infiniband"]])
-    assert fig.to_json() == widgets.cost_figure(link, 12288, 8, 2048, 400e12,
-                                                others=[LINKS["infiniband"]]).to_json()
+    link, flops = widgets.PRESETS["nvlink4"]
+    fig = widgets.cost_figure(link, 12288, 8, 2048, flops, others=[LINKS["ndr"]])
+    assert fig.to_json() == widgets.cost_figure(link, 12288, 8, 2048, flops, others=[LINKS["ndr"]]).to_json()
     compute, comm, other = fig.data
     assert list(compute.x) == list(widgets.TPS) and list(comm.x) == list(widgets.TPS[1:])
-    assert compute.y[3] == pytest.approx(2.319, rel=1e-3)  # t = 8
-    assert comm.y[2] == pytest.approx(0.6712, rel=1e-3)
+    assert compute.y[3] == pytest.approx(7.036, rel=1e-3)  # t = 8
+    assert comm.y[2] == pytest.approx(0.9508, rel=1e-3)
     assert all(o > c for o, c in zip(other.y, comm.y))  # InfiniBand costs more at every t
-    assert "ratio 0.29" in fig.layout.title.text
+    assert "ratio 0.14" in fig.layout.title.text
     assert len(fig.to_json()) < 20_000
 
 
@@ -139,8 +150,8 @@ def test_cost_widget_presets_fill_the_editable_fields():
     box = widgets.cost_widget(machine)
     controls, _, text = box.children
     (hidden, tp, tokens, value_bytes), (preset, bandwidth, alpha, tflops) = (v.children for v in controls.children)
-    assert (bandwidth.value, alpha.value, tflops.value) == (300.0, 3.0, 400.0)
-    assert "comm/compute = 0.29" in text.value
+    assert (bandwidth.value, alpha.value, tflops.value) == (450.0, 3.0, 395.6)
+    assert "comm/compute = 0.14" in text.value
     preset.value = "machine"
     assert (bandwidth.value, alpha.value, tflops.value) == (1.5, 80.0, 0.02)
     assert text.value.startswith("<b>this machine (gloo), 1.5 GB/s")

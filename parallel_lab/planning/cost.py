@@ -142,20 +142,27 @@ def layer_flops(tokens: int, hidden: int) -> float:
     return 24 * tokens * hidden**2
 
 
-def tp_layer_forward(tokens: int, hidden: int, tp: int, link: Link, flops: float,
-                     bytes_per_value: int = 2) -> tuple[float, float]:
-    """``(compute_s, comm_s)`` of one layer's forward on each of ``tp`` devices: the layer's FLOPs
-    shared by the devices at ``flops`` each, and Megatron's two all-reduces (g after attention, g
-    after the MLP) of the ``tokens x hidden`` activation over ``link`` (none on one device). The
-    backward does twice the compute and the same two all-reduces (f)."""
-    compute = layer_flops(tokens, hidden) / tp / flops
-    return compute, 2 * link.all_reduce(tokens * hidden * bytes_per_value, tp)
+def tp_layer_step(tokens: int, hidden: int, tp: int, link: Link, flops: float,
+                  bytes_per_value: int = 2) -> tuple[float, float]:
+    """``(compute_s, comm_s)`` of one layer's forward and backward on each of ``tp`` devices: the
+    layer's FLOPs three times (a backward costs two forwards) shared by the devices at ``flops``
+    each, against Megatron's four all-reduces of the ``tokens x hidden`` activation over ``link``
+    (forward: g after attention and after the MLP; backward: f's two; none on one device). Sequence
+    parallelism's all-gathers and reduce-scatters move the same bytes. This is the one computation
+    behind lessons 02, 09 and 10's "TP stays inside the NVLink domain" (Shoeybi et al. 2019, section 3).
+
+    Bandwidth-bound, comm / compute = (t - 1) · bytes_per_value · flops / (9 · hidden · bandwidth):
+    independent of the tokens, growing with t and with the GPU's speed against its link."""
+    compute = 3 * layer_flops(tokens, hidden) / tp / flops
+    return compute, 4 * link.all_reduce(tokens * hidden * bytes_per_value, tp)
 
 
 def tp_per_device_ratio(tp_a: int, tp_b: int) -> float:
     """How many times more TP all-reduce bytes per device per step ``tp_b`` costs than ``tp_a`` on the
-    same number of GPUs, same pipeline and micro-batch size, bandwidth-bound: each device carries
-    tokens in proportion to tp (dp shrinks as tp grows) and sends 2(t-1)/t of each message."""
+    same GPUs with the same data parallelism and micro-batches (bandwidth-bound). With dp fixed,
+    pp x tp is fixed: ``tp_b``'s pipeline is ``tp_b / tp_a`` times shallower, so each device holds
+    that many times more layers, each all-reducing the same tokens x hidden activation, of which a
+    ring sends 2(t-1)/t per device. Together: (tp_b - 1) / (tp_a - 1), 7/3 for TP 8 against TP 4."""
     return (tp_b * (tp_b - 1) / tp_b) / (tp_a * (tp_a - 1) / tp_a)
 
 

@@ -7,15 +7,17 @@ memory limit and rank the survivors by predicted step time.
     >>> [(p["tp"], p["pp"], p["dp"], p["schedule"], p["recompute"]) for p in result["plans"][:3]]
     [(4, 16, 8, 'zb-h1', 'selective'), (4, 32, 4, 'zb-h1', 'selective'), (4, 16, 8, 'interleaved-1f1b', 'selective')]
     >>> best_tp8 = min(p["step_s"] for p in result["plans"] if p["tp"] == 8)
-    >>> round(best_tp8 / result["plans"][0]["step_s"], 2)   # TP 8 (a whole node): 2% behind
-    1.02
+    >>> round(best_tp8 / result["plans"][0]["step_s"], 2)   # TP 8 (a whole node): 6% behind
+    1.06
     >>> next(r["reason"] for r in result["rejected"] if r["plan"]["tp"] == 16)
     'tp 16 > devices_per_node 8: tensor parallel groups would cross nodes'
 
-GPT-3 175B on 64 nodes x 8 GPUs of 80 GB with GPT-3's batch (1536 sequences of 2048 tokens):
-tensor parallelism stays inside a node. With only 1F1B (the schedule of Megatron-LM's 2021 paper)
-TP 8 x PP 8 / TP 8 x PP 16 come first, as in the paper; with the zero-bubble ZB-H1 a deeper pipeline
-is nearly free, and TP 4 (half the all-reduce time per device) edges ahead by 2%.
+GPT-3 175B on 64 DGX H100 nodes (8 GPUs of 80 GB; the defaults, ``hardware.SYSTEMS``) with GPT-3's
+batch (1536 sequences of 2048 tokens): tensor parallelism stays inside a node, and TP 4 x PP 16
+comes first, with 1F1B too. On 64 DGX A100 nodes with 1F1B (Megatron-LM's 2021 hardware and
+schedule, Narayanan et al.) TP 8 comes first, as in the paper: an H100 computes 3.2x faster than an
+A100 but its NVLink is only 1.5x faster, so each all-reduce costs more compute time and a deeper
+pipeline with less TP pays off, the more so with ZB-H1, whose bubble is a third of 1F1B's.
 
 The time of each plan is ``parallel_lab.planning.cost.step_time`` (every term is printed in its
 ``breakdown``); memory comes from ``parallel_lab.planning.memory_model`` (Korthikanti et al.
@@ -172,8 +174,8 @@ def training_cost(plan: dict, tokens: float, price_per_gpu_hour: float) -> dict:
 
 
 def plan_from_args(layers: int, hidden: int, heads: int, vocab: int, seq: int, batch: int, nodes: int,
-                   gpus_per_node: int, gpu_mem_gb: float, intra_gbps: float = 300.0, inter_gbps: float = 25.0,
-                   tflops: float = 150.0, latency_us: float = 5.0, price: float | None = None,
+                   gpus_per_node: int, gpu_mem_gb: float, intra_gbps: float = 450.0, inter_gbps: float = 50.0,
+                   tflops: float = 395.6, latency_us: float = 5.0, price: float | None = None,
                    tokens: float = GPT3_TOKENS, top: int = 10, zero1: bool = False) -> dict:
     """The ``parallel-lab plan --json`` object: ``plan()`` for these sizes, the ``top`` fastest plans,
     each with ``cost`` (``training_cost`` for ``tokens``) when ``price`` ($ per GPU-hour) is given."""

@@ -20,12 +20,13 @@ import re
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from parallel_lab.hardware import Cluster
+from parallel_lab.hardware import SYSTEMS
 from parallel_lab.planning import memory, memory_model, planner
-from parallel_lab.planning.cost import tp_layer_forward
+from parallel_lab.planning.cost import tp_layer_step
 
 GPT3 = memory.MODELS["GPT-3 175B"]
-CLUSTER = Cluster(nodes=64, gpus_per_node=8, gpu_mem_gb=80)  # 512 GPUs of 80 GB, 8 per node
+SYSTEM = SYSTEMS["DGX H100"]
+CLUSTER = SYSTEM.cluster(64)  # 64 DGX H100 nodes: 512 GPUs of 80 GB, 8 per NVLink domain
 BATCH = 1536  # GPT-3's batch: 1536 sequences of 2048 tokens (Brown et al. 2020)
 PARTS = ("compute_s", "tp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s")
 LABELS = {"compute_s": "compute", "tp_comm_s": "TP all-reduce", "bubble_s": "bubble",
@@ -39,12 +40,13 @@ COLORS = {"compute_s": "#4c78a8", "tp_comm_s": "#e45756", "bubble_s": "#bab0ac",
 
 
 def in_flight_table(pp: int = 4, microbatches: int = 8) -> str:
-    """Micro-batches whose activations each pipeline rank keeps at its peak, per schedule (from the
-    simulator, as ``memory_model`` uses them)."""
+    """Micro-batches' activations each pipeline rank holds at its peak, per schedule, counted until W
+    (from the simulator, as ``memory_model`` uses them: ZB-H1 holds M_W = 32/34 of a micro-batch's
+    activations from I until W, Qi et al. 2023, Table 1)."""
     lines = [f"{'schedule':<31}" + "".join(f"{'rank ' + str(r):>8}" for r in range(pp))]
     for name, v in (("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2)):
         label = name + (f" (v={v}, chunks)" if v > 1 else "")
-        lines.append(f"{label:<31}" + "".join(f"{x:>8}" for x in memory_model.in_flight(name, pp, microbatches, v)))
+        lines.append(f"{label:<31}" + "".join(f"{x:>8.3g}" for x in memory_model.in_flight(name, pp, microbatches, v)))
     return "\n".join(lines)
 
 
@@ -146,17 +148,17 @@ def breakdown_figure(plans: dict, title: str = "Where a training step goes (pred
 # Why TP stays inside a node, in the planner's own model.
 
 
-def tp_link_table(model=GPT3, cluster=CLUSTER, micro_batch: int = 1, tps=(2, 4, 8, 16)) -> str:
-    """Per transformer layer and micro-batch, on one device: the forward compute time against the
-    two forward all-reduces of tensor parallelism over the node's links and over the network
-    (``planning.cost.tp_layer_forward`` with the planner's constants: ``cluster.tflops``, its intra-
-    and inter-node links)."""
-    tokens, flops = model.seq * micro_batch, cluster.tflops * 1e12
-    lines = [f"{'tp':>3} {'compute ms':>10} {'2 all-reduces, NVLink ms':>25} {'(share)':>8} "
-             f"{'2 all-reduces, network ms':>26} {'(share)':>8}"]
+def tp_link_table(model=GPT3, system=SYSTEM, micro_batch: int = 1, tps=(2, 4, 8, 16)) -> str:
+    """Per transformer layer and micro-batch, on one device: the compute time of the forward and
+    backward against tensor parallelism's four all-reduces inside the NVLink domain and over the
+    network (``planning.cost.tp_layer_step`` on ``system``'s links and achieved FLOP/s: the same
+    computation and numbers as lessons 02 and 09)."""
+    tokens, flops = model.seq * micro_batch, system.tflops * 1e12
+    lines = [f"{'tp':>3} {'compute ms':>10} {'4 all-reduces, NVLink ms':>25} {'(share)':>8} "
+             f"{'4 all-reduces, network ms':>26} {'(share)':>8}"]
     for tp in tps:
-        compute, intra = tp_layer_forward(tokens, model.hidden, tp, cluster.intra, flops)
-        inter = tp_layer_forward(tokens, model.hidden, tp, cluster.inter, flops)[1]
+        compute, intra = tp_layer_step(tokens, model.hidden, tp, system.nvlink, flops)
+        inter = tp_layer_step(tokens, model.hidden, tp, system.network, flops)[1]
         lines.append(f"{tp:>3} {compute * 1e3:>10.2f} {intra * 1e3:>25.2f} {intra / (compute + intra):>8.0%} "
                      f"{inter * 1e3:>26.2f} {inter / (compute + inter):>8.0%}")
     return "\n".join(lines)
@@ -183,7 +185,8 @@ def cost_table(plan: dict, prices=(1.0, 2.0, 4.0), tokens: float = planner.GPT3_
 
 def planner_widget(layers: int = 96, hidden: int = 12288, heads: int = 96, vocab: int = 50257, seq: int = 2048,
                    batch: int = BATCH, nodes: int = 64, gpus_per_node: int = 8, gpu_mem_gb: float = 80,
-                   intra_gbps: float = 300, inter_gbps: float = 25, tflops: float = 150, price: float = 2.0):
+                   intra_gbps: float = 450, inter_gbps: float = 50, tflops: float = SYSTEM.tflops,
+                   price: float = 2.0):
     """Controls for the cluster (nodes, GPUs per node, memory, links, throughput), the batch and the
     price; *Plan* runs ``planner.plan_from_args`` (a second or two for 512 GPUs) and shows the five
     fastest plans with their breakdown, the cost of the best one and the rejections by kind."""
@@ -194,11 +197,12 @@ def planner_widget(layers: int = 96, hidden: int = 12288, heads: int = 96, vocab
 
     controls = dict(
         nodes=slider(w.SelectionSlider, nodes, [1, 2, 4, 8, 16, 32, 64, 128, 256], "nodes"),
-        gpus_per_node=slider(w.SelectionSlider, gpus_per_node, [4, 8, 16], "GPUs per node"),
-        gpu_mem_gb=slider(w.SelectionSlider, gpu_mem_gb, [16, 24, 40, 48, 80, 96, 141, 192], "GPU memory, GB"),
+        gpus_per_node=slider(w.SelectionSlider, gpus_per_node, [4, 8, 16, 36, 72], "GPUs per NVLink domain"),
+        gpu_mem_gb=slider(w.SelectionSlider, gpu_mem_gb, [16, 24, 40, 48, 80, 96, 141, 180, 186], "GPU memory, GB"),
         intra_gbps=slider(w.SelectionSlider, intra_gbps, [50, 100, 150, 300, 450, 900], "NVLink GB/s per GPU"),
         inter_gbps=slider(w.SelectionSlider, inter_gbps, [3, 6, 12.5, 25, 50, 100], "network GB/s per GPU"),
-        tflops=slider(w.SelectionSlider, tflops, [50, 100, 150, 300, 400, 600], "achieved TFLOP/s"),
+        tflops=slider(w.SelectionSlider, tflops, [50, 100, 150, 300, SYSTEM.tflops, 900.0, 1000.0],
+                      "achieved TFLOP/s"),
         batch=slider(w.SelectionSlider, batch, [128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096], "batch (sequences)"),
         price=w.BoundedFloatText(value=price, min=0, max=100, step=0.25, description="$ per GPU-hour",
                                  style=style, layout=layout),

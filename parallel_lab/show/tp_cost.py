@@ -1,14 +1,13 @@
-"""Why tensor parallelism stays inside a node: a layer's compute time against its communication
-time, from the α–β model of lesson 01 (lessons/02_tensor_parallelism.ipynb, FAQ 6).
+"""Why tensor parallelism stays inside the fast NVLink domain: a layer's compute time against its
+communication time, from the α–β model of lesson 01 (lessons/02_tensor_parallelism.ipynb, FAQ 6).
 
-The arithmetic is ``parallel_lab.planning.cost.tp_layer_forward`` (per layer, forward: the matmuls'
-~24·b·s·h² FLOPs shared by t devices, against two ring all-reduces of the b·s·h activation); the
-links are ``parallel_lab.hardware``'s. The backward pass does twice the compute and the same two
-all-reduces (f), so over a whole step the ratio communication/compute is 2/3 of the forward's.
-Tensor-parallel all-reduces sit on the critical path (the next matmul needs their result), so they
-add to the step time.
+The arithmetic is ``parallel_lab.planning.cost.tp_layer_step`` (per layer, forward and backward: the
+matmuls' 3·24·b·s·h² FLOPs shared by t devices, against Megatron's four ring all-reduces of the
+b·s·h activation), the same one lessons 09 and 10 print; the GPUs and links are
+``parallel_lab.hardware``'s 2026 presets with their sources. Tensor-parallel all-reduces sit on the
+critical path (the next matmul needs their result), so they add to the step time.
 
-    default_summary()      # the defaults on NVLink-class and InfiniBand-class links (text)
+    default_summary()      # the defaults on each preset (text)
     cost_figure(...)       # compute and communication per layer against t (plotly)
     cost_widget(machine)   # sliders and editable link numbers; ``machine`` from ``planning.calibration.measure_machine()``
 """
@@ -21,13 +20,20 @@ import ipywidgets as w
 import plotly.graph_objects as go
 from IPython.display import display
 
-from parallel_lab.hardware import LINKS, Link
-from parallel_lab.planning.cost import tp_layer_forward
+from parallel_lab.hardware import LINKS, SYSTEMS, Link
+from parallel_lab.planning.cost import tp_layer_step
 
-DEVICE_FLOPS = 400e12  # bf16 FLOP/s one H100-class GPU achieves on large matmuls (peak ~990)
+H100, B200 = SYSTEMS["DGX H100"], SYSTEMS["DGX B200"]
+# (link, achieved FLOP/s of the GPUs at its ends): the fast domain and the network of each generation
+PRESETS = {
+    "nvlink4": (LINKS["nvlink4"], H100.tflops * 1e12),
+    "ndr": (LINKS["ndr"], H100.tflops * 1e12),
+    "nvlink5": (LINKS["nvlink5"], B200.tflops * 1e12),
+}
+DEVICE_FLOPS = H100.tflops * 1e12
 DEFAULTS = dict(hidden=12288, tp=8, tokens=2048, bytes_per_value=2)  # GPT-3 175B's width, one 2048-token sequence
 TPS = (1, 2, 4, 8, 16, 32, 64)
-GPUS_PER_NODE = 8  # an NVLink server (DGX/HGX)
+GPUS_PER_NODE = H100.domain  # a DGX/HGX node; a GB200 NVL72 rack keeps 72 GPUs in one NVLink domain
 
 
 def _time(seconds: float) -> str:
@@ -39,49 +45,49 @@ def _time(seconds: float) -> str:
 
 
 def summary(link: Link, hidden: int, tp: int, tokens: int, flops: float, bytes_per_value: int = 2) -> str:
-    """One line: compute and communication of a layer's forward on ``link``, and their ratio."""
-    c, m = tp_layer_forward(tokens, hidden, tp, link, flops, bytes_per_value)
-    return (f"{link.name}, {link.bandwidth / 1e9:.3g} GB/s, α {_time(link.latency)}: compute {_time(c)}, "
-            f"communication {_time(m)} per layer forward -> comm/compute = {m / c:.2g}")
+    """One line: compute and communication of a layer's forward and backward on ``link``, their ratio."""
+    c, m = tp_layer_step(tokens, hidden, tp, link, flops, bytes_per_value)
+    return (f"{link.name}, {link.bandwidth / 1e9:.3g} GB/s, α {_time(link.latency)}, {flops / 1e12:.0f} TFLOP/s: "
+            f"compute {_time(c)}, communication {_time(m)} per layer (forward + backward) -> comm/compute = {m / c:.2g}")
 
 
 def default_summary() -> str:
-    """The widget's starting point on both preset links (pure arithmetic: deterministic)."""
+    """The widget's starting point on every preset (pure arithmetic: deterministic)."""
     d = DEFAULTS
     head = (f"h = {d['hidden']}, t = {d['tp']}, {d['tokens']} tokens (b·s), {8 * d['bytes_per_value']}-bit "
-            f"activations, {DEVICE_FLOPS / 1e12:.0f} TFLOP/s per device; each all-reduce sums "
-            f"{d['tokens'] * d['hidden'] * d['bytes_per_value'] / 1e6:.1f} MB")
-    return "\n".join([head] + [summary(link, d["hidden"], d["tp"], d["tokens"], DEVICE_FLOPS, d["bytes_per_value"])
-                               for link in LINKS.values()])
+            f"activations; each of the 4 all-reduces sums {d['tokens'] * d['hidden'] * d['bytes_per_value'] / 1e6:.1f} MB")
+    return "\n".join([head] + [summary(link, d["hidden"], d["tp"], d["tokens"], flops, d["bytes_per_value"])
+                               for link, flops in PRESETS.values()])
 
 
 def cost_figure(link: Link, hidden: int, tp: int, tokens: int, flops: float, bytes_per_value: int = 2,
                 tps=TPS, others=()) -> go.Figure:
-    """Compute and communication time of one layer's forward against the TP degree t (log axes),
-    the chosen t marked; dotted: the communication on ``others`` (links) for comparison.
+    """Compute and communication time of one layer's forward and backward against the TP degree t
+    (log axes), the chosen t marked; dotted: the communication on ``others`` (links) for comparison.
     Communication starts at t = 2 (one device does not talk)."""
-    compute, comm = zip(*(tp_layer_forward(tokens, hidden, t, link, flops, bytes_per_value) for t in tps))
+    compute, comm = zip(*(tp_layer_step(tokens, hidden, t, link, flops, bytes_per_value) for t in tps))
     compute, comm = [c * 1e3 for c in compute], [m * 1e3 for m in comm]
     talking = [i for i, t in enumerate(tps) if t > 1]
     fig = go.Figure([
         go.Scatter(x=list(tps), y=[float(f"{v:.4g}") for v in compute], mode="lines+markers",
-                   name="compute (24·b·s·h² / t FLOPs)", line=dict(color="#4c78a8")),
+                   name="compute (3 × 24·b·s·h² / t FLOPs)", line=dict(color="#4c78a8")),
         go.Scatter(x=[tps[i] for i in talking], y=[float(f"{comm[i]:.4g}") for i in talking],
-                   mode="lines+markers", name="communication (2 all-reduces)", line=dict(color="#e45756")),
+                   mode="lines+markers", name="communication (4 all-reduces)", line=dict(color="#e45756")),
     ])
     for other in others:  # the other links, for comparison
         fig.add_trace(go.Scatter(
             x=[tps[i] for i in talking], mode="lines", opacity=0.6, line=dict(color="#e45756", dash="dot"),
-            y=[float(f"{tp_layer_forward(tokens, hidden, tps[i], other, flops, bytes_per_value)[1] * 1e3:.4g}")
+            y=[float(f"{tp_layer_step(tokens, hidden, tps[i], other, flops, bytes_per_value)[1] * 1e3:.4g}")
                for i in talking], name=f"communication on {other.name.split(' (')[0]}"))
-    c, m = tp_layer_forward(tokens, hidden, tp, link, flops, bytes_per_value)
+    c, m = tp_layer_step(tokens, hidden, tp, link, flops, bytes_per_value)
     fig.add_vline(x=tp, line=dict(color="gray", dash="dot"))
     if tps[-1] > GPUS_PER_NODE:  # a TP group this large spans nodes: its links are the slow ones
         fig.add_vrect(x0=GPUS_PER_NODE, x1=tps[-1] * 1.4, fillcolor="gray", opacity=0.08, line_width=0)
         fig.add_annotation(x=round(math.log10(GPUS_PER_NODE * 2.8), 4), y=1, yref="paper", yanchor="bottom",
-                           text=f"more GPUs than one {GPUS_PER_NODE}-GPU node", showarrow=False, font_size=10)
+                           text=f"beyond an {GPUS_PER_NODE}-GPU NVLink node (an NVL72 rack: 72)", showarrow=False,
+                           font_size=10)
     fig.update_xaxes(type="log", title="tensor-parallel degree t", tickvals=list(tps))
-    fig.update_yaxes(type="log", title="ms per layer, forward")
+    fig.update_yaxes(type="log", title="ms per layer, forward + backward")
     fig.update_layout(
         title=dict(text=f"{link.name}: at t = {tp}, compute {_time(c)}, communication {_time(m)} "
                         f"(ratio {m / c:.2g})", font=dict(size=13)),
@@ -91,13 +97,14 @@ def cost_figure(link: Link, hidden: int, tp: int, tokens: int, flops: float, byt
 
 
 def cost_widget(machine: dict | None = None):
-    """Sliders for h, t and b·s; a link preset (NVLink-class, InfiniBand-class, and "this machine"
-    when ``machine`` from ``planning.calibration.measure_machine()`` is given) whose bandwidth, α and device FLOP/s stay
+    """Sliders for h, t and b·s; a preset (``PRESETS``: H100 over NVLink 4 and over InfiniBand NDR,
+    B200 over NVLink 5, and "this machine" when ``machine`` from
+    ``planning.calibration.measure_machine()`` is given) whose bandwidth, α and device FLOP/s stay
     editable; below, ``cost_figure`` and ``summary`` redrawn in place.
 
     A plain figure in an Output widget rather than a FigureWidget, as in lesson 00 (a FigureWidget
     saves plotly's whole JavaScript bundle into the notebook)."""
-    presets = {key: (link, DEVICE_FLOPS) for key, link in LINKS.items()}
+    presets = dict(PRESETS)
     if machine is not None:
         presets["machine"] = (machine["link"], machine["flops"])
     style = dict(description_width="150px")
@@ -110,7 +117,7 @@ def cost_widget(machine: dict | None = None):
                                description="tokens b·s", style=style, layout=layout)
     value_bytes = w.Dropdown(options=[("bf16 / fp16 (2 bytes)", 2), ("fp32 (4 bytes)", 4)],
                              value=d["bytes_per_value"], description="activations", style=style, layout=layout)
-    preset = w.Dropdown(options=[(link.name, key) for key, (link, _) in presets.items()], value="nvlink",
+    preset = w.Dropdown(options=[(link.name, key) for key, (link, _) in presets.items()], value="nvlink4",
                         description="link", style=style, layout=layout)
     bandwidth = w.BoundedFloatText(min=1e-3, max=1e5, description="bandwidth (GB/s)", style=style, layout=layout)
     alpha = w.BoundedFloatText(min=0.0, max=1e6, description="latency α (µs)", style=style, layout=layout)
@@ -129,11 +136,12 @@ def cost_widget(machine: dict | None = None):
         with chart:
             chart.clear_output(wait=True)
             # the other GPU link for comparison (this machine's link goes with a CPU's compute)
-            others = [LINKS[key] for key in LINKS if key != preset.value] if preset.value in LINKS else []
+            others = [PRESETS[key][0] for key in PRESETS if key != preset.value] if preset.value in PRESETS else []
             display(cost_figure(link(), **values, others=others))
         n = tokens.value * hidden.value * value_bytes.value  # bytes each all-reduce sums
         text.value = (f"<b>{summary(link(), **values)}</b><br>each all-reduce sums {n / 1e6:.3g} MB; a ring "
-                      f"sends {2 * (tp.value - 1) / tp.value * n / 1e6:.3g} MB per device, twice per layer forward")
+                      f"sends {2 * (tp.value - 1) / tp.value * n / 1e6:.3g} MB per device, four times per layer "
+                      f"(two in the forward, two in the backward)")
 
     def choose(_=None):
         chosen, flops = presets[preset.value]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from parallel_lab.hardware import ring_all_reduce_time
 from parallel_lab.pipeline.schedules import MAX_MICROBATCHES, build
-from parallel_lab.pipeline.simulate import Costs, simulate
+from parallel_lab.pipeline.simulate import M_W_SHARE, Costs, simulate
 from parallel_lab.planning import memory
 from parallel_lab.planning.planner import training_cost
 
@@ -24,9 +24,9 @@ UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "s": 1, "ms": 1e-3, "us": 1e-6
 
 
 def _timeline(schedule: str, ranks: int, microbatches: int, virtual: int, F: float, B: float,
-              W: float | None):
+              W: float | None, w_share: float = M_W_SHARE):
     costs = Costs(F=F, B=B) if W is None else Costs(F=F, B=B, I=B - W, W=W)
-    return simulate(build(schedule, ranks, microbatches, virtual), costs)
+    return simulate(build(schedule, ranks, microbatches, virtual), costs, w_share=w_share)
 
 
 def bubble_fraction(schedule: str, ranks: int, microbatches: int, virtual: int = 1,
@@ -44,14 +44,25 @@ def bubble_ratio(schedule: str, ranks: int, microbatches: int, virtual: int = 1,
     return f / (1.0 - f)
 
 
-def peak_activations(schedule: str, ranks: int, microbatches: int, stage: int, virtual: int = 1) -> float:
-    """Most microbatches whose activations model stage ``stage`` keeps at once (1F1B: min(m, p-r))."""
-    return _timeline(schedule, ranks, microbatches, virtual, 1.0, 2.0, None).peak_activations[stage]
+def peak_activations(schedule: str, ranks: int, microbatches: int, stage: int, virtual: int = 1,
+                     w_share: float = M_W_SHARE) -> float:
+    """Most microbatches' activations model stage ``stage`` holds at once, counted until W
+    (1F1B: min(m, p-r); ZB-H1: (p-r) + r * w_share once m >= p, w_share = M_W / M_B)."""
+    return _timeline(schedule, ranks, microbatches, virtual, 1.0, 2.0, None, w_share).peak_activations[stage]
 
 
 def peak_rank_activations(schedule: str, ranks: int, microbatches: int, rank: int, virtual: int = 1) -> float:
     """Most microbatch-stages of activations rank ``rank`` keeps at once, over all its model stages."""
     return _timeline(schedule, ranks, microbatches, virtual, 1.0, 2.0, None).peak_rank_activations[rank]
+
+
+def stage_loads_makespan(loads, microbatches: int, schedule: str = "1f1b", backward: float = 2.0) -> float:
+    """Simulated step time (makespan, in the loads' time units) of ``schedule`` on ``len(loads)``
+    stages whose forward costs are ``loads`` (a tuple, or "5, 2, 2, 6"; backward ``backward`` x
+    forward), free links: the slowest stage sets the pace (lesson 08)."""
+    loads = [float(x) for x in (loads.split(",") if isinstance(loads, str) else loads)]
+    costs = Costs(F=loads, B=[backward * x for x in loads])
+    return simulate(build(schedule, len(loads), int(microbatches)), costs).makespan
 
 
 def microbatches_for_bubble(schedule: str, ranks: int, max_bubble: float) -> float:
