@@ -20,10 +20,11 @@ SOURCES = sorted((ROOT / "lessons" / "src").glob("*.py"))
 
 
 def answers(source: Path) -> dict:
-    """check id -> the answer cell's source in the lesson source (solutions included)."""
+    """check id -> the exercise answer cell's source in the lesson source (solutions included);
+    quiz sheets and predictions (tests/test_predictions.py) aside."""
     cells = build_lessons.parse(source.read_text(encoding="utf-8"))
     return {check: cell.source for check, cell in build_lessons.answer_cells(cells).items()
-            if not check.startswith("quiz:")}
+            if not check.startswith(("quiz:", "predict:"))}
 
 
 EXERCISES = [(source.stem[:2], check, cell) for source in SOURCES for check, cell in answers(source).items()]

@@ -12,7 +12,7 @@ LAYERS = (
     ("__init__", "checks"),
     ("hardware", "models"),
     ("runtime",),
-    ("tensor", "pipeline"),
+    ("tensor", "pipeline", "zero", "moe", "context"),
     ("planning",),
     ("parallel3d",),
     ("exercises",),

@@ -11,7 +11,9 @@
 ``# YOUR CODE HERE`` / ``raise NotImplementedError`` (nbgrader's convention), keeping the signature,
 docstring and hints around it; executed, its check cells show the "not yet" verdict. The
 **solution edition** (``--solutions DIR``, for instructors; never committed) keeps the solutions
-without the markers, and its check cells pass.
+without the markers, and its check cells pass. A prediction's answer cell (``answer:predict:<id>``,
+``parallel_lab.course.predictions``) gets no stub: its solution region comes after
+``my_prediction = None``, which is what the student edition keeps.
 
 A source is a Python file in jupytext's "percent" format, read with jupytext itself (so an
 instructor can also open a source as a notebook in JupyterLab, where jupytext is installed):
@@ -46,6 +48,7 @@ import nbformat
 import render_static  # tools/, beside this file
 from nbclient import NotebookClient
 
+from parallel_lab.course import predictions
 from parallel_lab.course.quiz import bank, text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,9 +75,12 @@ def parse(source: str) -> list:
     return cells
 
 
-def student_source(source: str) -> str:
-    """An answer cell's source with every solution region replaced by the stub (same indentation)."""
-    return SOLUTION.sub(lambda m: "\n".join(m["indent"] + line for line in STUB.splitlines()), source)
+def student_source(source: str, stub: str = STUB) -> str:
+    """An answer cell's source with every solution region replaced by the stub (same indentation);
+    with ``stub=""`` (a prediction's answer cell) the regions are dropped, and the cell's end trimmed."""
+    if not stub:
+        return SOLUTION.sub("", source).rstrip()
+    return SOLUTION.sub(lambda m: "\n".join(m["indent"] + line for line in stub.splitlines()), source)
 
 
 def solution_source(source: str) -> str:
@@ -104,6 +110,32 @@ def check_editions(name: str, cells) -> None:
             raise SystemExit(f"{name}: answer cell answer:{check} holds no solution region")
 
 
+def is_prediction(cell) -> bool:
+    return any(t.startswith("answer:predict:") for t in cell.metadata.get("tags", []))
+
+
+def check_predictions(name: str, cells) -> None:
+    """The graded predictions tagged in a lesson (``check:predict:<id>``) are the registry's for it
+    (``parallel_lab.course.predictions.GRADED``), and every prediction's student edition leaves
+    ``my_prediction = None``."""
+    lesson = name[:2]
+    tagged = {t[len("check:predict:"):] for cell in cells for t in cell.metadata.get("tags", [])
+              if t.startswith("check:predict:")}
+    registered = {p.id for p in predictions.GRADED.values() if p.lesson == lesson}
+    if tagged != registered:
+        raise SystemExit(f"{name}: graded predictions tagged {sorted(tagged)} != registered for lesson "
+                         f"{lesson} {sorted(registered)} (parallel_lab.course.predictions.GRADED)")
+    for check, cell in answer_cells(cells).items():
+        if check.startswith("predict:"):
+            try:
+                left = predictions.read_prediction(student_source(cell.source, stub=""))
+            except ValueError as err:
+                left = err
+            if left is not None:
+                raise SystemExit(f"{name}: answer:{check} must leave {predictions.VARIABLE} = None for the "
+                                 f"student, with the answer in a solution region after it ({left})")
+
+
 def quiz_cells(lesson: str) -> list:
     """The quiz that ends lesson ``lesson`` ("01"), built from its bank; none when it has no bank."""
     if not any(b.lesson == lesson for b in bank.load_all()):
@@ -116,10 +148,12 @@ def notebook(source: Path, edition: str = "student"):
     cells, its quiz, stable ids, the metadata."""
     cells = parse(source.read_text(encoding="utf-8")) + quiz_cells(source.stem[:2])
     check_editions(source.name, cells)
-    edit = student_source if edition == "student" else solution_source
+    check_predictions(source.name, cells)
     for cell in cells:
-        if cell.cell_type == "code":
-            cell.source = edit(cell.source)
+        if cell.cell_type == "code" and edition == "student":
+            cell.source = student_source(cell.source, stub="" if is_prediction(cell) else STUB)
+        elif cell.cell_type == "code":
+            cell.source = solution_source(cell.source)
     nb = nbformat.v4.new_notebook(cells=cells, metadata=dict(METADATA))
     for index, cell in enumerate(nb.cells):  # stable ids keep diffs small
         cell["id"] = f"{source.stem[:2]}-{index:03d}"

@@ -133,23 +133,28 @@ print(memory.summary("GPT-3 175B", micro_batch=1, seq=2048, precision="mixed", r
 # **rows**, so the only communication is one **all-reduce** that adds the partial results:
 #
 # ```
-#                  X  (the same input on both GPUs)
-#                 /                               \
-#   GPU 0:  Y0 = GeLU(X · A[:, first half])   GPU 1:  Y1 = GeLU(X · A[:, second half])   columns: no talk
-#   GPU 0:  Z0 = Y0 · B[first half, :]        GPU 1:  Z1 = Y1 · B[second half, :]        rows: partial sums
-#                 \_________ all-reduce:  Z = Z0 + Z1 __________/                        one collective
+#               X  (the same input on both GPUs)
+#              /                              \
+#  GPU 0: Y0 = GeLU(X·A[:, 1st half])  GPU 1: Y1 = GeLU(X·A[:, 2nd half])
+#  GPU 0: Z0 = Y0·B[1st half, :]       GPU 1: Z1 = Y1·B[2nd half, :]
+#              \______ all-reduce: Z = Z0 + Z1 ______/
+#
+#  A by columns: no talk.  B by rows: partial sums.  One collective.
 # ```
 #
 # Every layer needs such all-reduces, in the forward and in the backward pass, so tensor parallelism
-# stays **inside one node**, where GPUs are joined by NVLink (hundreds of GB/s), typically 8 GPUs.
+# stays **inside the NVLink domain**: the GPUs joined by NVLink (450 GB/s per GPU and direction on an
+# H100), 8 in a DGX/HGX node, 72 in a GB200 NVL72 rack.
 #
 # **Pipeline parallelism (管道並行, inter-layer)** — GPipe (Huang et al. 2019), PipeDream (Narayanan
 # et al. 2019). Consecutive layers go to different GPUs, and activations flow forward like on an
 # assembly line (gradients flow back):
 #
 # ```
-#   GPU 0: layers 1-24  ──activations──▶  GPU 1: layers 25-48  ──▶  GPU 2: layers 49-72  ──▶  GPU 3: layers 73-96
-#                       ◀──gradients────
+#  GPU 0          GPU 1           GPU 2           GPU 3
+#  layers 1-24 ─▶ layers 25-48 ─▶ layers 49-72 ─▶ layers 73-96
+#              ◀─              ◀─              ◀─
+#  activations flow right (forward), gradients flow back left
 # ```
 #
 # It sends only one activation tensor between neighbours, so it works **across nodes**. Its price is
@@ -171,7 +176,9 @@ print(memory.summary("GPT-3 175B", micro_batch=1, seq=2048, precision="mixed", r
 # GPU 0   F1 F2 F3 F4  ·  ·  ·  ·  ·  · B1 B2 B3 B4
 # GPU 1    · F1 F2 F3 F4  ·  ·  ·  · B1 B2 B3 B4  ·
 # GPU 2    ·  · F1 F2 F3 F4  ·  · B1 B2 B3 B4  ·  ·
-# GPU 3    ·  ·  · F1 F2 F3 F4 B1 B2 B3 B4  ·  ·  ·     busy 8 of 14: 43 % bubble = (p−1)/(m+p−1)
+# GPU 3    ·  ·  · F1 F2 F3 F4 B1 B2 B3 B4  ·  ·  ·
+#
+# each GPU busy 8 of 14 slots: 43 % bubble = (p−1)/(m+p−1)
 # ```
 #
 # Lessons 03 onwards run these schedules (and better ones: 1F1B, interleaved, zero-bubble) on real

@@ -101,9 +101,10 @@ print(f"α ≈ {fit['alpha_s'] * 1e6:.0f} µs per step, bandwidth ≈ {fit['band
 collective_figures.alpha_beta_figure(sizes, {"gloo all_reduce": measured}, fit, world_size=4).show()
 
 # %% [markdown]
-# For comparison: NVLink inside an 8-GPU server moves hundreds of GB/s with α of a few µs;
-# InfiniBand between servers gives tens of GB/s per GPU. Lesson 02 puts these numbers next to the
-# compute time of a layer to show why tensor parallelism stays inside a node.
+# For comparison: NVLink 4 inside a DGX H100 moves 450 GB/s per GPU and direction with α of a few
+# µs (NVLink 5 on B200: 900 GB/s); InfiniBand NDR between servers gives 50 GB/s per GPU (400 Gb/s).
+# Lesson 02 puts these numbers next to the compute time of a layer to show why tensor parallelism
+# stays inside the NVLink domain.
 
 # %% [markdown]
 # ## 4. Exercise: ring all-reduce from send/recv
@@ -164,13 +165,34 @@ verdict = check_ring_all_reduce(my_ring_all_reduce)
 # ### Ring versus gloo
 # How does a ring written in Python on top of send/recv compare with gloo's built-in all-reduce? Both
 # run on the same 4 ranks, same 4 MB message (the library's `collectives.ring_all_reduce` is the same
-# algorithm as your solution):
+# algorithm as your solution).
+#
+# **Predict** first: from the α and the bandwidth you fitted in section 3, how long should gloo's
+# all-reduce of 4 MB (4 × 2²⁰ bytes) on 4 ranks take, in ms? Write it in the answer cell below and
+# record it in the cell after it (not graded: your machine decides the answer).
+
+# %% tags=["answer:predict:all-reduce-4mb"]
+my_prediction = None  # gloo's all-reduce of 4 MB on 4 ranks, in ms, from your α–β fit
+### BEGIN SOLUTION
+my_prediction = (2 * 3 * fit["alpha_s"] + 2 * 3 / 4 * 4 * 2**20 / fit["bandwidth_bytes_per_s"]) * 1e3
+### END SOLUTION
+
+# %%
+from parallel_lab.show.predict import predict
+
+guess = predict("all-reduce-4mb", my_prediction, "gloo's all-reduce of 4 MB on 4 ranks, from your α–β fit",
+                unit="ms", tolerance=0.5)
 
 # %% tags=["nbval-ignore-output"]
+from parallel_lab.hardware import ring_all_reduce_time
+
 size = [4 * 2**20]
 gloo_s = launcher.run(calibration.time_all_reduce, world_size=4, args=(size,), kwargs={"algorithm": "gloo"})[0][0]
 ring_s = launcher.run(calibration.time_all_reduce, world_size=4, args=(size,), kwargs={"algorithm": "ring"})[0][0]
 print(f"4 MB on 4 ranks: gloo {gloo_s * 1e3:.1f} ms, our ring {ring_s * 1e3:.1f} ms, ratio {ring_s / gloo_s:.2f}")
+model_s = ring_all_reduce_time(size[0], 4, fit["alpha_s"], fit["bandwidth_bytes_per_s"])
+print(f"the α–β model with your fit: {model_s * 1e3:.1f} ms")
+guess.versus(gloo_s * 1e3)
 
 # %% [markdown]
 # ## What to remember

@@ -152,13 +152,17 @@ verdict = check_row_parallel_forward(my_row_parallel_forward)
 # communication is one all-reduce at the end:
 #
 # ```
-#                      X  (every rank holds all of it)
-#                      f           forward: identity       backward: all-reduce of dL/dX
-#          ┌───────────┴───────────┐
-#   rank 0: GeLU(X·A₀)·B₀   rank 1: GeLU(X·A₁)·B₁      A by columns, B by rows: partial sums of Z
-#          └───────────┬───────────┘
-#                      g           forward: all-reduce     backward: identity
-#                      Z  (every rank holds all of it)
+#                  X    every rank holds all of it
+#                  f    forward: identity
+#                       backward: all-reduce of dL/dX
+#         ┌────────┴────────┐
+#  rank 0: GeLU(X·A₀)·B₀   rank 1: GeLU(X·A₁)·B₁
+#         └────────┬────────┘
+#                  g    forward: all-reduce of the partial sums
+#                       backward: identity
+#                  Z    every rank holds all of it
+#
+#  A by columns, B by rows: each GeLU(X·Aᵢ)·Bᵢ is a partial sum of Z
 # ```
 #
 # The two operators are each other's *conjugate* (Megatron-LM §3):
@@ -304,19 +308,21 @@ for r in block_runs:
 # in every layer, for every micro-batch. Each one carries the whole activation, (tokens × h) values,
 # whatever the number of ranks. That is the price of tensor parallelism.
 #
-# ## 6. Why tensor parallelism stays inside a node
+# ## 6. Why tensor parallelism stays inside the fast NVLink domain
 #
 # FAQ 6: *tensor parallelism communicates often to recombine partial matrix results, so it is placed
 # inside a node, where interconnect bandwidth (NVLink) is highest*
 # (張量並行性經常進行通訊以重新組合部分矩陣結果，因此它被放置在 NVLink 節點內部互連頻寬最高的地方).
-# Let's put numbers on "often" with the α–β model of lesson 01. Per transformer layer, forward, with
-# b·s tokens of width h on t GPUs:
+# More precisely: inside the **NVLink domain**, the GPUs joined by NVLink — 8 in a DGX/HGX node,
+# 72 in a GB200 NVL72 rack. Let's put numbers on "often" with the α–β model of lesson 01. Per
+# transformer layer, forward and backward, with b·s tokens of width h on t GPUs
+# (`planning.cost.tp_layer_step`, the same computation lessons 09 and 10 print):
 #
-# - **compute** ≈ 24·b·s·h² FLOPs (q, k, v and output projections 8·b·s·h², MLP 16·b·s·h²; the
-#   attention scores add 4·b·s²·h, left out), split over t GPUs:
-#   `t_compute = 24·b·s·h² / (t · FLOP/s)`;
-# - **communication**: 2 all-reduces of `n = b·s·h·bytes` each, a ring costing
-#   `2(t−1)/t · n/B + 2(t−1)·α` (bandwidth B per GPU, latency α).
+# - **compute** ≈ 3 × 24·b·s·h² FLOPs (forward: q, k, v and output projections 8·b·s·h², MLP
+#   16·b·s·h², the attention scores' 4·b·s²·h left out; a backward costs two forwards; Narayanan et
+#   al. 2021), split over t GPUs: `t_compute = 72·b·s·h² / (t · FLOP/s)`;
+# - **communication**: 4 all-reduces (g, g forward; f, f backward) of `n = b·s·h·bytes` each, a
+#   ring costing `2(t−1)/t · n/B + 2(t−1)·α` (bandwidth B per GPU and direction, latency α).
 #
 # The n of that formula is what the real block sent. Measured above (fp64, 8 bytes a value):
 
@@ -331,12 +337,18 @@ for r in block_runs:
           f"bytes each; a ring sends 2(t−1)/t of it per rank: {2 * (r['tp'] - 1) / r['tp'] * n:,.0f} bytes")
 
 # %% [markdown]
-# The widget below puts the model to work for real sizes. Its presets: an **NVLink-class** link
-# inside a node (300 GB/s per GPU, α = 3 µs) and an **InfiniBand-class** link between nodes
-# (25 GB/s per GPU — one 200 Gb/s adapter per GPU — α = 10 µs), both with GPUs doing 400 TFLOP/s
-# (bf16, an H100 well fed), and **this machine**: α and bandwidth fitted to gloo's all-reduce on 4
-# ranks as in lesson 01, and the FLOP/s of one core here, measured now (so these numbers are yours
-# and change from run to run):
+# The widget below puts the model to work for real sizes. Its presets are the GPUs of 2026
+# (`parallel_lab.hardware.SYSTEMS`, each with its datasheet), computing at 40 % of their dense BF16
+# peak, what large runs achieve (38–43 % for Llama 3 on 16 000 H100s, Dubey et al. 2024):
+#
+# | preset | link, per GPU and direction | compute |
+# |---|---|---|
+# | H100 inside a DGX H100 node | NVLink 4: 450 GB/s (the datasheet's "900 GB/s" counts both directions), α 3 µs | 396 TFLOP/s (of 989) |
+# | H100 across nodes | InfiniBand NDR: 400 Gb/s = 50 GB/s, α 10 µs | 396 TFLOP/s |
+# | B200 / GB200 | NVLink 5: 900 GB/s (1.8 TB/s both ways) | 900 TFLOP/s (of 2250) |
+#
+# and **this machine**: α and bandwidth fitted to gloo's all-reduce on 4 ranks as in lesson 01, and
+# the FLOP/s of one core here, measured now (so these numbers are yours and change from run to run):
 
 # %% tags=["nbval-ignore-output"]
 from parallel_lab.planning import calibration
@@ -353,7 +365,7 @@ print(f"this machine: α ≈ {link.latency * 1e6:.0f} µs, bandwidth ≈ {link.b
 # Every number is editable. Things to find:
 #
 # 1. With the defaults (GPT-3's width h = 12288, one 2048-token sequence), at which t does the
-#    communication on InfiniBand overtake the compute? And on NVLink?
+#    communication on InfiniBand overtake the compute? And on NVLink 4? On NVLink 5?
 # 2. Halve the width h. Why does the ratio communication/compute double?
 # 3. Choose *this machine*. Why does communication look cheap here, although gloo between processes
 #    is hundreds of times slower than NVLink?
@@ -368,17 +380,20 @@ widgets.cost_widget(machine)
 print(widgets.default_summary())
 
 # %% [markdown]
-# Read the ratio: communication/compute ≈ 0.3 on NVLink, ≈ 3 on InfiniBand. Leaving out α it is
-# `(4(t−1)/t · b·s·h·bytes / B) / (24·b·s·h² / (t·F)) = (t−1)·bytes·F / (6·h·B)`, with F the FLOP/s
-# of a GPU: the tokens cancel, so a bigger batch does not help; it grows with t and falls only as
-# 1/h. And tensor-parallel all-reduces sit on the critical path: the next matmul needs their result,
-# so they add to the step instead of hiding behind compute. On NVLink a layer pays roughly 30 %
-# extra; across InfiniBand the GPUs would wait three times longer than they compute. (The backward
-# pass doubles the compute and adds the same two all-reduces, so over a whole step the ratio is 2/3
-# of these.) Hence the rule: **tensor parallelism inside a node — typically t ≤ 8 on an 8-GPU NVLink
-# server — and pipeline or data parallelism across nodes**: a pipeline sends one activation per stage
-# boundary instead of four all-reduces per layer, and data parallelism's gradient all-reduce comes
-# once per step and overlaps with the backward pass (lessons 03-08).
+# Read the ratio: communication/compute ≈ 0.14 on NVLink 4, ≈ 1.1 on InfiniBand NDR, 0.18 on
+# NVLink 5 with a B200. Leaving out α it is
+# `(8(t−1)/t · b·s·h·bytes / B) / (72·b·s·h² / (t·F)) = (t−1)·bytes·F / (9·h·B)`, with F the FLOP/s
+# of a GPU: the tokens cancel, so a bigger batch does not help; it grows with t and with F/B — the
+# GPU's speed against its link — and falls only as 1/h. Each GPU generation has raised F faster than
+# B (A100 to H100: compute ×3.2, NVLink ×1.5), so tensor parallelism weighs more on newer GPUs
+# (lesson 10 meets the consequence). And tensor-parallel all-reduces sit on the critical path: the
+# next matmul needs their result, so they add to the step instead of hiding behind compute. Inside
+# the NVLink domain a layer pays roughly 15 % extra; across InfiniBand the GPUs would wait as long
+# as they compute. Hence the rule: **tensor parallelism stays inside the NVLink domain — t ≤ 8 on an
+# 8-GPU DGX/HGX node, up to 72 on a GB200 NVL72 rack — and pipeline or data parallelism goes across
+# it**: a pipeline sends one activation per stage boundary instead of four all-reduces per layer,
+# and data parallelism's gradient all-reduce comes once per step and overlaps with the backward
+# pass (lessons 03-08).
 #
 # On this machine the ratio is small for the opposite reason: one CPU core computes ~10⁴ times
 # slower than a GPU, while gloo between processes is "only" some 10²-10³ times slower than NVLink.
@@ -394,10 +409,15 @@ print(widgets.default_summary())
 # reduce-scatter + all-gather):
 #
 # ```
-#  (b, s/t, h)          (b, s, h)                            (b, s, h) partial     (b, s/t, h)
-#  LayerNorm ──all-gather──▶ column split · attention · row split ──reduce-scatter──▶ dropout, residual
-#   sequence-split     "f": all-gather forward,              "g": reduce-scatter forward,   sequence-split
-#                      reduce-scatter backward               all-gather backward
+#  (b, s/t, h)   LayerNorm, sequence-split
+#       │
+#       │  "f": all-gather forward, reduce-scatter backward
+#       ▼
+#  (b, s, h)     column split · attention · row split
+#       │        (partial sums)
+#       │  "g": reduce-scatter forward, all-gather backward
+#       ▼
+#  (b, s/t, h)   dropout, residual, sequence-split
 # ```
 #
 # **Predict:** compared with plain tensor parallelism, does the block send more bytes, fewer, or the
@@ -480,9 +500,10 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 #   split by whole heads with the same pattern.
 # - A tensor-parallel transformer layer does **2 all-reduces forward and 2 backward**, each of the
 #   full activation (b·s·h values), in every layer and micro-batch.
-# - Communication/compute ≈ (t−1)·bytes·F / (6·h·B) per layer, whatever the batch: small on NVLink,
-#   larger than 1 on InfiniBand. So **tensor parallelism stays inside a node** (t ≤ 8), pipeline and
-#   data parallelism go across nodes.
+# - Communication/compute ≈ (t−1)·bytes·F / (9·h·B) per layer (forward and backward), whatever the
+#   batch: ~0.14 on an H100's NVLink 4, ~1.1 on InfiniBand NDR. So **tensor parallelism stays inside
+#   the NVLink domain** (8 GPUs in a DGX node, 72 in an NVL72 rack); pipeline and data parallelism
+#   go across it.
 # - Sequence parallelism turns each all-reduce into reduce-scatter + all-gather: same bytes, t times
 #   less activation memory; the vocabulary-parallel loss needs three tiny all-reduces instead of the
 #   full logits.

@@ -48,7 +48,20 @@ print(gpipe.to_text())
 # 2. how long is the whole step?
 # 3. what fraction of the device time is idle?
 #
-# Write your three numbers down, then let the simulator answer.
+# Write your three numbers down, and the third one in the answer cell below (a fraction: 0.5 for
+# half the device time idle). Run it and the cell after it, which records your number (it counts for
+# your grade: 1 point within ±10 %), then let the simulator answer.
+
+# %% tags=["answer:predict:gpipe-bubble"]
+my_prediction = None  # the idle fraction of the device time, p = 4, m = 4 (e.g. 0.5)
+### BEGIN SOLUTION
+my_prediction = 3 / 7
+### END SOLUTION
+
+# %% tags=["check:predict:gpipe-bubble"]
+from parallel_lab.show.predict import predict
+
+guess = predict("gpipe-bubble", my_prediction)
 
 # %%
 from parallel_lab.pipeline.simulate import Costs, simulate, unit_grid
@@ -57,6 +70,7 @@ costs = Costs(F=1, B=2)
 timeline = simulate(gpipe, costs)
 print(format_grid(unit_grid(timeline)))
 print(f"\nstep {timeline.makespan:g} units, each rank busy {timeline.busy[0]:g}, bubble {timeline.bubble_fraction:.3f}")
+guess.versus(timeline.bubble_fraction, "simulated")
 
 # %% [markdown]
 # Read the grid diagonally. The forward phase is a staircase: micro-batch j reaches stage s at
@@ -86,7 +100,18 @@ figures.gantt(timeline)
 # Papers often quote the ratio idle / compute instead, **(p − 1)/m** (GPipe: "negligible when
 # m ≥ 4p"); both say the same thing.
 #
-# **Predict:** how many micro-batches does a 4-stage GPipe need to bring the bubble under 10 %?
+# **Predict:** how many micro-batches does a 4-stage GPipe need to bring the bubble to at most
+# 10 %? (Not graded: compare, then read on.)
+
+# %% tags=["answer:predict:gpipe-microbatches"]
+my_prediction = None  # the fewest micro-batches m with a bubble of at most 10 %, p = 4
+### BEGIN SOLUTION
+my_prediction = 27  # (p−1)/(m+p−1) <= 0.1  <=>  m >= 9 (p−1) = 27
+### END SOLUTION
+
+# %%
+guess = predict("gpipe-microbatches", my_prediction, "the fewest micro-batches that bring a 4-stage GPipe's "
+                "bubble to at most 10 %", unit="micro-batches", tolerance=0.02)
 
 # %%
 p = 4
@@ -94,10 +119,12 @@ print(" m   bubble (simulated)   (p−1)/(m+p−1)   idle/compute (p−1)/m")
 for m in (1, 2, 4, 8, 16, 32):
     t = simulate(build("gpipe", p, m), costs)
     print(f"{m:>2}   {t.bubble_fraction:>18.3f}   {(p - 1) / (m + p - 1):>13.3f}   {(p - 1) / m:>20.3f}")
+fewest = next(m for m in range(1, 100) if simulate(build("gpipe", p, m), costs).bubble_fraction <= 0.1 + 1e-9)
+guess.versus(fewest, "simulated")
 
 # %% [markdown]
-# 27 micro-batches are needed for 10 % (3/30): the bubble shrinks like 1/m, quickly at first and then
-# slowly. The same curves for 2, 4 and 8 stages — the more stages, the more micro-batches it takes
+# 27 micro-batches bring the bubble to at most 10 % (exactly 10 % at m = 27: 3/30); 26 leave 3/29,
+# 10.3 %. The bubble shrinks like 1/m, quickly at first and then slowly. The same curves for 2, 4 and 8 stages — the more stages, the more micro-batches it takes
 # (every point is a simulation):
 
 # %%

@@ -61,13 +61,31 @@ figures.gantt(timelines["1f1b"])
 #
 # ## 2. Activations in flight
 #
-# **Predict:** in 1F1B, which stage keeps the most micro-batches at once, and how many?
-#
 # A micro-batch is *stashed* on a stage from the start of its forward to the end of its backward.
+#
+# **Predict:** in 1F1B (p = 4, m = 8), which stage keeps the most micro-batches at once, and how
+# many? Write the *how many* in the answer cell below and record it in the cell after it (1 point
+# within ±10 %); GPipe keeps all 8 on every stage.
+
+# %% tags=["answer:predict:1f1b-peak-stash"]
+my_prediction = None  # the most micro-batches one stage keeps at once in 1F1B, p = 4, m = 8
+### BEGIN SOLUTION
+my_prediction = 4  # stage 0: p − r = 4 − 0
+### END SOLUTION
+
+# %% tags=["check:predict:1f1b-peak-stash"]
+from parallel_lab.show.predict import predict
+
+guess = predict("1f1b-peak-stash", my_prediction)
+
+# %% [markdown]
 # The simulator follows the stash of every stage over time (`figures.memory`):
 
 # %%
 figures.memory(timelines["1f1b"], title="1F1B, p = 4, m = 8: stashed micro-batches per stage")
+
+# %%
+guess.versus(max(timelines["1f1b"].peak_activations), "simulated")
 
 # %% [markdown]
 # Stage r runs p − r − 1 warm-up forwards and one more before its first backward, then frees one

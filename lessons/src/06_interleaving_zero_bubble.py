@@ -13,7 +13,8 @@
 # - read **interleaved 1F1B** (Megatron-LM): v model chunks per GPU, a bubble of (p−1)/(v·m) of the
 #   ideal time, paid for with more messages and more activation memory on the first GPUs;
 # - split a backward pass into **I** (gradient for the stage input) and **W** (gradient for the
-#   weights), and explain how **ZB-H1** reaches (p−1)/(3m) with the memory of 1F1B;
+#   weights), explain how **ZB-H1** reaches (p−1)/(3m), and count what it holds until each W: 1F1B's
+#   peak on the first GPU, more on every other;
 # - explain the **V** placement of ZB-V (GPU r holds stages r and 2p−1−r);
 # - run all four schedules on real ranks, check them against one process, and compare the bubbles
 #   they show with the simulator's.
@@ -32,9 +33,11 @@ setup()
 # ## 1. Where 1F1B's bubble comes from
 #
 # Take 4 GPUs, 8 micro-batches, a forward that takes 2 time units and a backward that takes 4 (the
-# usual B ≈ 2F). Every GPU does the same work, m·(F+B) = 48 units; the step lasts longer because
-# each GPU waits p−1 slots for the first activation to reach it and p−1 slots for the last gradient
-# to come back: (p−1)·(F+B) = 18 idle units per GPU.
+# usual B ≈ 2F). Every GPU does the same work, m·(F+B) = 48 units, and every GPU idles the same
+# (p−1)·(F+B) = 18 units — but not in the same places. GPU r waits r forward slots (r·F) for the
+# first activation to reach it, and finishes r backward slots (r·B) before the step ends, when
+# GPU 0 runs the last backward; the rest, (p−1−r)·(F+B), are gaps in between, where it waits for a
+# gradient. GPU 0 idles only in between, GPU p−1 only at the two ends:
 
 # %%
 from parallel_lab.show import pipeline as figures
@@ -46,6 +49,10 @@ ideal = m * (2 + 4)  # m·(F+B): the work of one GPU
 one_f_one_b = simulate(build("1f1b", p, m), Costs(F=2, B=4))
 idle = [one_f_one_b.makespan - busy for busy in one_f_one_b.busy]
 print(f"1F1B, p={p}, m={m}: step {one_f_one_b.makespan:g} units, ideal m·(F+B) = {ideal}, idle per GPU {idle}")
+for r, timed in enumerate(one_f_one_b.ranks):
+    start, end = timed[0][1], one_f_one_b.makespan - timed[-1][2]
+    print(f"  GPU {r}: idle {start:g} at the start (r·F), {idle[r] - start - end:g} in between "
+          f"((p−1−r)·(F+B)), {end:g} at the end (r·B)")
 print(f"idle / compute = {idle[0] / ideal:.3f} = (p−1)/m; idle share of the step = {one_f_one_b.bubble_fraction:.1%}")
 figures.gantt(one_f_one_b).update_xaxes(range=[0, 68])
 
@@ -75,8 +82,10 @@ print(format_grid(interleaved, rows=(0, 12)))
 # %% [markdown]
 # GPU 3 sends chunk 3's output back to GPU 0, which holds chunk 4. The grid shows Megatron's order:
 # micro-batches move through the chunks in groups of p — `0F0 … 0F3` on chunk 0, then `4F0 … 4F3` on
-# chunk 4 — so the schedule needs m divisible by p. After a longer warm-up each GPU alternates one
-# forward and one backward, as in 1F1B.
+# chunk 4 — so Megatron-LM's schedule (and the course's copy of it) needs m divisible by p. That is
+# a constraint of this implementation's grouping, not of interleaving itself: later interleaved
+# schedules (PyTorch's `ScheduleInterleaved1F1B`, for one) accept other m. After a longer warm-up
+# each GPU alternates one forward and one backward, as in 1F1B.
 #
 # Each chunk has half a stage's layers, so its forward takes 1 unit and its backward 2. The total
 # work per GPU is the same 48 units; the fill and drain are now made of half-size slots:
@@ -97,7 +106,7 @@ figures.gantt(interleaved_t).update_xaxes(range=[0, 68])
 #   (`communication.messages` counts the sends of one step from the schedule);
 # - **more activation memory on the first GPUs**: GPU 0 starts 11 chunk-forwards (5.5 stages' worth)
 #   before its first backward arrives, against 4 in 1F1B;
-# - m must be a multiple of p.
+# - in Megatron-LM's implementation, m must be a multiple of p.
 
 # %%
 from parallel_lab.pipeline import communication
@@ -143,21 +152,67 @@ print(inspect.getsource(worker._weight_grads))
 # W passes; the deferred W's fill the cool-down, where 1F1B waits for gradients. With F = I = W
 # (here 2 units each, so B = I + W = 4 as before) each GPU idles (p−1)·(F + I − W) instead of
 # (p−1)·(F + B): the bubble is (p−1)/(3m) of the ideal time.
+#
+# **Predict** ZB-H1's bubble — the idle share of the step — for p = 4 and m = 8 with F = I = W = 2
+# units, before the simulator draws it (1F1B's was 27.3 %). Write it below (graded: 1 point within
+# ±10 %).
+
+# %% tags=["answer:predict:zb-h1-bubble"]
+my_prediction = None  # ZB-H1's idle share of the step, p = 4, m = 8, F = I = W (a fraction, e.g. 0.2)
+### BEGIN SOLUTION
+my_prediction = 3 / 27  # idle (p−1)·F = 6 per GPU against 48 of work: 6 / 54
+### END SOLUTION
+
+# %% tags=["check:predict:zb-h1-bubble"]
+from parallel_lab.show.predict import predict
+
+guess = predict("zb-h1-bubble", my_prediction)
 
 # %%
 zb_h1 = simulate(build("zb-h1", p, m), Costs(F=2, B=4, I=2, W=2))
 idle = [zb_h1.makespan - busy for busy in zb_h1.busy]
 print(f"ZB-H1: step {zb_h1.makespan:g} units, idle per GPU {idle}")
 print(f"idle / compute = {idle[0] / ideal:.3f} = (p−1)/(3m); idle share {zb_h1.bubble_fraction:.1%}")
-print("peak stashed micro-batches per stage: ZB-H1", zb_h1.peak_activations,
-      " 1F1B", one_f_one_b.peak_activations)
+guess.versus(zb_h1.bubble_fraction, "simulated")
 figures.gantt(zb_h1).update_xaxes(range=[0, 68])
 
 # %% [markdown]
 # Orange bars are I, purple ones W. The last GPU runs I right after each F (its gradient comes from
-# the loss), and the W's fill what used to be the tail of the step. Memory stays that of 1F1B: an
-# I ends a micro-batch's stash of activations, and a W keeps only what it needs — for a Linear its
-# input `X` and `dY` — which the paper counts separately (and bounds by deferring at most r W's).
+# the loss), and the W's fill what used to be the tail of the step.
+#
+# **What does that cost in memory?** A micro-batch's activations, M_B, are kept from its F. I frees
+# only part of them: W computes `dW = dYᵀ·X` for every Linear, so it still needs each Linear's input
+# `X` and output gradient `dY` — M_W, most of M_B: 32sbh of 34sbh + 5as²b for a transformer layer
+# (Qi et al. 2023, Table 1), 32/34 once the attention scores are not stored. **Predict:** GPU 3
+# runs `3I0` at time 8 in the chart above and `3W0` at time 22. How many micro-batches' activations does
+# GPU 3 hold at its peak, in units of M_B, counting a micro-batch until its W? (1F1B's GPU 3: 1.)
+
+# %% tags=["answer:predict:zb-h1-last-gpu-memory"]
+my_prediction = None  # GPU 3's peak under ZB-H1, p = 4, m = 8, in micro-batches (M_B)
+### BEGIN SOLUTION
+my_prediction = 1 + 3 * 32 / 34  # one micro-batch whole, three waiting for their W
+### END SOLUTION
+
+# %%
+memory_guess = predict("zb-h1-last-gpu-memory", my_prediction, "ZB-H1's peak activations on GPU 3 of 4, "
+                       "m = 8, counted until W", unit="micro-batches (M_B)", tolerance=0.1)
+
+# %%
+share = simulate(build("zb-h1", p, m)).w_share  # M_W / M_B: the paper's 32/34
+print(f"M_W / M_B = {share:.3f}")
+print(f"{'GPU':>4} {'1F1B: (p−r)':>12} {'ZB-H1 counted until W':>22} {'= (p−r) + r·M_W/M_B':>21}")
+for r in range(p):
+    print(f"{r:>4} {one_f_one_b.peak_rank_activations[r]:>12} {zb_h1.peak_rank_activations[r]:>22.3f} "
+          f"{(p - r) + r * share:>21.3f}")
+memory_guess.versus(zb_h1.peak_rank_activations[3], "simulated")
+
+# %% [markdown]
+# GPU r holds back r weight passes, so at its peak it holds p − r micro-batches whole and r waiting
+# for their W: (p − r)·M_B + r·M_W. GPU 0 peaks at p·M_B, exactly 1F1B's worst GPU — which is what
+# the paper's "the same peak memory as 1F1B" means, a maximum over GPUs — but every other GPU holds
+# nearly p·M_B where 1F1B's holds (p − r)·M_B: GPU 3 about 3.8 micro-batches instead of 1. The
+# planner (lesson 10) counts ZB-H1 this way. (Freeing at I, as if W needed nothing, would make
+# ZB-H1 look exactly like 1F1B: [4, 3, 2, 1].)
 #
 # ## 4. ZB-V: two stages per GPU, in a V
 #
@@ -178,8 +233,8 @@ figures.gantt(zb_v_t).update_xaxes(range=[0, 68])
 
 # %% [markdown]
 # GPU 1 holds stages 1 and 6. The V gives every GPU the same memory: each holds one early stage
-# (many micro-batches in flight) and one late stage (few), 4 stages' worth in all — 1F1B's worst GPU,
-# but on every GPU, so no GPU is the memory bottleneck. It sends fewer messages than interleaving
+# (many micro-batches in flight) and one late stage (few), 4 stages' worth in all, counted until W —
+# 1F1B's worst GPU, but on every GPU, so no GPU is the memory bottleneck. It sends fewer messages than interleaving
 # (the turn is local) and, with half-size slots that W passes fill, has the smallest bubble of the
 # four. (DeepSeek-V3's DualPipe schedule, 2024, splits the backward pass the same way.)
 #
@@ -219,8 +274,9 @@ figures.schedule_panel("zb-v", ranks=4, microbatches=8)
 #
 # The same four schedules now run on 4 simulated GPUs: each rank rebuilds its stages of an 8-layer
 # MLP (fp64), runs exactly the actions printed above with real send/recv, and the gradients are
-# compared with one process running the whole batch (`run_pipeline`, lessons 03-05). The measured
-# stash counts are compared with the simulator's, and `bytes_sent` is what each rank really sent.
+# compared with one process running the whole batch (`run_pipeline`, lessons 03-05). The activations
+# each stage held (counted until W, with the M_W / M_B this model's tensors measured) are compared
+# with the simulator's, and `bytes_sent` is what each rank really sent.
 
 # %%
 from parallel_lab.pipeline.run import run_pipeline
@@ -233,7 +289,7 @@ for name, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-v", 2))
     print(f"{schedule_figures.label(name, v)}:\n"
           f"  loss and gradients match one process (< 1e-10): "
           f"{result['max_grad_diff'] < 1e-10 and result['loss_diff'] < 1e-10}\n"
-          f"  peak stash per stage measured == predicted: "
+          f"  peak activations per stage measured == predicted: "
           f"{result['peak_activations'] == result['peak_activations_predicted']} {result['peak_activations']}\n"
           f"  bytes sent per rank {result['bytes_sent']}: {messages} messages")
 
@@ -242,9 +298,11 @@ for name, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-v", 2))
 # happens, never *what* is computed — and keeps the activations the simulator predicted. Interleaving
 # sends 112 messages where 1F1B sends 48 (each 4 rows × 32 values × 8 bytes), ZB-V 96.
 #
-# Now the bubbles, measured on the **virtual clock** (each action lasts its measured CPU time, a
-# message arrives after a modelled link: what 4 dedicated devices would show) against the
-# simulator fed with the measured per-stage costs. These numbers change from run to run. On this
+# Now the bubbles, measured on the **virtual clock** (each action lasts its measured CPU time — the
+# median over 5 recorded steps — and a message arrives after a modelled link: what 4 dedicated
+# devices would show) against the simulator fed with the measured costs (per kind of action and
+# stage, and per kind of action run before it: on a CPU a backward right after a forward costs more
+# than one after a backward). They agree within 10 %; the numbers change from run to run. On this
 # tiny model an action costs a fraction of a millisecond, mostly Python; W (one matrix product per
 # Linear) is cheaper than I, so ZB-H1 fills less of the bubble than with F = I = W — the prediction,
 # which uses the measured costs, says the same.
@@ -256,6 +314,76 @@ for name, result in runs.items():
           f"predicted {result['bubble_predicted']:.1%}; mean cost per action (µs of CPU): {costs}")
 figures.compare(runs["zb-v"])
 
+# %% [markdown]
+# ## 7. Exercise: write ZB-H1 yourself
+#
+# Write `my_zb_h1(p, m)`: it returns, for each rank r = 0 … p−1, the ordered list of ZB-H1's
+# actions, as strings `"{stage}{F|I|W}{micro-batch}"` (rank r holds stage r; `"2I5"` is stage 2's
+# input-gradient pass of micro-batch 5, `"2W5"` its weight-gradient pass). Start from lesson 05's
+# 1F1B with every backward split into I and W; then, on rank r:
+#
+# 1. **warm-up**: the forwards of micro-batches 0, 1, … — p − r − 1 of them, but never more than m;
+# 2. **one I at a time**, for k = 0, 1, …, m − 1: the next forward while forwards are left, then the
+#    I of micro-batch k (1F1B's order); and once r input gradients are ahead of it, the W of
+#    micro-batch k − r right after that I;
+# 3. **the deferred W's**: the W's still missing (those of the last min(r, m) micro-batches), in
+#    micro-batch order. They fill the cool-down, where 1F1B waits for gradients.
+#
+# The check calls your function for (p, m) = (2, 4), (4, 8) and (4, 3). For each, it
+#
+# - validates the schedule (a broken one is rejected with its first offending action marked in the
+#   grid, like `>1I0<`, before any process starts) and requires every backward split: I and W, no B;
+# - simulates it with F = I = W = 1: no rank may idle longer than in ZB-H1 (1F1B's order with each W
+#   right after its I idles 2(p−1) per rank when m ≥ p, ZB-H1 p−1, so it fails), and, with
+#   activations counted until W as the simulator does (`simulate.Timeline`: an I frees M_B − M_W, its
+#   W the last M_W), no stage may hold more than in ZB-H1 (so running extra warm-up forwards fails,
+#   and so does holding back more W's than r);
+# - runs it on 2 or 4 real ranks, compares the loss and every gradient with the single-process model,
+#   and checks that the measured stash is the simulated one.
+#
+# **What the check forbids:** the library's schedules (`zb_h1`, `build`; no import of `parallel_lab`):
+# write the order yourself. Your function runs on a rank of its own; only the lists it returns come
+# back.
+#
+# Keep all your code in the answer cell below: the grader reads that cell alone from your notebook and
+# runs it on fresh ranks of its own, so helpers defined in other cells are not seen.
+
+# %% tags=["answer:zb-h1-order"]
+def my_zb_h1(p, m):
+    ranks = []
+    for r in range(p):
+        ### BEGIN SOLUTION
+        warmup = min(p - r - 1, m)
+        actions = [f"{r}F{j}" for j in range(warmup)]
+        for k in range(m):
+            if warmup + k < m:
+                actions.append(f"{r}F{warmup + k}")
+            actions.append(f"{r}I{k}")
+            if k >= r:
+                actions.append(f"{r}W{k - r}")
+        actions += [f"{r}W{j}" for j in range(max(m - r, 0), m)]
+        ### END SOLUTION
+        ranks.append(actions)
+    return ranks
+
+
+# %% [markdown]
+# Look at what your function returns before checking it (`as_schedule` turns the lists into a
+# schedule; its grid lists each rank's actions in order):
+
+# %%
+from parallel_lab.pipeline.schedules import as_schedule
+
+try:
+    print(as_schedule(my_zb_h1(4, 6), p=4, m=6, name="my_zb_h1"))
+except NotImplementedError:
+    print("my_zb_h1 is not written yet: fill it in above, run its cell, then this one")
+
+# %% tags=["check:zb-h1-order", "points:2"]
+from parallel_lab.exercises.zb_h1_order import check_zb_h1_order
+
+verdict = check_zb_h1_order(my_zb_h1)
+
 # %%
 from parallel_lab.runtime import launcher
 
@@ -264,14 +392,15 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 # %% [markdown]
 # ## What to remember
 #
-# - 1F1B idles (p−1)·(F+B) per GPU: a bubble of (p−1)/m of the compute time. Without raising m, you
-#   can shrink the slots or fill them.
+# - 1F1B idles (p−1)·(F+B) per GPU — GPU r r·F at the start, r·B at the end, the rest in between: a
+#   bubble of (p−1)/m of the compute time. Without raising m, you can shrink the slots or fill them.
 # - **Interleaved 1F1B** gives each GPU v chunks (chunk s on GPU s mod p): bubble (p−1)/(v·m), for
-#   about v times more point-to-point messages, more activations on the first GPUs, and m divisible
-#   by p.
+#   about v times more point-to-point messages, more activations on the first GPUs, and (in
+#   Megatron-LM's implementation) m divisible by p.
 # - A backward is **I** (input gradient, on the critical path) plus **W** (weight gradient, needed only
-#   by the optimizer). **ZB-H1** defers W's into the cool-down: bubble (p−1)/(3m) with F = I = W, at
-#   1F1B's activation memory.
+#   by the optimizer). **ZB-H1** defers W's into the cool-down: bubble (p−1)/(3m) with F = I = W.
+#   A deferred W keeps M_W (most of M_B) until it runs: GPU r holds (p−r)·M_B + r·M_W, 1F1B's peak
+#   on GPU 0 and nearly that on every other GPU.
 # - **ZB-V** places stages r and 2p−1−r on GPU r: half-size slots filled with W's, the same memory on
 #   every GPU, and a local turn at the bottom of the V.
 # - Whatever the schedule, the gradients are exactly those of one process: schedules move work in

@@ -106,7 +106,10 @@ for name in ("gpipe", "1f1b"):
 # **selective** recomputation keeps everything else and recomputes only the attention core.
 # `parallel_lab.planning.memory_model` (the memory model of the planner) counts the bytes on each GPU;
 # the extra compute follows from the FLOPs of a layer, 24·b·s·h² + 4·b·s²·h forward, three times that
-# for a step:
+# for a step. Mind the denominator: selective recomputation re-runs the 4·b·s²·h of the attention
+# core, which is s/(6h + s) of a **forward** — the 2.7 % Korthikanti et al. quote for GPT-3 175B
+# (1.6 % for MT-NLG 530B) — and a third of that, s/(3(6h + s)) = 0.9 %, of a **training step**
+# (forward + backward = three forwards), which is what the table prints:
 
 # %%
 from parallel_lab.planning import cost, memory
@@ -209,7 +212,9 @@ pipedream_figures.versions_figure(out, microbatches=m)
 # - **stash**: the backward uses its forward's version (no red), so each stage computes a true
 #   gradient — of a model whose stages sit at *different* versions: read a column, micro-batch 6
 #   went through stages 0-3 with versions 3, 4, 5, 6. The price: stage s keeps up to p−s weight
-#   versions at once.
+#   versions at once. (PipeDream's optional **vertical sync** (Narayanan et al. 2019, SOSP)
+#   removes that mismatch too: a micro-batch carries the version it entered stage 0 with, and
+#   every stage uses that version for it — more stashed versions, still stale ones.)
 # - **flush**: all micro-batches of a step, on every stage, see the same version: this *is*
 #   synchronous SGD on the whole batch.
 #
@@ -246,8 +251,12 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 # PipeDream removes the bubble but changes the optimisation: updates use stale gradients (with
 # stashing, gradients of a model whose stages disagree), and every stage stores several copies of its
 # weights — for a large model, each copy is the size of the stage. Its successors traded back:
-# **PipeDream-2BW** (Narayanan et al. 2021) keeps just two weight versions and accumulates gradients
-# over several micro-batches; **PipeDream-Flush** — the 1F1B schedule of lessons 03-05 — flushes every
+# **PipeDream-2BW** (Narayanan et al. 2021, "Memory-Efficient Pipeline-Parallel DNN Training")
+# accumulates gradients over m micro-batches and updates once per m instead of after every
+# backward, so two weight versions suffice (double buffering) and each micro-batch still runs its
+# forward and backward on one consistent version; what it gives up is PipeDream's per-micro-batch
+# updates, and it keeps a one-update delay (the gradient is applied to weights one version newer);
+# **PipeDream-Flush** — the 1F1B schedule of lessons 03-05 — flushes every
 # step and is exactly synchronous SGD, with one weight version and 1F1B's activation memory. Megatron-LM
 # and DeepSpeed train with flushed schedules, and fight the bubble with more micro-batches and with
 # the schedules of lesson 06 (interleaving, zero bubble) instead of with asynchrony.
@@ -257,8 +266,9 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 # - **Recomputation** keeps only each stage's input between F and B and reruns the forward inside the
 #   backward: the same gradients, the same number of stashed micro-batches, each much smaller, for
 #   about one extra forward pass (a third more compute with B = 2F). The bubble fraction is unchanged.
-# - **Selective** recomputation (only the attention core) recovers most of the memory for ~1 % extra
-#   compute on GPT-3-sized models; full recomputation is the last resort.
+# - **Selective** recomputation (only the attention core) recovers most of the memory for 0.9 % more
+#   compute per step on GPT-3 175B (2.7 % of a forward, Korthikanti et al.'s figure); full
+#   recomputation is the last resort.
 # - **PipeDream** never flushes and updates after every backward: no bubble in the steady state, but
 #   stage s applies p−1−s updates between a micro-batch's forward and backward.
 # - **Weight stashing** makes each backward use its forward's weights (p−s versions on stage s); the

@@ -40,6 +40,22 @@ setup()
 # *s* holds layers `parts[s]` up to `parts[s+1] − 1`.
 #
 # **Predict:** with 8 micro-batches and 1F1B, which rank sets the pace, and which ones idle most?
+# And how long is the step? The even cut gives the stages forward loads 5 (the embedding and two
+# blocks), 2, 2 and 6 (a block and the head), each backward twice its forward, and links are free.
+# Write the step time, in the loads' time units, in the answer cell below and record it in the cell
+# after it (1 point within ±10 %). The slowest stage sets the pace, but not alone: think of the fill
+# before it and the drain after it.
+
+# %% tags=["answer:predict:uneven-cut-step"]
+my_prediction = None  # the step time (makespan) of the even cut, 1F1B, m = 8, in time units
+### BEGIN SOLUTION
+my_prediction = 8 * (6 + 12) + (5 + 2 + 2) + (4 + 4 + 10)  # m x slowest + fill + drain
+### END SOLUTION
+
+# %% tags=["check:predict:uneven-cut-step"]
+from parallel_lab.show.predict import predict
+
+guess = predict("uneven-cut-step", my_prediction)
 
 # %%
 from parallel_lab.pipeline import balance, partition
@@ -57,9 +73,14 @@ print("per-stage costs for the simulator: F =", costs.F, " B =", costs.B)
 unbalanced = simulate(build("1f1b", 4, 8), costs)
 figures.gantt(unbalanced, title=f"1F1B, even blocks: stage loads {costs.F}, bubble {unbalanced.bubble_fraction:.1%}")
 
+# %%
+guess.versus(unbalanced.makespan, "simulated")
+
 # %% [markdown]
 # Ranks 1 and 2 hold a single block each and wait most of the time; rank 3 (a block, the head and
 # the loss) is busy all the way through its steady phase, and every other rank must wait for it.
+# The step is rank 3's 8 × (6 + 12) = 144 units, plus the fill before its first forward
+# (5 + 2 + 2 = 9) and the drain after its last backward (4 + 4 + 10 = 18): 171 units.
 # The exact answer to the *balancing* question is the cut that makes the heaviest stage as light as
 # possible (`partition.balanced`, below). Here it leaves the head alone on the last stage and moves
 # the blocks up:

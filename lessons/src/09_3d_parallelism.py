@@ -7,9 +7,9 @@
 # **Learning goals.** By the end of this lesson you can
 #
 # - map a rank to its **(data, pipeline, tensor)** coordinate on a device mesh and name the three
-#   process groups it belongs to;
-# - explain with numbers from the α–β model **why tensor parallelism goes inside a node** and
-#   pipeline and data parallelism go across nodes;
+#   process groups it belongs to, and build those groups yourself from the rank grid;
+# - explain with numbers from the α–β model **why tensor parallelism stays inside the NVLink domain**
+#   (a node of 8 GPUs, or a 72-GPU NVL72 rack) and pipeline and data parallelism go across it;
 # - recognise the shapes that cannot work (a mesh that does not fill the machine, more stages than
 #   layers, sizes that do not divide) from the error raised **before** any process starts;
 # - train the tiny GPT with **DP × PP × TP at once** on real ranks and check that every step's loss
@@ -84,45 +84,105 @@ for layout in (dict(dp=1, pp=1, tp=8, nodes=2), dict(dp=1, pp=3, tp=2, nodes=2))
         print(f"{layout}: {err}")
 
 # %% [markdown]
-# ## 2. Why tensor parallelism goes inside a node
+# ### Exercise: the three families of groups, from the grid
+#
+# Write `my_mesh_groups(dp, pp, tp)`: for a world of `dp · pp · tp` ranks laid out as above (the rank
+# at coordinate (d, p, t) is `(d · pp + p) · tp + t`, tp fastest), return a dict
+# `{"dp": [...], "pp": [...], "tp": [...]}` that holds, for each axis, **every** group along it: the
+# ranks that differ only in that coordinate. Each group is a list of ranks in the order of their
+# coordinate on that axis (which is increasing rank order); the order of the groups in each list is
+# up to you. For the 2 × 2 × 2 mesh above, `"tp"` is `[[0, 1], [2, 3], [4, 5], [6, 7]]`.
+#
+# The check calls your function for five meshes. For the three of 4 ranks (1 × 2 × 2, 2 × 1 × 2 and
+# 2 × 2 × 1) it then does with your lists what the library's `build_groups` does, on 4 real ranks:
+# every rank creates every group with `dist.new_group`, in the same order (torch.distributed requires
+# every process of the job to enter `new_group` for every group, even the groups it is not in), and
+# all-reduces `2**rank` over each group it belongs to, so each sum names exactly the ranks that took
+# part. Each rank's three sums are compared with its groups as the checker recomputes them itself:
+# the ranks that share its other two coordinates. The 2 × 2 × 2 mesh above and a 2 × 3 × 4 one (24
+# ranks) are compared as lists only: more rank processes than this machine should start for a check.
+#
+# **What the check forbids:** the library's mesh (`parallel_lab.runtime.mesh`, `ParallelDims`, or
+# any other `parallel_lab` import) and `torch.distributed` itself: your function is arithmetic on the
+# grid (`torch` is allowed, so `torch.arange(world).view(dp, pp, tp)` is a fine start) and the check
+# creates the groups. Your function runs on a rank of its own; only the lists it returns come back.
+#
+# Keep all your code in the answer cell below: the grader reads that cell alone from your notebook and
+# runs it on fresh ranks of its own, so helpers defined in other cells are not seen.
+
+# %% tags=["answer:mesh-groups"]
+def my_mesh_groups(dp, pp, tp):
+    """{"dp": [...], "pp": [...], "tp": [...]}: every group of ranks along each axis of the
+    dp x pp x tp grid (rank = (d * pp + p) * tp + t), each group in coordinate order."""
+    ### BEGIN SOLUTION
+    def rank(d, p, t):
+        return (d * pp + p) * tp + t
+
+    return {
+        "dp": [[rank(d, p, t) for d in range(dp)] for p in range(pp) for t in range(tp)],
+        "pp": [[rank(d, p, t) for p in range(pp)] for d in range(dp) for t in range(tp)],
+        "tp": [[rank(d, p, t) for t in range(tp)] for d in range(dp) for p in range(pp)],
+    }
+    ### END SOLUTION
+
+
+# %% tags=["check:mesh-groups", "points:2"]
+from parallel_lab.exercises import check_mesh_groups
+
+verdict = check_mesh_groups(my_mesh_groups)
+
+# %% [markdown]
+# The library builds the same lists without a loop over coordinates: it permutes the grid so that the
+# axis of the group comes last, then reads off rows (picotron's way). It appears here once your answer
+# passes:
+
+# %%
+from parallel_lab.exercises import reveal
+
+reveal("mesh-groups", ParallelDims.groups)
+
+# %% [markdown]
+# ## 2. Why tensor parallelism stays inside the NVLink domain
 #
 # FAQ 6 of the course: *tensor parallelism communicates often to recombine partial matrix results,
 # so it is placed inside a node, where interconnect bandwidth (NVLink) is highest*
 # (張量並行性經常進行通訊……因此它被放置在 NVLink 節點內部互連頻寬最高的地方). Lesson 02 derived it for one
 # layer; now compare the **three** kinds of traffic of one GPT-3 175B layer (h = 12288, one 2048-token
-# sequence per micro-batch, bf16) on 8 GPUs each way, with the α–β model of lesson 01 and the
-# planner's link presets: NVLink 300 GB/s per GPU inside a node, InfiniBand 25 GB/s per GPU between
-# nodes, α = 5 µs, and GPUs that achieve 150 TFLOP/s.
+# sequence per micro-batch, bf16) on 8 GPUs each way, with lesson 02's computation
+# (`planning.cost.tp_layer_step`) and its DGX H100 preset (`hardware.SYSTEMS`): NVLink 4 at 450 GB/s
+# per GPU and direction inside the node (α 3 µs), InfiniBand NDR at 50 GB/s per GPU between nodes
+# (α 10 µs), GPUs achieving 396 TFLOP/s (40 % of the H100's 989 dense BF16).
 
 # %%
-from parallel_lab.hardware import Cluster, ring_all_reduce_time
+from parallel_lab.hardware import SYSTEMS
+from parallel_lab.planning.cost import tp_layer_step
 
-links = Cluster(nodes=2, gpus_per_node=8, gpu_mem_gb=80)
-alpha = links.latency_us * 1e-6
-nvlink, infiniband = links.intra_gbps * 1e9, links.inter_gbps * 1e9
+dgx = SYSTEMS["DGX H100"]
 b, s, h, t = 1, 2048, 12288, 8
 activation = b * s * h * 2  # bytes of one (b, s, h) bf16 activation
-compute = 72 * b * s * h * h / t / (links.tflops * 1e12)  # forward 24bsh², backward twice that
+compute, tp_fast = tp_layer_step(b * s, h, t, dgx.nvlink, dgx.tflops * 1e12)  # forward 24bsh², backward twice
+tp_slow = tp_layer_step(b * s, h, t, dgx.network, dgx.tflops * 1e12)[1]
 rows = [
     ("compute of one layer, forward + backward", compute, compute),
-    ("TP: 4 all-reduces of the activation", 4 * ring_all_reduce_time(activation, t, alpha, nvlink),
-     4 * ring_all_reduce_time(activation, t, alpha, infiniband)),
-    ("PP: activation + gradient to the next stage", 2 * (alpha + activation / t / nvlink),
-     2 * (alpha + activation / t / infiniband)),
+    ("TP: 4 all-reduces of the activation", tp_fast, tp_slow),
+    ("PP: activation + gradient to the next stage", 2 * dgx.nvlink.cost(activation / t),
+     2 * dgx.network.cost(activation / t)),
 ]
 print(f"per micro-batch, one layer of GPT-3 175B (b={b}, s={s}, h={h}) on {t} GPUs; ms")
-print(f"{'':<46}{'NVLink':>9}{'InfiniBand':>12}")
+print(f"{'':<46}{'NVLink 4':>9}{'IB NDR':>12}")
 for name, fast, slow in rows:
     print(f"{name:<46}{fast * 1e3:>9.2f}{slow * 1e3:>12.2f}")
 print("(PP pays its message once per stage boundary, not per layer: a stage of 12 layers sends it once)")
 
 # %% [markdown]
-# Over InfiniBand, the tensor-parallel all-reduces of a layer (~14 ms) take almost as long as its
-# compute (~19 ms), on the critical path, in every layer; over NVLink they cost ~8 %. The pipeline
-# sends one activation per stage boundary, ~0.5 ms even over InfiniBand, and only `1/t` of it with
-# Megatron's scatter/gather trick (each TP rank sends its slice). Data parallelism all-reduces the
-# gradients once per step and can overlap that with the backward pass. So: **TP inside the node, PP
-# and DP across nodes** — exactly the order of the mesh's coordinates.
+# Over InfiniBand, the tensor-parallel all-reduces of a layer (~7.6 ms) take as long as its compute
+# (~7.0 ms), on the critical path, in every layer; over NVLink they cost ~14 % — the same numbers as
+# lesson 02's widget and lesson 10's table, from the same function. The pipeline sends one
+# activation per stage boundary, ~0.3 ms even over InfiniBand, and only `1/t` of it with Megatron's
+# scatter/gather trick (each TP rank sends its slice). Data parallelism all-reduces the gradients
+# once per step and can overlap that with the backward pass. So: **TP inside the NVLink domain (8
+# GPUs in a DGX node, 72 in a GB200 NVL72 rack), PP and DP across it** — exactly the order of the
+# mesh's coordinates.
 #
 # ## 3. Shapes that cannot work — caught before any process starts
 #
@@ -269,8 +329,10 @@ print(validate_plans.format_table(grid))
 # torchrun starts one process per GPU (NCCL) and the command prints the same check as JSON:
 #
 # ```bash
-# torchrun --standalone --nproc-per-node 8 -m parallel_lab.parallel3d.train3d --dp 2 --pp 2 --tp 2 --steps 3
-# torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:29500 -m parallel_lab.parallel3d.train3d --dp 2 --pp 2 --tp 2 --nodes 2
+# torchrun --standalone --nproc-per-node 8 -m parallel_lab.parallel3d.train3d \
+#     --dp 2 --pp 2 --tp 2 --steps 3
+# torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:29500 \
+#     -m parallel_lab.parallel3d.train3d --dp 2 --pp 2 --tp 2 --nodes 2
 # ```
 
 # %%
@@ -285,8 +347,8 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 #   and belongs to one TP, one PP and one DP group; with TP fastest-varying, TP groups are adjacent
 #   ranks on one node.
 # - TP all-reduces full activations 4× per layer and micro-batch, PP sends one activation per stage
-#   boundary, DP all-reduces gradients once per step: so **TP inside a node (NVLink), PP and DP
-#   across nodes (InfiniBand)**.
+#   boundary, DP all-reduces gradients once per step: so **TP inside the NVLink domain (8 GPUs of a
+#   DGX node, 72 of an NVL72 rack), PP and DP across it (InfiniBand)**.
 # - A plan must fit the machine exactly (`dp·pp·tp` = devices), have at least one layer per stage,
 #   divide the batch into equal micro-batches per replica, and divide heads, hidden and vocabulary
 #   by tp — check it before launching anything.

@@ -12,10 +12,11 @@
 #   course GPT;
 # - predict a training step's time from five parts: compute, tensor-parallel all-reduces, the bubble,
 #   pipeline sends, the data-parallel gradient all-reduce;
-# - read what the planner (`parallel_lab.planning.planner`) picks for GPT-3 175B on 64 servers of 8 GPUs, and
-#   why it rejects each of the other 300 candidates;
-# - explain why tensor parallelism stays at ≤ 8 GPUs inside a node, and why, with a zero-bubble
-#   schedule, TP 4 edges out TP 8 in this model;
+# - read what the planner (`parallel_lab.planning.planner`) picks for GPT-3 175B on 64 DGX H100
+#   servers of 8 GPUs, and why it rejects each of the other 300 candidates;
+# - explain why tensor parallelism stays inside the NVLink domain (≤ 8 GPUs on a DGX node), and why
+#   on H100s TP 4 edges out TP 8 — a shallower pipeline's all-reduces against a deeper one's bubble —
+#   where on Megatron-LM's A100s TP 8 won;
 # - turn a plan into GPU-hours and a budget, and run the same search from the command line.
 #
 # Lessons 02–09 built every piece on real ranks: tensor parallelism, pipeline schedules, balanced
@@ -39,15 +40,15 @@ setup()
 # | weights, gradients | 2 + 2 per parameter it holds | tp (Megatron's split matrices) and pp (its stage's layers) |
 # | Adam state | 12 per parameter | tp, pp, and dp with **ZeRO-1** |
 # | activations per layer and micro-batch | `sbh(34/t + 5as/(ht))` with tensor + sequence parallelism t (Korthikanti et al. 2022) | selective recomputation drops the `5as/h` scores; full keeps only the input `2sbh/t` |
-# | micro-batches in flight | from the schedule simulator: GPipe m, 1F1B and ZB-H1 min(m, p − r) on rank r | |
+# | micro-batches in flight | from the schedule simulator, counted until W: GPipe m, 1F1B min(m, p − r) on rank r, ZB-H1 (p − r) M_B + r M_W (m ≥ p) | |
 #
 # Before trusting it for 175 billion parameters, check it where we can count: the course GPT.
 # First the parameters of each pipeline stage, model against the real modules of `stages.cut`
 # (the embedding rides on the first stage, the head on the last):
 
 # %%
-from parallel_lab.hardware import Cluster
-from parallel_lab.planning import cost, memory_check, planner
+from parallel_lab.hardware import SYSTEMS
+from parallel_lab.planning import cost, memory_check, memory_model, planner
 from parallel_lab.show import planner as pw
 
 rows = memory_check.param_check()
@@ -72,15 +73,37 @@ for r in memory_check.activation_check():
 # %% [markdown]
 # The formula is exact up to what the paper neglects: each LayerNorm's mean and 1/std per token and
 # the fused kernel's log-sum-exp per head and token (under 1 %). With the activations of one
-# micro-batch in hand, a schedule decides how many micro-batches a rank holds at its peak
-# (the simulator's count; interleaved ranks hold *chunks* of half a stage):
+# micro-batch in hand, a schedule decides how many micro-batches' worth a rank holds at its peak
+# (the simulator's count; interleaved ranks hold *chunks* of half a stage). A split backward keeps
+# part of a micro-batch after its I: W still needs every Linear's input and output gradient, M_W,
+# which is most of M_B — 32sbh of 34sbh + 5as²b in Qi et al. 2023's Table 1 (`memory_model.
+# weight_grad_bytes_per_layer`), 32/34 once the scores are recomputed. ZB-H1 defers r weight passes
+# on rank r, so it holds (p − r) M_B + r M_W there: rank 0 peaks at p M_B as in 1F1B — the paper's
+# "same peak memory" is this maximum — but every other rank holds nearly p M_B where 1F1B holds
+# (p − r) M_B:
 
 # %%
 print(pw.in_flight_table(pp=4, microbatches=8))
 
 # %% [markdown]
 # Now GPT-3 175B, one GPU of the most loaded stage, micro-batches of one 2048-token sequence,
-# TP 8 with sequence parallelism × PP 8 × DP 8 and 64 micro-batches per step:
+# TP 8 with sequence parallelism × PP 8 × DP 8 and 64 micro-batches per step.
+#
+# **Predict** first, with the table of section 1 and lesson 00's 16 bytes per parameter: how many
+# GB does the fullest GPU need with 1F1B and no recomputation? (175 billion parameters over 64 GPUs
+# of a replica; 12 layers a stage; 8 micro-batches in flight on stage 0; 34·s·b·h/t + 5·a·s²·b/t
+# bytes per layer and micro-batch.) Graded: 1 point within ±15 %.
+
+# %% tags=["answer:predict:tp8-memory"]
+my_prediction = None  # GB on the fullest GPU, TP 8 × PP 8 × DP 8, 1F1B, m = 64, no recomputation
+### BEGIN SOLUTION
+my_prediction = 16 * 175e9 / 64 / 1e9 + 8 * 12 * (34 * 2048 * 12288 / 8 + 5 * 96 * 2048 * 2048 / 8) / 1e9
+### END SOLUTION
+
+# %% tags=["check:predict:tp8-memory"]
+from parallel_lab.show.predict import predict
+
+guess = predict("tp8-memory", my_prediction)
 
 # %%
 gpt3 = pw.GPT3
@@ -88,20 +111,26 @@ layout = dict(model=gpt3, micro_batch=1, dp=8, pp=8, tp=8, sequence_parallel=Tru
 print(pw.memory_table({
     "1F1B, no recomputation": dict(layout, schedule="1f1b"),
     "1F1B, selective recomputation": dict(layout, schedule="1f1b", recompute="selective"),
+    "ZB-H1, selective recomputation": dict(layout, schedule="zb-h1", recompute="selective"),
     "GPipe, selective recomputation": dict(layout, schedule="gpipe", recompute="selective"),
     "1F1B, selective + ZeRO-1 over dp 8": dict(layout, schedule="1f1b", recompute="selective", zero1=True),
 }))
+guess.versus(memory_model.max_device_memory(**dict(layout, schedule="1f1b"))["total"] / 1e9, "the memory model")
 
 # %% [markdown]
 # Read it row by row: without recomputation the first stage just fits in 80 GB (8 micro-batches in
 # flight × 12 layers); selective recomputation cuts the activations to a third for about 1 % more
-# compute; GPipe stashes all 64 micro-batches and overflows; ZeRO-1 shards Adam's 12 bytes per
-# parameter over the 8 replicas and frees 30 GB.
+# compute; ZB-H1's fullest GPU is the first, with 1F1B's p micro-batches (its later ranks hold
+# nearly as much, where 1F1B's hold less); GPipe stashes all 64 micro-batches and overflows;
+# ZeRO-1 shards Adam's 12 bytes per parameter over the 8 replicas and frees 30 GB.
 #
 # ## 2. The time model: five parts of a step
 #
 # For a layout and a number of micro-batches m, `cost.step_time` predicts the step of the slowest
-# GPU (constants: 150 TFLOP/s achieved per GPU, NVLink 300 GB/s and network 25 GB/s per GPU, α 5 µs):
+# GPU. The constants are a DGX H100 cluster (`hardware.SYSTEMS["DGX H100"]`, with its datasheets):
+# 396 TFLOP/s achieved per GPU (40 % of the dense BF16 peak of 989, what large runs reach: 38–43 %
+# for Llama 3 on 16 000 H100s, Dubey et al. 2024), NVLink 4 at 450 GB/s and InfiniBand NDR at
+# 50 GB/s per GPU and direction, α 5 µs:
 #
 # - **compute**: 6 FLOPs per parameter and token, divided over all GPUs (+ the recomputed forward);
 # - **TP all-reduce**: 2 forward + 2 backward per layer of a `(b, s, h)` bf16 tensor, ring α–β model
@@ -116,7 +145,7 @@ import inspect
 print(inspect.getsource(cost.pipeline_makespan))
 
 # %% [markdown]
-# ## 3. The search: GPT-3 175B on 64 servers of 8 GPUs
+# ## 3. The search: GPT-3 175B on 64 DGX H100 servers
 #
 # `planner.plan` tries every (dp, pp, tp) whose product is the number of GPUs, every schedule
 # (GPipe, 1F1B, interleaved 1F1B with 2–4 chunks, ZB-H1) and recomputation (none, selective, full),
@@ -131,18 +160,35 @@ print(pw.plans_table(result["plans"][:10]))
 
 # %% [markdown]
 # Every plan keeps tensor parallelism inside a node (TP ≤ 8) and uses a deep pipeline. The ten
-# fastest are within 3 % of each other, which is well inside the model's own accuracy: a planner
-# narrows hundreds of layouts to a handful, and a short measured run decides between those.
+# fastest are within 7 % of each other, about the model's own accuracy: a planner narrows hundreds
+# of layouts to a handful, and a short measured run decides between those.
 #
-# **An honest surprise.** Megatron-LM's paper (Narayanan et al. 2021) ran GPT-3 175B with TP 8 —
-# a whole node — and PP 16, with 1F1B-family schedules. Here the best plan is **TP 4 × PP 16 × DP 8 with ZB-H1**,
-# 2 % ahead of the best TP 8 plan. With 1F1B only, TP 8 comes first, as in the paper (the planner's
-# docstring and `tests/test_planner.py::test_gpt3_with_1f1b_puts_tp8_first` document both). Why?
+# **An honest surprise.** Megatron-LM's paper (Narayanan et al. 2021) ran GPT-3 175B on DGX A100s
+# with TP 8 — a whole node — and 1F1B-family schedules. Here, on H100s, the best plan is
+# **TP 4 × PP 16 × DP 8 with ZB-H1**, 6 % ahead of the best TP 8 plan, and TP 4 comes first with
+# 1F1B too. Given the A100 cluster and 1F1B, the same planner puts TP 8 first, as in the paper
+# (`tests/test_planner.py::test_gpt3_with_1f1b_puts_tp8_first_on_a100s_and_tp4_on_h100s`). Why?
+#
+# **Predict** before reading on: both best plans have dp 8 and 192 micro-batches. How many times
+# more all-reduce time per step does TP 8 × PP 8 spend than TP 4 × PP 16?
+
+# %% tags=["answer:predict:tp8-over-tp4"]
+my_prediction = None  # TP 8's all-reduce seconds per step over TP 4's (a ratio, e.g. 2)
+### BEGIN SOLUTION
+my_prediction = 7 / 3  # twice the layers per GPU, 2·7/8 instead of 2·3/4 of each message
+### END SOLUTION
+
+# %%
+ratio_guess = predict("tp8-over-tp4", my_prediction, "TP 8 × PP 8's all-reduce time per step over TP 4 × "
+                      "PP 16's, dp 8, 192 micro-batches", tolerance=0.25)
 
 # %%
 only_1f1b = planner.plan(gpt3, pw.CLUSTER, pw.BATCH, schedules=("1f1b",))
-print("1F1B only, the five fastest:")
+print("DGX H100, 1F1B only, the five fastest:")
 print(pw.plans_table(only_1f1b["plans"][:5]))
+a100 = planner.plan(gpt3, SYSTEMS["DGX A100"].cluster(64), pw.BATCH, schedules=("1f1b",))
+print("DGX A100 (312 TFLOP/s peak, NVLink 3 at 300 GB/s, HDR at 25 GB/s), 1F1B only, the three fastest:")
+print(pw.plans_table(a100["plans"][:3]))
 compare = {
     "TP 4, ZB-H1 (best)": pw.best_plan(result["plans"], tp=4, schedule="zb-h1"),
     "TP 8, ZB-H1": pw.best_plan(result["plans"], tp=8, schedule="zb-h1"),
@@ -150,23 +196,34 @@ compare = {
     "TP 8, 1F1B (Megatron-style)": pw.best_plan(result["plans"], tp=8, schedule="1f1b"),
 }
 print("compute per step, s:", ", ".join(f"{name} {p['breakdown']['compute_s']:.2f}" for name, p in compare.items()))
+ratio_guess.versus(compare["TP 8, ZB-H1"]["breakdown"]["tp_comm_s"] / compare["TP 4, ZB-H1 (best)"]["breakdown"]["tp_comm_s"],
+                   "the planner's model")
 pw.breakdown_figure(compare, title="GPT-3 175B on 512 GPUs: the step beyond compute (seconds)",
                     parts=("tp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s"))
 
 # %% [markdown]
-# - **Compute is (almost) the same in every plan**: the same FLOPs over the same 512 GPUs. TP 4
-#   adds 0.4 s of selective recomputation: with half the tensor parallelism it needs the memory.
-# - **TP all-reduces**: with TP 8 the data-parallel degree halves (512 = dp × pp × tp), so each GPU
-#   pushes twice as many tokens through its layers, and each all-reduce sends 2·7/8 instead of 2·3/4
-#   of the message: about 2.3× the bytes (`cost.tp_per_device_ratio(4, 8)`), plus 14 ring steps of
-#   latency instead of 6: 3.46 s against 1.37 s.
-# - **The bubble**: TP 4 has half as many micro-batches per replica, each twice as long, so its
-#   fill-and-drain is twice as long. With 1F1B that costs (p − 1)(F + B): 3.5 s against 1.7 s, and
-#   TP 8 wins. ZB-H1 fills the drain with weight-gradient work and leaves about (p − 1)·F, a third
-#   of it: 1.2 s against 0.6 s — now the all-reduce saving is larger, and TP 4 wins.
+# The four plans compared have the same data parallelism (dp 8) and the same 192 micro-batches of
+# one sequence; what differs is how the other 64 GPUs of a replica are split: pp × tp = 64.
 #
-# Cheap deep pipelines (lesson 06's zero-bubble schedules) change the best tensor-parallel degree.
-# Neither answer is "TP 8 because a node has 8 GPUs".
+# - **Compute is (almost) the same in every plan**: the same FLOPs over the same 512 GPUs. TP 4
+#   adds 0.15 s of selective recomputation: with half the tensor parallelism it needs the memory.
+# - **TP all-reduces**: TP 8 halves the pipeline (pp 8 instead of 16), so each GPU holds 12 layers
+#   instead of 6 — twice the all-reduces per micro-batch, each of the same (b, s, h) activation — and
+#   each ring sends 2·7/8 instead of 2·3/4 of the message: (8 − 1)/(4 − 1) = 7/3 ≈ 2.3× the bytes
+#   (`cost.tp_per_device_ratio(4, 8)`), plus 14 ring steps of latency instead of 6: 2.54 s against
+#   0.97 s.
+# - **The bubble**: a stage's work per micro-batch is the same in both (6 layers on 4 GPUs, or 12 on
+#   8), but TP 4's pipeline is twice as deep: p − 1 = 15 slots of fill and drain against 7. With 1F1B
+#   that costs (p − 1)(F + B): 1.36 s against 0.69 s. ZB-H1 fills the drain with weight-gradient
+#   work and leaves about a third of it: 0.46 s against 0.24 s.
+# - **On H100s** TP 4 saves 1.57 s of all-reduces and pays 0.67 s (1F1B) or 0.22 s (ZB-H1) more
+#   bubble: it wins with either schedule. **On A100s** (above) the GPU computes 3.2× slower and
+#   NVLink is only 1.5× slower, so the all-reduces weigh half as much against the compute while the
+#   bubble, which is compute, weighs more: TP 4 saves 2.1 s of all-reduces and pays 2.2 s of bubble
+#   with 1F1B, and TP 8 wins by 1 %, as Megatron-LM chose.
+#
+# GPUs that outrun their links, and cheap deep pipelines (lesson 06's zero-bubble schedules), change
+# the best tensor-parallel degree. Neither answer is "TP 8 because a node has 8 GPUs".
 #
 # ## 4. Why the others fail
 #
@@ -184,20 +241,23 @@ print(pw.rejections_table(result))
 # - **Layers** must split into equal stages (96 layers: pp 64 does not divide them).
 # - **TP groups may not cross nodes**, which brings us to the FAQ's sixth question.
 #
-# ## 5. Why tensor parallelism stays inside a node
+# ## 5. Why tensor parallelism stays inside the NVLink domain
 #
 # *Tensor parallelism communicates often to recombine partial results, so it is placed inside a node,
 # where the interconnect (NVLink) is fastest* (張量並行性經常進行通訊以重新組合部分矩陣結果，因此它被
-# 放置在 NVLink 節點內部互連頻寬最高的地方). Lesson 02 measured this; here it is in the planner's
-# constants, for one layer and one micro-batch of GPT-3 on one GPU:
+# 放置在 NVLink 節點內部互連頻寬最高的地方). Lesson 02 measured this; here it is with the same function
+# and the same DGX H100 preset as lessons 02 and 09 (`cost.tp_layer_step`), for one layer's forward
+# and backward and one micro-batch of GPT-3 on one GPU:
 
 # %%
-print(pw.tp_link_table(gpt3, pw.CLUSTER))
+print(pw.tp_link_table(gpt3))
 
 # %% [markdown]
-# Over NVLink the two all-reduces cost a tenth of the layer's compute at TP 8; over the network they
-# would cost more than the compute itself. If the planner allowed a TP group to span two nodes, its
-# own model would predict this (TP 16 × PP 16 × DP 2, every TP group on two nodes):
+# Inside the NVLink domain the four all-reduces add 14 % to the layer's compute at TP 8 (12 % of the
+# layer's time); over the network they would cost as much as the compute itself. The domain is 8
+# GPUs on a DGX/HGX node and 72 on a GB200 NVL72 rack, where a TP group of 16 or more can stay on
+# NVLink. If the planner allowed a TP group to span two DGX nodes, its own model would predict this
+# (TP 16 × PP 16 × DP 2, every TP group on two nodes):
 
 # %%
 inside = pw.best_plan(result["plans"], tp=8, pp=16, schedule="zb-h1")
@@ -206,8 +266,8 @@ print(f"TP 8 inside nodes  : step {inside['step_s']:6.1f} s, TP all-reduces {ins
 print(f"TP 16 across nodes : step {spanning['step_s']:6.1f} s, TP all-reduces {spanning['tp_comm_s']:5.1f} s")
 
 # %% [markdown]
-# Pipeline stages, on the other hand, send one activation per micro-batch and stage — about 0.2 s
-# per step here — so they cross nodes cheaply: tensor parallelism inside the 8-GPU server, pipeline
+# Pipeline stages, on the other hand, send one activation per micro-batch and stage — about 0.1 s
+# per step here — so they cross nodes cheaply: tensor parallelism inside the NVLink domain, pipeline
 # across servers, data parallelism on top, exactly the layering the article describes.
 #
 # ## 6. Cost and budget
@@ -227,7 +287,7 @@ extra = planner.training_cost(megatron, tokens, price_per_gpu_hour)["cost"] - \
 print(f"the best TP 8 + 1F1B plan would cost ${extra:,.0f} more ({megatron['step_s'] / best['step_s'] - 1:.1%} slower)")
 
 # %% [markdown]
-# Fifty days on 512 GPUs, a million dollars, and a choice of layout worth tens of thousands —
+# Three weeks on 512 GPUs, half a million dollars, and a choice of layout worth tens of thousands —
 # which is why the article's guidance applies here as much as anywhere: **define latency, quality and
 # cost targets before you start; benchmark under realistic load** (the planner's constants —
 # TFLOP/s, α, bandwidths — should come from your cluster; `planning.calibration.calibrate` fits them on real
@@ -241,19 +301,21 @@ print(f"the best TP 8 + 1F1B plan would cost ${extra:,.0f} more ({megatron['step
 # 1. How few 8-GPU servers of 80 GB can train GPT-3 175B at this batch at all?
 # 2. With 141 GB GPUs (H200), does the best plan still use a pipeline of 16 stages?
 # 3. Cut the network to 12.5 GB/s per GPU: which part of the step grows, and does the best layout change?
-# 4. Raise the NVLink bandwidth to 900 GB/s: does TP 8 take the lead again?
+# 4. Raise the NVLink bandwidth to 900 GB/s (NVLink 5, keeping the H100's compute): does TP 8 take
+#    the lead again? Then a B200's 900 TFLOP/s as well?
 
 # %% tags=["nbval-ignore-output"]
 pw.planner_widget()
 
 # %% [markdown]
-# For example, the same model and batch on a quarter of the cluster (16 servers), and on 64 servers
-# of 141 GB GPUs:
+# For example, the same model and batch on a quarter of the cluster (16 DGX H100), and on 64 DGX
+# H200 (141 GB GPUs):
 
 # %%
-for nodes, mem in ((16, 80), (64, 141)):
-    smaller = planner.plan(gpt3, Cluster(nodes=nodes, gpus_per_node=8, gpu_mem_gb=mem), pw.BATCH, top=3)
-    print(f"{nodes} nodes x 8 GPUs of {mem} GB: {smaller['feasible']} plans fit; the three fastest:")
+for nodes, system in ((16, SYSTEMS["DGX H100"]), (64, SYSTEMS["DGX H200"])):
+    smaller = planner.plan(gpt3, system.cluster(nodes), pw.BATCH, top=3)
+    print(f"{nodes} x {system.name} (8 GPUs of {system.gpu_mem_gb:g} GB): {smaller['feasible']} plans fit; "
+          f"the three fastest:")
     print(pw.plans_table(smaller["plans"]))
     print(pw.cost_table(smaller["plans"][0], prices=(price_per_gpu_hour,), tokens=tokens).splitlines()[0])
     print()
@@ -266,8 +328,9 @@ for nodes, mem in ((16, 80), (64, 141)):
 # terminal:
 #
 # ```bash
-# parallel-lab plan --layers 96 --hidden 12288 --heads 96 --vocab 50257 --seq 2048 --batch 1536 \
-#                   --nodes 64 --gpus-per-node 8 --gpu-mem-gb 80 --price 2 --top 5
+# parallel-lab plan --layers 96 --hidden 12288 --heads 96 --vocab 50257 \
+#     --seq 2048 --batch 1536 --nodes 64 --gpus-per-node 8 --gpu-mem-gb 80 \
+#     --price 2 --top 5
 # ```
 #
 # Run here (the same program, `python -m parallel_lab.cli`), first lines of its output:
@@ -284,15 +347,102 @@ print(f"exit status {out.returncode}")
 print("\n".join(out.stdout.splitlines()[:7]))
 
 # %% [markdown]
+# ## 8. Exercise: the memory of one GPU
+#
+# Write `my_device_memory(model, dp, pp, tp, microbatches, micro_batch, ...)`: what one GPU of the
+# **first** pipeline stage holds under 1F1B with mixed-precision Adam, the table of section 1 as a
+# formula. `model` is a dict: `layers` L, `hidden` h, `heads` a, `vocab` V, `seq` s; b is
+# `micro_batch`, t is `tp`, m is `microbatches`, and pp ≥ 2 always (the first stage holds the
+# embeddings, the last one the head). Return a dict of
+#
+# - `"params"`, the parameters this GPU holds: L/pp blocks of (12h² + 7h)/t + 6h each (the weight
+#   matrices and the biases of the column-parallel layers split over t; the LayerNorms and the
+#   row-parallel biases on every rank), the token embedding ⌈V/t⌉·h (its vocabulary rows split over
+#   t, padded up) and the position embedding s·h;
+# - `"weights"` and `"gradients"`, 2 bytes per parameter each, and `"optimizer"`, Adam's 12 bytes
+#   per parameter (divided by dp with `zero1`);
+# - `"activations"`, in bytes: min(m, pp) micro-batches in flight (1F1B's first stage) × L/pp layers ×
+#   what one layer keeps for one micro-batch. With v = `value_bytes` bytes per value and d = 1 with
+#   `dropout` (0 without), a layer keeps sbh·(4v + 2d) bytes that plain tensor parallelism leaves
+#   whole (the two LayerNorm inputs, the QKV and MLP inputs, two dropout masks of one byte per value)
+#   and sbh·12v that it splits over t; `sequence_parallel` splits the first part over t too. The
+#   attention scores add a·s²·b·(2v + d)/t with dropout (softmax output, mask, dropout output) and
+#   a·s²·b·v/t without. `recompute="selective"` drops the scores; `"full"` keeps only the layer's
+#   input, v·sbh (/t with sequence parallelism).
+#
+# With v = 2 and dropout that is the table's sbh(10 + 24/t + 5as/(ht)), and sbh(34/t + 5as/(ht))
+# with sequence parallelism. The check calls your function on 8 plans — GPT-3 175B as above, the
+# planner's TP 4 layout, plain TP with full recomputation and m < pp, GPT-3 13B, Megatron 530B, fp32
+# values without dropout — and compares every entry with the memory model (`memory_model.device_memory`,
+# stage 0). Then on the course GPT at small sizes, against its real tensors: the parameters of the
+# first stage's modules (pp 2 and 4), and the bytes autograd saves for one block in fp32 without
+# dropout (`value_bytes=4, dropout=False`), less the per-token statistics the paper leaves out
+# (section 1). A wrong entry fails with what differs and, where it matches a common slip, which one.
+#
+# **What the check forbids:** the library (`memory_model`, `memory_check`; no import of `parallel_lab`):
+# write the formula yourself, with `math` at most. Your function runs on a rank of its own; only the
+# numbers it returns come back.
+#
+# Keep all your code in the answer cell below: the grader reads that cell alone from your notebook and
+# runs it on fresh ranks of its own, so helpers defined in other cells are not seen.
+
+# %% tags=["answer:device-memory"]
+import math
+
+
+def my_device_memory(model, dp, pp, tp, microbatches, micro_batch, recompute="none",
+                     sequence_parallel=False, zero1=False, value_bytes=2, dropout=True):
+    """Bytes on one GPU of the first pipeline stage (pp >= 2) under 1F1B with mixed-precision Adam."""
+    L, h, a, V, s = model["layers"], model["hidden"], model["heads"], model["vocab"], model["seq"]
+    b, t, v = micro_batch, tp, value_bytes
+    ### BEGIN SOLUTION
+    params = L // pp * ((12 * h * h + 7 * h) // t + 6 * h) + math.ceil(V / t) * h + s * h
+    weights = gradients = 2 * params
+    optimizer = 12 * params / (dp if zero1 else 1)
+    sbh = s * b * h
+    if recompute == "full":
+        per_layer = v * sbh / (t if sequence_parallel else 1)
+    else:
+        whole, split = 4 * v + (2 if dropout else 0), 12 * v
+        per_layer = sbh * (whole + split) / t if sequence_parallel else sbh * (whole + split / t)
+        if recompute == "none":
+            per_layer += a * s * s * b * (2 * v + 1 if dropout else v) / t
+    activations = min(microbatches, pp) * (L // pp) * per_layer
+    ### END SOLUTION
+    return {"params": params, "weights": weights, "gradients": gradients, "optimizer": optimizer,
+            "activations": activations}
+
+
+# %% [markdown]
+# Try it on the plan of section 1 before checking it (the rows of its table are the memory model's):
+
+# %%
+gpt3_model = {"layers": pw.GPT3.layers, "hidden": pw.GPT3.hidden, "heads": pw.GPT3.heads,
+              "vocab": pw.GPT3.vocab, "seq": pw.GPT3.seq}
+try:
+    mine = my_device_memory(gpt3_model, dp=8, pp=8, tp=8, microbatches=64, micro_batch=1, sequence_parallel=True)
+    print(f"{mine['params'] / 1e9:.2f} billion parameters; " +
+          ", ".join(f"{key} {mine[key] / 1e9:.1f} GB" for key in ("weights", "gradients", "optimizer", "activations")))
+except NotImplementedError:
+    print("my_device_memory is not written yet: fill it in above, run its cell, then this one")
+
+# %% tags=["check:device-memory", "points:2"]
+from parallel_lab.exercises.device_memory import check_device_memory
+
+verdict = check_device_memory(my_device_memory)
+
+# %% [markdown]
 # ## What to remember
 #
 # - A plan must **fit** (weights + gradients + Adam state, split by tp and pp — and Adam by dp with
 #   ZeRO-1 — plus activations × micro-batches in flight) and then be **fast** (compute + TP all-reduces
 #   + bubble + PP sends + DP all-reduce). The formulas match the course GPT's real tensors.
-# - **TP stays inside a node**: its all-reduces are on every layer's critical path; over the network
-#   they would cost more than the compute. Pipeline sends are rare, so **PP crosses nodes**.
-# - The best TP degree is a trade: more TP means more all-reduce per GPU; less TP means longer
-#   micro-batches and a bigger bubble. With 1F1B, TP 8 wins for GPT-3 175B; with zero-bubble ZB-H1,
-#   TP 4 edges ahead (2 % in this model — measure before you believe it).
+# - **TP stays inside the NVLink domain** (8 GPUs of a DGX node, 72 of an NVL72 rack): its
+#   all-reduces are on every layer's critical path; over the network they would cost as much as the
+#   compute. Pipeline sends are rare, so **PP crosses nodes**.
+# - The best TP degree is a trade: at fixed dp, more TP means a shallower pipeline, more layers per
+#   GPU and (t − 1)-fold ring traffic; less TP means a deeper pipeline and a bigger bubble. On A100s
+#   with 1F1B, TP 8 wins for GPT-3 175B (as Megatron-LM chose); on H100s, whose compute outgrew
+#   their NVLink, TP 4 wins, by 6 % with ZB-H1 in this model — measure before you believe it.
 # - A step time is a budget: GPU-hours = steps × step time × GPUs. Calibrate the model on your
 #   cluster and benchmark the top few plans under realistic load before committing it.

@@ -207,15 +207,16 @@ print(f"and here: torchrun --standalone --nproc-per-node {my_plan.world_size} -m
 #
 # What a bad plan costs, in money: GPT-3 175B (300 billion tokens, batches of 1536 × 2048 tokens)
 # on 512 GPUs at an illustrative $2 per GPU-hour, for two plans the planner scores (its own model,
-# lesson 10: 150 TFLOP/s achieved per GPU, NVLink in a node, InfiniBand between nodes):
+# lesson 10: 64 DGX H100 nodes, 396 TFLOP/s achieved per GPU, NVLink 4 in a node, InfiniBand NDR
+# between nodes):
 
 # %%
-from parallel_lab.hardware import Cluster
+from parallel_lab.hardware import SYSTEMS
 from parallel_lab.planning import planner
 from parallel_lab.planning.cost import step_time
 
 gpt3 = memory.MODELS["GPT-3 175B"]
-cluster = Cluster(nodes=64, gpus_per_node=8, gpu_mem_gb=80)
+cluster = SYSTEMS["DGX H100"].cluster(64)
 for dp, pp, tp, m, schedule_name in ((8, 16, 4, 192, "zb-h1"), (16, 32, 1, 96, "gpipe")):
     t = step_time(gpt3, cluster, 1536, dp, pp, tp, m, schedule_name, recompute="selective")
     row = {"global_batch": 1536, "seq": gpt3.seq, "step_s": t["step_s"], "world_size": dp * pp * tp}

@@ -2,6 +2,7 @@
 
 - ``notebook``: what every lesson runs first (``setup``)
 - ``quiz``: the question banks (``quizzes/*.yaml``), answers, scores, progress
+- ``predictions``: the graded predictions of the lessons (registry), read and scored as data
 - ``grading``: grading submitted notebooks (reference, runner, sandbox, checker, gradebook)
 - ``certificate``: course certificates
 """

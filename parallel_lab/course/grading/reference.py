@@ -7,9 +7,11 @@ as ``# %% tags=[...]``:
 - a check cell ``check:ID`` with ``points:N`` (default 1): an exercise (``check:ring-all-reduce``,
   looked up in ``parallel_lab.exercises.REGISTRY``) or a quiz (``check:quiz:01``, a bank of
   ``quizzes/``);
+- a graded prediction ``check:predict:ID`` (registered in ``parallel_lab.course.predictions.GRADED``,
+  whose points it takes: no ``points:`` tag);
 - its answer cell, before it, ``answer:ID``: the cell whose source the grader reads from the
-  submission (the exercise's code, or the quiz's answer sheet). Cell metadata
-  ``{"parallel_lab": {"check": "ID", "points": N}}`` works for check cells too.
+  submission (the exercise's code, the quiz's answer sheet, the prediction's ``my_prediction``).
+  Cell metadata ``{"parallel_lab": {"check": "ID", "points": N}}`` works for check cells too.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
+
+from parallel_lab.course.predictions import GRADED
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -38,6 +42,12 @@ class Check:
     def quiz(self) -> str | None:
         """The quiz bank's name for a quiz check (``quiz:01`` -> ``01``), else None."""
         return self.id.split(":", 1)[1] if self.id.startswith("quiz:") else None
+
+    @property
+    def prediction(self) -> str | None:
+        """The graded prediction's id for a prediction check (``predict:gpipe-bubble`` ->
+        ``gpipe-bubble``), else None."""
+        return self.id.split(":", 1)[1] if self.id.startswith("predict:") else None
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,20 @@ def answer_tag(cell) -> str | None:
     return next((t[len("answer:"):] for t in _tags(cell) if t.startswith("answer:")), None)
 
 
+def prediction_points(name: str, cell, check: str) -> float:
+    """A graded prediction's points: the registry's; GradingError when it is not registered or the
+    cell's own ``points:`` tag says otherwise."""
+    graded = GRADED.get(check[len("predict:"):])
+    if graded is None:
+        raise GradingError(f"{name}: check {check!r} names no graded prediction "
+                           f"(parallel_lab.course.predictions.GRADED)")
+    tagged = [t[len("points:"):] for t in _tags(cell) if t.startswith("points:")]
+    if tagged and tagged[-1] != f"{graded.points:g}":
+        raise GradingError(f"{name}: check {check!r} is tagged points:{tagged[-1]}, but a prediction's "
+                           f"points are the registry's ({graded.points:g})")
+    return graded.points
+
+
 def load_reference(path) -> Reference:
     """The reference lesson's checks; GradingError if it has none, if a check id is tagged twice,
     or if a check has no answer cell."""
@@ -93,6 +117,8 @@ def load_reference(path) -> Reference:
             raise GradingError(f"{path.name}: check {check!r} is tagged on two cells; check ids must be unique")
         if check not in answers:
             raise GradingError(f"{path.name}: check {check!r} has no answer cell (tag a cell 'answer:{check}')")
+        if check.startswith("predict:"):
+            points = prediction_points(path.name, cell, check)
         seen.add(check)
         checks.append(Check(check, points, answers[check]))
     if not checks:

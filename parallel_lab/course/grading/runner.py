@@ -11,7 +11,9 @@ answer cell (by tag ``answer:ID``, else by the reference's cell id):
   runs it only on rank processes, and computes each verdict itself; verdicts come back on a pipe
   no rank holds;
 - a **quiz**'s answer sheet is read as a literal (``ast.literal_eval``: a dict of answers; never
-  executed) and scored here, with the bank.
+  executed) and scored here, with the bank;
+- a graded **prediction**'s ``my_prediction`` is read as data (``course.predictions.read_prediction``)
+  and scored here against the reference the grader computes (never the submission's outputs).
 
 So no other cell, no edited output, no patch of the library or of torch in the student's kernel
 changes a grade: the kernel never runs. What a grade proves, and what it does not: README, "For
@@ -31,6 +33,7 @@ import nbformat
 
 from parallel_lab.course.grading.reference import Check, Reference, answer_tag
 from parallel_lab.course.grading.sandbox import Limits, Sandbox
+from parallel_lab.course.predictions import grade as grade_prediction
 from parallel_lab.course.quiz.bank import load
 from parallel_lab.course.quiz.check import score, verdict
 from parallel_lab.exercises import REGISTRY
@@ -124,6 +127,13 @@ def quiz_row(check: Check, source, row):
     return row(check, result.passed, "" if result.passed else first_line(text), text)
 
 
+def prediction_row(check: Check, source, row):
+    if isinstance(source, Missing):
+        return row(check, False, source)
+    verdict = grade_prediction(check.prediction, str(source))
+    return row(check, verdict.passed, verdict.reason, str(verdict))
+
+
 def run_checks(jobs: list[dict], sandbox: Sandbox, limits: Limits, modules=(), env=None) -> tuple[dict, str]:
     """Run the exercise checks ``[{"id", "source"}]`` in one sandboxed checking process: ``({id:
     verdict record}, why the process stopped early or "")``."""
@@ -168,7 +178,7 @@ def grade_submission(path, reference: Reference, student: str, sandbox: Sandbox,
     # notebook is graded at once. Everything else goes to the sandboxed checker.
     records, jobs = {}, []
     for c in reference.checks:
-        if c.quiz or isinstance(sources[c.id], Missing):
+        if c.quiz or c.prediction or isinstance(sources[c.id], Missing):
             continue
         exercise = REGISTRY.get(c.id)
         screened = exercise.screen(str(sources[c.id])) if exercise is not None else None
@@ -183,6 +193,8 @@ def grade_submission(path, reference: Reference, student: str, sandbox: Sandbox,
         source = sources[check.id]
         if check.quiz:
             rows.append(quiz_row(check, source, row))
+        elif check.prediction:
+            rows.append(prediction_row(check, source, row))
         elif check.id in records:
             record = records[check.id]
             text = "\n".join(record["lines"])

@@ -118,3 +118,15 @@ def gpu_hours(step_s: float, gpus: int, tokens_billions: float, batch: int, seq:
     devices (``planning.planner.training_cost``'s arithmetic)."""
     row = {"global_batch": batch, "seq": seq, "step_s": step_s, "world_size": gpus}
     return training_cost(row, tokens_billions * 1e9, 0.0)["gpu_hours"]
+
+
+def device_memory_gb(model: str, dp: int, pp: int, tp: int, microbatches: int, schedule: str = "1f1b",
+                     recompute: str = "none", sequence_parallel: bool = True, micro_batch: int = 1) -> float:
+    """GB (10^9 bytes) on the fullest GPU of a plan for ``memory.MODELS[model]``: weights, gradients,
+    Adam state and activations (``planning.memory_model.max_device_memory``, lesson 10)."""
+    from parallel_lab.planning import memory_model
+
+    row = memory_model.max_device_memory(memory.MODELS[model], micro_batch=micro_batch, dp=dp, pp=pp, tp=tp,
+                                         sequence_parallel=sequence_parallel, schedule=schedule,
+                                         microbatches=microbatches, recompute=recompute)
+    return row["total"] / 1e9

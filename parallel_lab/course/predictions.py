@@ -1,0 +1,228 @@
+"""Predictions that count: the number a student writes down before a run, read and (when the
+lesson wants it) graded.
+
+A prediction in a lesson source is an answer cell, the cell that records it, the run, and the
+comparison (the notebook side is ``parallel_lab.show.predict``):
+
+    # %% tags=["answer:predict:gpipe-bubble"]
+    my_prediction = None  # GPipe's bubble, p = 4, m = 4: a fraction of the step (e.g. 0.5)
+    ### BEGIN SOLUTION
+    my_prediction = 3 / 7
+    ### END SOLUTION
+
+    # %% tags=["check:predict:gpipe-bubble"]
+    from parallel_lab.show.predict import predict
+
+    guess = predict("gpipe-bubble", my_prediction)
+
+    # %%
+    timeline = simulate(...)               # the run
+    guess.versus(timeline.bubble_fraction)
+
+The student edition keeps the ``None`` line (the build drops a prediction's solution region with
+no stub; the region comes last in the cell); the solution edition also has the answer's line.
+
+**Graded or not.** A prediction is graded when its recording cell is tagged
+``check:predict:<id>`` and ``<id>`` is registered in ``GRADED`` below, for that lesson; the points
+are the registry's (the cell takes no ``points:`` tag). Without the check tag it only records and
+compares, and ``predict`` takes its question, unit and tolerance as arguments.
+
+**A new graded prediction** (lesson NN): an entry in ``GRADED`` (id, lesson "NN", the question in
+English and Traditional Chinese, a ``parallel_lab.<module>:<function>`` and its params, tolerance,
+points, unit, ``about``); in the lesson source the answer cell and the recording cell tagged as
+above; ``tools/build_lessons.py`` refuses a lesson whose ``check:predict:`` tags and registry
+entries differ, or whose student edition would not leave ``my_prediction = None``.
+
+**What the grader reads.** ``my_prediction`` from the answer cell's source, as data: a number, or
+numbers with ``+ - * /`` (``3 / 7``), or ``None``; nothing in the cell is executed (see
+``read_prediction``). The reference is computed by the grader with the registered function
+(``parallel_lab.course.quiz.answers``, like the quiz banks' computed answers), never taken from the
+submission, whose measured outputs a student could edit. The grader cannot know *when* the number
+was written: the lesson asks for it before the run, and the comparison is there to learn from.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from parallel_lab.course.quiz.bank import localize, resolve
+from parallel_lab.exercises.check import Verdict
+
+VARIABLE = "my_prediction"  # what every prediction's answer cell assigns
+
+
+@dataclass(frozen=True)
+class GradedPrediction:
+    """A prediction the grader scores: within ``tolerance`` (relative: 0.1 is ±10 %) of
+    ``function(**params)`` earns ``points``. ``question`` is ``{"en": ..., "zh-Hant": ...}``;
+    ``about`` names the reference in feedback ("GPipe bubble, p = 4, m = 4")."""
+
+    id: str
+    lesson: str
+    question: Mapping
+    function: str
+    params: Mapping = field(default_factory=dict)
+    tolerance: float = 0.1
+    points: float = 1.0
+    unit: str = ""
+    about: str = ""
+
+    def reference(self) -> float:
+        """The reference value, computed here (``parallel_lab.course.quiz.bank.resolve``)."""
+        return resolve({"function": self.function, "params": dict(self.params)}, f"prediction {self.id}")
+
+    def text(self, lang: str = "en") -> str:
+        return localize(self.question, lang)
+
+
+ANSWERS = "parallel_lab.course.quiz.answers"
+GRADED: dict[str, GradedPrediction] = {p.id: p for p in (
+    GradedPrediction(
+        "gpipe-bubble", "04",
+        {"en": "GPipe's bubble with p = 4 stages and m = 4 micro-batches (F = 1, B = 2, free links): the "
+               "idle share of the device time, a fraction between 0 and 1",
+         "zh-Hant": "GPipe 在 p = 4 個階段（stage）、m = 4 個微批次（micro-batch）時的氣泡（bubble）"
+                    "（F = 1、B = 2、連線不計成本）：裝置時間中閒置的比例，介於 0 與 1 之間的分數"},
+        f"{ANSWERS}:bubble_fraction", {"schedule": "gpipe", "ranks": 4, "microbatches": 4},
+        tolerance=0.1, about="GPipe bubble, p = 4, m = 4"),
+    GradedPrediction(
+        "1f1b-peak-stash", "05",
+        {"en": "in 1F1B with p = 4 stages and m = 8 micro-batches, the most micro-batches whose "
+               "activations one stage keeps at once (GPipe: 8)",
+         "zh-Hant": "1F1B 在 p = 4 個階段、m = 8 個微批次時，單一階段同時保存激活值（activation）的"
+                    "微批次最多有幾個（GPipe：8 個）"},
+        f"{ANSWERS}:peak_activations", {"schedule": "1f1b", "ranks": 4, "microbatches": 8, "stage": 0},
+        tolerance=0.1, unit="micro-batches", about="1F1B peak stash, stage 0, p = 4, m = 8"),
+    GradedPrediction(
+        "uneven-cut-step", "08",
+        {"en": "the step time (makespan) of the even-blocks cut, stage forward loads 5, 2, 2, 6 "
+               "(backward twice the forward), with 1F1B and m = 8 micro-batches, free links",
+         "zh-Hant": "均分區塊（even blocks）切法的一步時間（makespan）：各階段前向負載 5、2、2、6"
+                    "（反向為前向的兩倍），1F1B 排程（schedule）、m = 8 個微批次，連線不計成本"},
+        f"{ANSWERS}:stage_loads_makespan", {"loads": (5, 2, 2, 6), "microbatches": 8, "schedule": "1f1b"},
+        tolerance=0.1, unit="time units", about="1F1B, stage loads 5, 2, 2, 6, m = 8"),
+    GradedPrediction(
+        "zb-h1-bubble", "06",
+        {"en": "ZB-H1's bubble with p = 4 GPUs and m = 8 micro-batches, F = I = W = 2 time units: the "
+               "idle share of the device time, a fraction between 0 and 1 (1F1B's is 0.273)",
+         "zh-Hant": "ZB-H1 在 p = 4 個 GPU、m = 8 個微批次（micro-batch）、F = I = W = 2 個時間單位時的"
+                    "氣泡（bubble）：裝置時間中閒置的比例，介於 0 與 1 之間的分數（1F1B 是 0.273）"},
+        f"{ANSWERS}:bubble_fraction", {"schedule": "zb-h1", "ranks": 4, "microbatches": 8, "F": 2.0,
+                                       "B": 4.0, "W": 2.0},
+        tolerance=0.1, about="ZB-H1 bubble, p = 4, m = 8, F = I = W"),
+    GradedPrediction(
+        "tp8-memory", "10",
+        {"en": "GB on the fullest GPU for GPT-3 175B with TP 8 (sequence parallel) × PP 8 × DP 8, 1F1B, "
+               "64 micro-batches of one 2048-token sequence, no recomputation, no ZeRO: weights, "
+               "gradients, Adam state and activations",
+         "zh-Hant": "GPT-3 175B 以 TP 8（序列平行）× PP 8 × DP 8、1F1B、64 個各一條 2048 個 token 序列的"
+                    "微批次（micro-batch）、不重新計算、不用 ZeRO 時，最滿的 GPU 上的 GB 數：權重、梯度、"
+                    "Adam 狀態與激活值（activation）"},
+        f"{ANSWERS}:device_memory_gb", {"model": "GPT-3 175B", "dp": 8, "pp": 8, "tp": 8, "microbatches": 64,
+                                        "schedule": "1f1b"},
+        tolerance=0.15, unit="GB", about="GPT-3 175B, TP 8 x PP 8 x DP 8, 1F1B, m = 64"),
+)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading a prediction from a cell's source, as data.
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def _number(node) -> float:
+    """The value of a number, or of numbers with + - * / (all in floats: no huge integers)."""
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return float(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
+        value = _number(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_number(node.left), _number(node.right))
+    raise ValueError("not a number")
+
+
+def _assigns(node) -> bool:
+    """A top-level ``my_prediction = ...`` (or ``my_prediction: float = ...``)."""
+    if isinstance(node, ast.Assign):
+        return any(isinstance(t, ast.Name) and t.id == VARIABLE for t in node.targets)
+    return isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and \
+        node.target.id == VARIABLE and node.value is not None
+
+
+def read_prediction(source: str) -> float | None:
+    """``my_prediction`` of an answer cell's source (its last top-level assignment): a float, or
+    None while it is still None. ValueError, with the reason, when it is missing or not a number.
+    Nothing in the cell is executed."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as err:
+        raise ValueError(f"the prediction cell does not parse: {err.msg} (line {err.lineno})") from None
+    values = [node.value for node in tree.body if _assigns(node)]
+    if not values:
+        raise ValueError(f"the prediction cell defines no {VARIABLE}")
+    node = values[-1]
+    if isinstance(node, ast.Constant) and node.value is None:
+        return None
+    try:
+        value = _number(node)
+    except (ValueError, ZeroDivisionError, OverflowError, RecursionError):
+        value = math.nan
+    if not math.isfinite(value):
+        raise ValueError(f"{VARIABLE} is not a number (the grader reads it, it never runs it): write a "
+                         f"number such as 0.25 or 3 / 11")
+    return value
+
+
+# ----------------------------------------------------------------------------------------------
+# Comparing, in words (the notebook and the grader print the same lines).
+
+
+def number(x: float, unit: str = "") -> str:
+    """``0.273``, ``171``, ``12,345``: three significant digits, thousands written out."""
+    text = f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+    return f"{text} {unit}" if unit else text
+
+
+def within(value: float, target: float, tolerance: float) -> bool:
+    """``value`` within ``tolerance`` (relative) of ``target``."""
+    return abs(value - target) <= tolerance * abs(target) + 1e-12
+
+
+def comparison(value: float, target: float, tolerance: float, unit: str = "", name: str = "measured",
+               about: str = "") -> str:
+    """``predicted 0.1, reference 0.273 (GPipe bubble, p = 4, m = 8): -63 %, outside ±10 %``."""
+    percent = round((value - target) / abs(target) * 100) if target else 0
+    off = f"{percent:+d} %, " if percent else ("0 %, " if target else "")
+    where = "within" if within(value, target, tolerance) else "outside"
+    about = f" ({about})" if about else ""
+    return (f"predicted {number(value, unit)}, {name} {number(target, unit)}{about}: "
+            f"{off}{where} ±{tolerance * 100:g} %")
+
+
+# ----------------------------------------------------------------------------------------------
+# Grading.
+
+
+def grade(prediction_id: str, source: str) -> Verdict:
+    """The verdict on a graded prediction's answer cell: PASSED within the tolerance of the
+    reference the grader computes, FAILED outside it or when unreadable, NOT YET while None."""
+    label = f"prediction {prediction_id}"
+    graded = GRADED.get(prediction_id)
+    if graded is None:
+        return Verdict(False, [f"{label}: FAILED: the grader knows no graded prediction {prediction_id!r}"])
+    try:
+        value = read_prediction(source)
+    except ValueError as err:
+        return Verdict(False, [f"{label}: FAILED: {err}"])
+    if value is None:
+        return Verdict(False, [f"{label}: NOT YET: {VARIABLE} is still None; write your number in "
+                               f"the cell tagged answer:predict:{prediction_id}"], not_yet=True)
+    target = graded.reference()
+    passed = within(value, target, graded.tolerance)
+    text = comparison(value, target, graded.tolerance, graded.unit, "reference", graded.about)
+    return Verdict(passed, [f"{label}: {'PASSED' if passed else 'FAILED'}: {text}"])
