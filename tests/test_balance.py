@@ -283,7 +283,10 @@ def test_tp_across_nodes_runs_at_network_speed():
     inside = cost.step_time(m, c, 1536, 4, 16, 8, 384, "zb-h1")
     across = cost.across_nodes(m, c, 1536, 4, 16, 8, 384)
     assert across["compute_s"] == inside["compute_s"]
-    assert across["tp_comm_s"] > 8 * inside["tp_comm_s"]  # 300 vs 25 GB/s; the latency is the same
+    # The bandwidth term grows by intra/inter (DGX H100: 450 vs 50 GB/s, 9x); the latency term does
+    # not, so the whole TP communication grows by less than that, and by most of it.
+    slower = c.intra_gbps / c.inter_gbps
+    assert 0.6 * slower < across["tp_comm_s"] / inside["tp_comm_s"] < slower
     table = planner_widgets.tp_link_table().splitlines()
     assert [line.split()[0] for line in table[1:]] == ["2", "4", "8", "16"]
 
