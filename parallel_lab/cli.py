@@ -43,7 +43,7 @@ def _bench_arguments(parser):
                         help="launcher, collectives, simulator, tensor, pipeline, grading (default: all)")
 
 
-SCHEDULE_NAMES = ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v")
+SCHEDULE_NAMES = ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipe-v")
 
 
 def _ranks_argument(parser) -> None:
@@ -71,7 +71,7 @@ def _schedule_arguments(parser):
     parser.add_argument("name", choices=SCHEDULE_NAMES, metavar="NAME", help=", ".join(SCHEDULE_NAMES))
     _ranks_argument(parser)
     parser.add_argument("--microbatches", type=int, required=True, help="micro-batches M")
-    parser.add_argument("--virtual", type=int, default=1, help="stages per rank (interleaved, zb-v)")
+    parser.add_argument("--virtual", type=int, default=1, help="stages per rank (interleaved; zb-v, dualpipe-v: 2)")
     parser.add_argument("--costs", help="F,B,W durations, e.g. 1,2,1 (W splits off B)")
 
 

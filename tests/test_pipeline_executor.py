@@ -34,10 +34,10 @@ GPT = ModelSpec("gpt", hidden=16, layers=4, heads=2, seq=6, vocab=24, batch=4)
 SCHEDULES = {
     2: [("naive", 1, 1), ("gpipe", 1, 1), ("gpipe", 5, 1), ("1f1b", 1, 1), ("1f1b", 3, 1),
         ("interleaved-1f1b", 2, 2), ("interleaved-1f1b", 4, 4), ("zb-h1", 1, 1), ("zb-h1", 4, 1),
-        ("zb-v", 1, 2), ("zb-v", 3, 2)],
+        ("zb-v", 1, 2), ("zb-v", 3, 2), ("dualpipe-v", 5, 2)],
     4: [("naive", 1, 1), ("gpipe", 3, 1), ("gpipe", 6, 1), ("1f1b", 2, 1), ("1f1b", 6, 1),
         ("interleaved-1f1b", 4, 2), ("interleaved-1f1b", 8, 2), ("zb-h1", 2, 1), ("zb-h1", 5, 1),
-        ("zb-v", 3, 2), ("zb-v", 6, 2)],
+        ("zb-v", 3, 2), ("zb-v", 6, 2), ("dualpipe-v", 8, 2)],
 }
 
 
@@ -184,7 +184,7 @@ def test_run_pipeline_contract_and_trace(tmp_path):
     assert any(e["ph"] == "C" for e in events)
 
 
-BUBBLE_RUNS = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-v", 2)]
+BUBBLE_RUNS = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-v", 2), ("dualpipe-v", 2)]
 
 
 @pytest.mark.ranks

@@ -13,6 +13,7 @@ from parallel_lab.pipeline.schedules import (
     Schedule,
     ScheduleError,
     build,
+    dualpipe_v,
     format_grid,
     gpipe,
     interleaved_1f1b,
@@ -34,6 +35,8 @@ def all_schedules(max_p=6, max_m=10):
             yield one_f_one_b(p, m)
             yield zb_h1(p, m)
             yield zb_v(p, m)
+            if m >= 2 * p:
+                yield dualpipe_v(p, m)
             if m % p == 0:
                 for v in (1, 2, 3):
                     yield interleaved_1f1b(p, m, v)
@@ -95,7 +98,7 @@ def test_every_generated_schedule_validates_and_is_complete():
         pairs = s.n_stages * s.n_microbatches
         assert kinds["F"] == pairs, s.name
         assert kinds["B"] + kinds["I"] == pairs and kinds["I"] == kinds["W"], s.name
-        assert s.split_backward == (s.name in ("zb-h1", "zb-v"))
+        assert s.split_backward == (s.name in ("zb-h1", "zb-v", "dualpipe-v"))
         n += 1
     assert n > 300
 
@@ -159,10 +162,11 @@ def test_zb_v_with_few_microbatches_drops_the_padding():
 
 
 def test_registry_and_build_names():
-    assert list(SCHEDULES) == ["naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"]
+    assert list(SCHEDULES) == ["naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipe-v"]
     assert build("1f1b", 4, 8) == one_f_one_b(4, 8)
     assert build("interleaved-1f1b", 4, 8, virtual=2).n_stages == 8
     assert build("zb-v", 4, 8).n_stages == 8 and build("zb-v", 4, 8, virtual=2).n_stages == 8
+    assert build("dualpipe-v", 4, 8) == dualpipe_v(4, 8) and build("dualpipe-v", 4, 8).n_stages == 8
     assert build("naive", 4, 1).n_stages == 4
 
 

@@ -13,6 +13,7 @@ from parallel_lab.pipeline.schedules import (
     Action,
     ScheduleError,
     build,
+    dualpipe_v,
     gpipe,
     interleaved_1f1b,
     naive,
@@ -149,7 +150,7 @@ def test_zb_h1_schedule_json_reports_peaks_until_w():
 
 def test_split_backward_peaks_match_the_grid_count_for_every_split_schedule():
     for p, m in [(2, 3), (3, 5), (4, 8), (4, 12)]:
-        for schedule in (zb_h1(p, m), zb_v(p, m)):
+        for schedule in (zb_h1(p, m), zb_v(p, m)) + ((dualpipe_v(p, m),) if m >= 2 * p else ()):
             assert simulate(schedule, Costs(F=1, B=2, I=1, W=1)).peak_rank_activations == grid_peaks(schedule, 32 / 34)
 
 
@@ -172,7 +173,8 @@ def test_zb_v_reaches_the_start_up_lower_bound():
 
 def test_matches_reference_on_random_costs_and_links():
     rng = random.Random(0)
-    for schedule in [gpipe(3, 5), one_f_one_b(4, 6), interleaved_1f1b(2, 4, 3), zb_h1(4, 3), zb_v(3, 7), naive(3)]:
+    for schedule in [gpipe(3, 5), one_f_one_b(4, 6), interleaved_1f1b(2, 4, 3), zb_h1(4, 3), zb_v(3, 7), naive(3),
+                     dualpipe_v(3, 7)]:
         for _ in range(5):
             n = schedule.n_stages
             costs = Costs(

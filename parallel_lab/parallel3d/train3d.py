@@ -178,7 +178,7 @@ def precision(cfg: Config) -> memory.Precision:
 def predicted_memory(cfg: Config) -> dict:
     """``memory_model.max_device_memory`` for this run (bytes on the most loaded device)."""
     model = memory.ModelConfig("tiny GPT", cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, cfg.seq)
-    stages = cfg.pp * (2 if cfg.schedule == "zb-v" else cfg.virtual)
+    stages = cfg.pp * (2 if cfg.schedule in ("zb-v", "dualpipe-v") else cfg.virtual)
     if cfg.layers % stages:
         raise ValueError(f"the memory model needs equal stages: layers {cfg.layers} % {stages} stages != 0")
     return memory_model.max_device_memory(

@@ -147,7 +147,7 @@ def run_pipeline(schedule: str | Schedule = "1f1b", ranks: int = 4, microbatches
                  timeout: float = 60.0) -> dict:
     """``parallel-lab run pipeline --json``: run ``schedule`` on ``ranks`` ranks, check it, predict it.
 
-    ranks is p (model stages: p, or p*virtual, or 2p for zb-v); a Schedule object brings its own p, m
+    ranks is p (model stages: p, or p*virtual, or 2p for zb-v and dualpipe-v); a Schedule object brings its own p, m
     and v (see ``plan``). Returns
     ``schedule, stages, microbatches, max_grad_diff, loss_diff, bubble_measured (virtual clock),
     bubble_predicted, bubble_wall (wall clock), peak_activations`` (per model stage, measured) and

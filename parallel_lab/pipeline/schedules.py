@@ -15,7 +15,8 @@ Action kinds (PyTorch `torch.distributed.pipelining` notation, `{stage}{kind}{mi
 Papers: GPipe (Huang et al. 2019), PipeDream-Flush / 1F1B (Narayanan et al. 2021, "Memory-Efficient
 Pipeline-Parallel DNN Training"), interleaved 1F1B (Narayanan et al. 2021, "Efficient Large-Scale
 Language Model Training on GPU Clusters Using Megatron-LM", SC'21), ZB-H1 and ZB-V (Qi et al. 2023,
-"Zero Bubble Pipeline Parallelism").
+"Zero Bubble Pipeline Parallelism"), DualPipeV (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report",
+section 3.2.1 DualPipe, in its "cut-in-half" V form, as PyTorch's `ScheduleDualPipeV`).
 """
 
 from __future__ import annotations
@@ -368,6 +369,68 @@ def zb_v(p: int, m: int) -> Schedule:
     return _make("zb-v", p, m, 2, stage_to_rank, (_zb_v_rank(r, p, m) for r in range(p)))
 
 
+def _dualpipe_v_rank(r: int, p: int, m: int) -> list[Action]:
+    # PyTorch's ScheduleDualPipeV._calculate_single_rank_operations, step by step (stage "0" is this
+    # rank's down stage, "1" its up stage); each full backward B is written as I then W at once.
+    down, up = r, 2 * p - 1 - r
+    f0, i0, w0 = (iter(_actions(down, kind, range(m))) for kind in "FIW")
+    f1, i1, w1 = (iter(_actions(up, kind, range(m))) for kind in "FIW")
+    b0, b1 = [i0, w0], [i1, w1]
+    tokens = (
+        [f0] * (2 * (p - r - 1))  # 1. warm-up forwards of the down stage
+        + [f0, f1] * (r + 1)  # 2. forward pairs: down, then up
+        + [i1, w1, f1] * (p - r - 1)  # 3. zero-bubble I-W-F of the up stage
+        + [f0, *b1, f1, *b0] * (m - 2 * p + r + 1)  # 4. steady state: pairs (F0 & B1), (F1 & B0)
+        + [*b1, f1, *b0] * (p - r - 1)  # 5. B1, then the pair (F1 & B0)
+    )
+    deferred: list[Iterator] = []  # 6.-8.: W's held back, first in first out (PyTorch's weight_queue)
+    split = False
+    for k in range(r + 1):  # 6. B1 B0: from the middle on, I now and W later
+        for stage, (i, w) in ((1, b1), (0, b0)):
+            split = split or (k == (r + 1) // 2 and r % 2 == stage)  # odd ranks split B1 first
+            tokens += [i] if split else [i, w]
+            deferred += [w] if split else []
+    for _ in range(p - r - 1):  # 7. a deferred W, then I of the down stage (its W deferred)
+        tokens += [deferred.pop(0), i0]
+        deferred.append(w0)
+    return _issue(tokens + deferred)  # 8. the remaining r + 1 W's
+
+
+def dualpipe_v(p: int, m: int) -> Schedule:
+    """DualPipeV (DeepSeek-V3 technical report 2024, section 3.2.1; the "cut-in-half" V form of
+    DualPipe in PyTorch's `ScheduleDualPipeV`, after github.com/deepseek-ai/DualPipe).
+
+    Placement as ZB-V: 2p stages, rank r holds stage r (down) and 2p-1-r (up). The order is
+    PyTorch's, step for step: 2(p-r-1) forwards of the down stage, r+1 forward pairs, p-r-1
+    zero-bubble I-W-F triples of the up stage, then DualPipe's steady state, where each forward is
+    paired with the backward of *another* micro-batch on the rank's other stage, (F0 & B1) then
+    (F1 & B0), and a cool-down whose second half splits the backward and defers W to fill the drain.
+    In DeepSeek's system the two halves of a pair run at once, so that the forward's expert-parallel
+    all-to-all hides behind the backward's compute and vice versa; here a pair is adjacent actions,
+    `F` then `I W` (PyTorch's OVERLAP_F_B lists the same two sub-actions, F first, and its runtime
+    also runs them one after the other unless a custom overlap function is registered), and the
+    course's executor runs them one after the other. Every full backward is split into I followed at
+    once by W: the same work, but the gradient leaves at I, so at equal costs (I + W = B) the
+    makespan is never longer than PyTorch's and shorter with link latency (tests/test_dualpipe.py).
+
+    Needs m >= 2p, PyTorch's check (at least as many micro-batches as stages): rank r's steady state
+    has m - 2p + r + 1 pairs of pairs, none on rank 0 at m = 2p - 1 and a negative count below.
+    With free links and I = W = B/2 the makespan is 2m(F + B) + max((p-1) max(2F - B, F),
+    (p-1) B/2 - F) in per-stage costs, ZB-V's 6m + p - 1 at F = I = W = 1 (fitted to the simulator
+    and held against it, not derived from the paper). Counted until W, every rank peaks at 2p + 1 half-size stashes, p + 1/2 of a rank's layers: one more
+    than ZB-V, because a pair's forward starts before its partner's backward frees anything (cf.
+    the activation memory of PP + 1 the report gives DualPipe).
+    """
+    _check_positive("dualpipe-v", ranks=p, microbatches=m)
+    if m < 2 * p:
+        raise ScheduleError(
+            f"dualpipe-v needs microbatches >= 2 * ranks (at least one micro-batch per model stage, as "
+            f"PyTorch's ScheduleDualPipeV), got microbatches {m}, ranks {p} (2 * ranks = {2 * p})"
+        )
+    stage_to_rank = [s if s < p else 2 * p - 1 - s for s in range(2 * p)]
+    return _make("dualpipe-v", p, m, 2, stage_to_rank, (_dualpipe_v_rank(r, p, m) for r in range(p)))
+
+
 SCHEDULES = {
     "naive": naive,
     "gpipe": gpipe,
@@ -375,6 +438,7 @@ SCHEDULES = {
     "interleaved-1f1b": interleaved_1f1b,
     "zb-h1": zb_h1,
     "zb-v": zb_v,
+    "dualpipe-v": dualpipe_v,
 }
 
 
@@ -382,10 +446,11 @@ def build(name: str, ranks: int, microbatches: int, virtual: int = 1) -> Schedul
     """Build a schedule by CLI name, checking parameters first (`parallel-lab schedule NAME ...`).
 
     ranks:         p, the number of pipeline ranks (the CLI's `--ranks P`, alias `--stages`). Model stages are
-                   p for most schedules, p * virtual for interleaved-1f1b, and 2p for zb-v.
-    microbatches:  m; naive needs m == 1; interleaved-1f1b needs m % p == 0.
-    virtual:       stages per rank; only interleaved-1f1b takes it (zb-v always has 2, and accepts
-                   virtual 1 or 2); every other schedule needs 1.
+                   p for most schedules, p * virtual for interleaved-1f1b, and 2p for zb-v and
+                   dualpipe-v.
+    microbatches:  m; naive needs m == 1; interleaved-1f1b needs m % p == 0; dualpipe-v m >= 2p.
+    virtual:       stages per rank; only interleaved-1f1b takes it (zb-v and dualpipe-v always have
+                   2, and accept virtual 1 or 2); every other schedule needs 1.
     """
     if name not in SCHEDULES:
         raise ScheduleError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
@@ -400,7 +465,7 @@ def build(name: str, ranks: int, microbatches: int, virtual: int = 1) -> Schedul
         return naive(ranks)
     if name == "interleaved-1f1b":
         return interleaved_1f1b(ranks, microbatches, virtual)
-    allowed = (1, 2) if name == "zb-v" else (1,)
+    allowed = (1, 2) if name in ("zb-v", "dualpipe-v") else (1,)
     if virtual not in allowed:
         raise ScheduleError(f"{name} has a fixed {allowed[-1]} stage(s) per rank, got virtual {virtual}")
     return SCHEDULES[name](ranks, microbatches)

@@ -17,7 +17,9 @@ The cost model (per training step, on the slowest device; every term is printed 
 - **pipeline bubble**: closed forms of the simulator's makespan (``parallel_lab.pipeline.simulate``; equal
   stage costs, free links -- tested equal): GPipe and 1F1B ``(m + p - 1)(F + B)``, interleaved 1F1B
   ``m(F + B) + (p - 1)(F + B)/v``, ZB-H1 ``m(F + B) + (p - 1)·max(F, B/2)`` (its W passes fill the
-  cool-down).
+  cool-down). DualPipeV (m >= 2p) has one too, ``m(F + B) + max((p - 1)·max(F - B/2, F/2),
+  (p - 1)·B/4 - F/2)``, but the planner does not search it (not in ``CLOSED_FORMS``): its search
+  knows neither its two stages per rank (the memory model's ``virtual``) nor its m >= 2p.
 - **pipeline point-to-point**: every micro-batch chunk sends its activation forward and receives its
   gradient back, ``b·s·h/t`` 2-byte values (Megatron's scatter/gather optimisation), not overlapped;
   inter-node links when a pipeline group spans nodes.
@@ -54,6 +56,8 @@ def pipeline_makespan(schedule: str, pp: int, microbatches: int, virtual: int, f
         return work + (p - 1) * (fwd + bwd) / v
     if schedule == "zb-h1":
         return work + (p - 1) * max(fwd, bwd / 2)
+    if schedule == "dualpipe-v":  # per stage F = fwd/2, B = bwd/2, I = W = B/2; needs m >= 2p (tests/test_dualpipe.py)
+        return work + max((p - 1) * max(fwd - bwd / 2, fwd / 2), (p - 1) * bwd / 4 - fwd / 2)
     raise ValueError(f"no closed form for schedule {schedule!r}; choose one of {', '.join(CLOSED_FORMS)}")
 
 

@@ -214,6 +214,6 @@ def max_device_memory(model: memory.ModelConfig, **kwargs) -> dict:
     # rank 0 holds the most activations for every w_share < 1 or schedule without a split backward
     # (their peaks fall with r); with w_share >= 1 ZB's later ranks can hold more: keep them all
     candidates = {0, pp - 1, max(range(pp), key=lambda r: peaks[r])}
-    if kwargs.get("schedule") in ("zb-h1", "zb-v"):
+    if kwargs.get("schedule") in ("zb-h1", "zb-v", "dualpipe-v"):
         candidates = set(range(pp))
     return max(device_memory(model, **kwargs, stages=candidates), key=lambda row: row["total"])

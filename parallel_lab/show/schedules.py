@@ -24,7 +24,8 @@ from parallel_lab.show.pipeline import plain_layout
 # (schedule, virtual stages per rank) compared in lesson 06; costs per model stage F = I = W = 1
 SCHEDULES = (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-v", 2))
 UNIT = Costs(F=1, B=2, I=1, W=1)
-_COLORS = {"1f1b": "#4c78a8", "interleaved-1f1b": "#54a24b", "zb-h1": "#f58518", "zb-v": "#b279a2"}
+_COLORS = {"1f1b": "#4c78a8", "interleaved-1f1b": "#54a24b", "zb-h1": "#f58518", "zb-v": "#b279a2",
+           "dualpipe-v": "#e45756"}  # dualpipe-v: not in lesson 06's SCHEDULES, pass it to compare
 
 
 def label(name: str, virtual: int = 1) -> str:
