@@ -231,6 +231,9 @@ def _nbytes(op: str, bound: dict) -> int:
         return sum(size(x) for x in t) if isinstance(t, (list, tuple)) else size(t)
     if op == "all_to_all":
         return sum(size(t) for t in bound.get("input_tensor_list", []))
+    if op == "all_to_all_single":  # its first tensor is the output: what the rank receives
+        t = bound.get("input")
+        return size(t) if isinstance(t, torch.Tensor) else 0
     tensors = _tensors(bound)  # the call's first tensor is the one this rank contributes
     return size(tensors[0]) if tensors else 0
 
