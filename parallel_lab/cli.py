@@ -40,7 +40,7 @@ def _bench(args):
 
 def _bench_arguments(parser):
     parser.add_argument("suites", nargs="*", metavar="SUITE",
-                        help="launcher, collectives, simulator, tensor, pipeline, grading (default: all)")
+                        help="launcher, collectives, simulator, tensor, pipeline, grading, zero, context (default: all)")
 
 
 SCHEDULE_NAMES = ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipe-v")

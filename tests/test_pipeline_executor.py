@@ -271,8 +271,13 @@ def test_benchmark_rows_have_the_cli_shape():
     rows = launcher.run(bench.bench_rank, 4, kwargs=dict(repeats=1, warmup=1, hidden=(16,)), timeout=120)[0]
     assert [r["name"] for r in rows] == ["mlp h16 b64 m8 p4 gpipe", "mlp h16 b64 m8 p4 1f1b"]
     for r in rows:
-        assert set(r) == {"name", "ours_s", "peer", "peer_s", "ratio"} and r["peer"] == bench.PEER
+        assert set(r) == {"name", "ours_s", "peer", "peer_s", "ratio", "compute_s", "cores", "limit_s",
+                          "limit_ratio"} and r["peer"] == bench.PEER
         assert r["ratio"] == pytest.approx(r["ours_s"] / r["peer_s"])
+        # the limit: every rank's action CPU time over the cores the 4 ranks get
+        assert r["compute_s"] > 0 and 1 <= r["cores"] <= 4
+        assert r["limit_s"] == pytest.approx(r["compute_s"] / r["cores"])
+        assert r["limit_ratio"] == pytest.approx(r["ours_s"] / r["limit_s"])
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """What every benchmark row is: ``{"name", "ours_s", "peer", "peer_s", "ratio"}`` (ratio = ours /
-peer, so below 1 is faster), and the median wall time of a call."""
+peer, so below 1 is faster), the median wall time of a call, and the machine's limit of a row run
+on several ranks (``limit_columns``: its CPU work over the cores the ranks get)."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -19,3 +21,19 @@ def median_time(fn, repeats: int) -> float:
         fn()
         samples.append(time.perf_counter() - start)
     return statistics.median(samples)
+
+
+def cores(ranks: int) -> int:
+    """Cores ``ranks`` rank processes really get: at most one each, at most those this process may
+    run on (its CPU affinity, which a container or ``taskset`` narrows below ``os.cpu_count()``)."""
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(ranks, available))
+
+
+def limit_columns(ours_s: float, compute_s: float, ranks: int) -> dict:
+    """``compute_s`` (all ranks' CPU seconds of a step), ``cores``, ``limit_s`` = compute_s / cores
+    (the shortest wall time this machine could do the step in) and ``limit_ratio`` = ours_s / limit_s."""
+    n = cores(ranks)
+    limit = compute_s / n
+    return {"compute_s": compute_s, "cores": n, "limit_s": limit,
+            "limit_ratio": ours_s / limit if limit > 0 else None}

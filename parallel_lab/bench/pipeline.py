@@ -11,6 +11,13 @@ machine's state. A step is one forward and backward of the whole batch; gradient
 between steps (not timed); each step starts after a barrier, lasts as long as its slowest rank,
 and a row reports the median over ``repeats``. Ours runs without recording (no timestamps sent).
 Quote the ratio, not the absolute times.
+
+How close to the machine: after the timed steps, ``LIMIT_STEPS`` more steps of ours run recorded
+(not timed) and the thread CPU time of every action (what the executor's virtual clock counts) is
+summed over all ranks: ``compute_s``, the work of one step (median over those steps). No schedule
+can finish it faster than ``limit_s = compute_s / cores``, with ``cores = min(ranks, cores this
+process may run on)``; ``limit_ratio = ours_s / limit_s`` says how far above that floor we are
+(communication, waiting for a neighbour, the bubble, a rank descheduled by other load).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+from parallel_lab.bench.measure import limit_columns
 from parallel_lab.pipeline.executor import Executor
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.stages import ModelSpec, cut
@@ -32,6 +40,7 @@ PEER = "torch.distributed.pipelining"
 HIDDEN = (256, 1024)
 BATCH, MICROBATCHES, LAYERS, RANKS = 64, 8, 8, 4
 SCHEDULES = ("gpipe", "1f1b")
+LIMIT_STEPS = 3  # recorded (untimed) steps per row whose per-action thread CPU times give the limit
 
 
 def _peer(module, name: str, rank: int, p: int, loss_fn):
@@ -49,6 +58,25 @@ def _timed(step, params) -> float:
     return time.perf_counter() - start
 
 
+def compute_seconds(ex: Executor, x, target, steps: int = LIMIT_STEPS) -> float:
+    """Collective: the thread CPU seconds of one step's actions summed over all ranks (the median of
+    ``steps`` recorded steps; gradients are reset before each and left unset after). ``x``/``target``
+    as for ``Executor.step``. The executor is left as it was (unrecorded)."""
+    was, ex.record = ex.record, True
+    totals = torch.zeros(max(1, steps), dtype=torch.float64)
+    try:
+        for i in range(len(totals)):
+            ex.zero_grad()
+            dist.barrier()
+            ex.step(x, target)
+            totals[i] = sum(r["cpu"] for r in ex.records)
+    finally:
+        ex.record = was
+        ex.zero_grad()
+    dist.all_reduce(totals)  # the work of all ranks
+    return statistics.median(totals.tolist())
+
+
 def bench_rank(repeats: int = 10, warmup: int = 3, hidden=HIDDEN, schedules=SCHEDULES) -> list[dict]:
     """Rank function: time ours and the peer on every (hidden, schedule), alternating; the rows
     (the same on every rank)."""
@@ -62,10 +90,11 @@ def _bench(repeats, warmup, hidden, schedules) -> list[dict]:
     for h in hidden:
         spec = ModelSpec("mlp", hidden=h, layers=LAYERS, batch=BATCH, dtype="float32")
         stage = cut(spec, p, keep={rank})[rank]
+        pristine = copy.deepcopy(stage.module)  # before our workers may put hooks on it: the peer gets none
         x, target = spec.data()
         for name in schedules:
+            module = copy.deepcopy(pristine)
             ours = Executor(build(name, p, MICROBATCHES), {rank: stage}, spec, rank)
-            module = copy.deepcopy(stage.module)
             peer = _peer(module, name, rank, p, spec.loss)
             steps = (lambda: ours.step(x if rank == 0 else None, target if rank == p - 1 else None),
                      _peer_step(peer, rank, p, x, target))
@@ -78,8 +107,10 @@ def _bench(repeats, warmup, hidden, schedules) -> list[dict]:
                         times[k, i - warmup] = t
             dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a step lasts as long as its slowest rank
             ours_s, peer_s = (statistics.median(times[k].tolist()) for k in (0, 1))
+            compute_s = compute_seconds(ours, x if rank == 0 else None, target if rank == p - 1 else None)
             rows.append({"name": f"mlp h{h} b{BATCH} m{MICROBATCHES} p{p} {name}", "ours_s": ours_s,
-                         "peer": PEER, "peer_s": peer_s, "ratio": ours_s / peer_s})
+                         "peer": PEER, "peer_s": peer_s, "ratio": ours_s / peer_s,
+                         **limit_columns(ours_s, compute_s, p)})
     return rows
 
 
@@ -92,5 +123,6 @@ def _peer_step(peer, rank, p, x, target):
 
 
 def bench_pipeline(repeats: int = 10, warmup: int = 3, timeout: float = 600.0) -> list[dict]:
-    """``parallel-lab bench pipeline``: rows ``{name, ours_s, peer, peer_s, ratio}`` on 4 ranks."""
+    """``parallel-lab bench pipeline``: rows ``{name, ours_s, peer, peer_s, ratio, compute_s, cores,
+    limit_s, limit_ratio}`` on 4 ranks."""
     return launcher.run(bench_rank, RANKS, kwargs=dict(repeats=repeats, warmup=warmup), timeout=timeout)[0]

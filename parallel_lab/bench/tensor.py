@@ -11,6 +11,11 @@ barrier; an iteration's time is the slowest rank's; a row reports the median ove
 Quote the ratio, not the absolute times. With more ranks than cores, wall
 time is mostly waiting for a descheduled rank; ``*_cpu_s`` (thread CPU time of the busiest rank)
 and ``cpu_ratio`` compare the work each side does, unaffected by that.
+
+How close to the machine: ``compute_s`` is our iteration's thread CPU time summed over the ranks
+(median over the repeats; measured around the same timed iterations, which two clock reads do not
+slow). No implementation of that work can take less wall time than ``limit_s = compute_s / cores``,
+``cores = min(tp, cores this process may run on)``; ``limit_ratio = ours_s / limit_s``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from parallel_lab import models
+from parallel_lab.bench.measure import limit_columns
 from parallel_lab.runtime import launcher
 from parallel_lab.tensor.dtensor import dtensor_parallelize
 from parallel_lab.tensor.plan import parallelize
@@ -41,11 +47,11 @@ def _step(model, x, grad):
     return time.perf_counter() - start, time.thread_time() - cpu
 
 
-def bench_rank(repeats: int = 20, warmup: int = 3) -> list[dict]:
+def bench_rank(repeats: int = 20, warmup: int = 3, mlp_shapes=MLP_SHAPES, block_shape=BLOCK_SHAPE) -> list[dict]:
     """Rank function: time ours and the peer on every shape, alternating; rows (same on all ranks)."""
     tp = dist.get_world_size()
-    cases = [(f"mlp h{h} b{b} tp{tp}", models.MLP(h, seed=0), (b, h)) for b, h in MLP_SHAPES]
-    b, t, h, heads = BLOCK_SHAPE
+    cases = [(f"mlp h{h} b{b} tp{tp}", models.MLP(h, seed=0), (b, h)) for b, h in mlp_shapes]
+    b, t, h, heads = block_shape
     cfg = models.GPTConfig(vocab=8, seq=t, hidden=h, heads=heads, layers=1)
     cases.append((f"block h{h} b{b} s{t} tp{tp}", models.Block(cfg, seed=0), (b, t, h)))
     rows = []
@@ -63,16 +69,20 @@ def bench_rank(repeats: int = 20, warmup: int = 3) -> list[dict]:
                 a, b_ = _step(ours, x, grad), _step(peer, x, grad)
             if i >= warmup:
                 times[0, :, i - warmup], times[1, :, i - warmup] = torch.tensor(a), torch.tensor(b_)
+        work = times[0, 1].clone()
+        dist.all_reduce(work)  # our iteration's CPU time on all ranks together
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # an iteration lasts as long as its slowest rank
         (ours_s, ours_cpu), (peer_s, peer_cpu) = times.median(dim=-1).values.tolist()
         rows.append({"name": name, "ours_s": ours_s, "peer": PEER, "peer_s": peer_s, "ratio": ours_s / peer_s,
-                     "ours_cpu_s": ours_cpu, "peer_cpu_s": peer_cpu, "cpu_ratio": ours_cpu / peer_cpu})
+                     "ours_cpu_s": ours_cpu, "peer_cpu_s": peer_cpu, "cpu_ratio": ours_cpu / peer_cpu,
+                     **limit_columns(ours_s, work.median().item(), tp)})
     return rows
 
 
 def bench_tensor(repeats: int = 20, tps=(2, 4), warmup: int = 3, timeout: float = 300.0) -> list[dict]:
-    """``parallel-lab bench tensor``: rows ``{"name", "ours_s", "peer", "peer_s", "ratio"}`` for the
-    MLP (hidden 256 and 1024, batch 32) and a transformer block, at each tensor-parallel size."""
+    """``parallel-lab bench tensor``: rows ``{"name", "ours_s", "peer", "peer_s", "ratio"}`` (and the
+    CPU and limit columns, see the module doc) for the MLP (hidden 256 and 1024, batch 32) and a
+    transformer block, at each tensor-parallel size."""
     rows = []
     for tp in tps:
         rows += launcher.run(bench_rank, tp, kwargs={"repeats": repeats, "warmup": warmup}, timeout=timeout)[0]

@@ -24,6 +24,8 @@ Qi et al. 2023):
     W  weight gradients from the taps: a Linear's dW = dY^T X added into ``.grad`` by one addmm_;
        other taps by autograd from their output to their own parameters only (the graph is kept
        for them). W redoes none of I's work (PyTorch's ``stage_backward_weight`` splits the same way)
+A stage that is a chain of Linear and GELU modules (the course MLP) runs the same operations by
+hand, without autograd's graph (``worker.ChainWorker``); the numbers are the same.
 With ``recompute`` (GPipe's re-materialisation) F runs without a graph and keeps only the stage
 input; B or I first runs the forward again.
 
@@ -49,7 +51,7 @@ import torch.distributed as dist
 from parallel_lab.hardware import PCIE4, Link
 from parallel_lab.pipeline.communication import Comm, communication
 from parallel_lab.pipeline.schedules import Action, Schedule
-from parallel_lab.pipeline.worker import StageWorker
+from parallel_lab.pipeline.worker import StageWorker, make_worker
 from parallel_lab.runtime import commlog
 
 
@@ -138,10 +140,11 @@ class Inbox:
     """This rank's receives of one step: handed out in program order, posted in each sender's order.
 
     A gloo receive that is posted only when its action comes up costs a round trip: the sender's
-    data waits until the receiver says it is ready. So ``take`` first posts the receives of the next
-    ``depth`` needs. A need is posted together with every message its sender sends to this rank
-    before it (NCCL matches a pair's messages in order), each into its own buffer until it is taken.
-    With ``stamps`` every tensor has a one-number virtual timestamp beside it.
+    data waits until the receiver says it is ready. So the first ``depth`` needs are posted when the
+    step starts (``post_ahead``) and ``take`` keeps the next ``depth`` posted (``depth=None``: all of
+    the step's receives at the start). A need is posted together with every message its sender sends
+    to this rank before it (NCCL matches a pair's messages in order), each into its own buffer until
+    it is taken. With ``stamps`` every tensor has a one-number virtual timestamp beside it.
 
     needs:   ``(peer, message)`` per receive, in program order (peer: pipeline rank)
     arrive:  peer -> its messages to this rank in send order (``send_order``)
@@ -149,12 +152,15 @@ class Inbox:
     peers:   global rank of each pipeline rank
     """
 
-    def __init__(self, needs: list, arrive: dict, tag, peers, shape, dtype, device, stamps: bool, depth: int):
-        self.needs, self.tag, self.peers, self.depth = needs, tag, peers, depth
+    def __init__(self, needs: list, arrive: dict, tag, peers, shape, dtype, device, stamps: bool,
+                 depth: int | None):
+        self.needs, self.tag, self.peers = needs, tag, peers
+        self.depth = len(needs) if depth is None else depth
         self.shape, self.stamps = shape, stamps
         self.like = dict(dtype=dtype, device=device)
         self.arrive = {peer: iter(messages) for peer, messages in arrive.items()}
         self.next, self.posted = 0, {}  # (peer, message) -> (works, data, stamp)
+        self.ahead = 0  # needs before this index are posted (or taken)
 
     def _post_through(self, peer: int, message) -> None:
         while (peer, message) not in self.posted:
@@ -168,10 +174,19 @@ class Inbox:
                 works.append(dist.irecv(stamp, self.peers[peer], tag=stamp_tag))
             self.posted[peer, sent] = (works, data, stamp)
 
+    def _post_until(self, end: int) -> None:
+        end = min(end, len(self.needs))
+        while self.ahead < end:
+            self._post_through(*self.needs[self.ahead])
+            self.ahead += 1
+
+    def post_ahead(self) -> None:
+        """Post the first ``depth`` needs (at the start of a step, before any action)."""
+        self._post_until(self.depth)
+
     def take(self):
         """The next receive in program order: (tensor, sender's virtual clock or None)."""
-        for peer, message in self.needs[self.next:self.next + self.depth]:
-            self._post_through(peer, message)
+        self._post_until(self.next + self.depth)
         need = self.needs[self.next]
         self.next += 1
         works, data, stamp = self.posted.pop(need)
@@ -192,8 +207,10 @@ class Executor:
     record:  keep ``records`` (both clocks, memory) and send virtual timestamps beside tensors
     link:    the modelled link for the virtual clock
     check:   validate the schedule first (False only to demonstrate a hang)
-    prefetch: receives posted ahead (each holds one boundary-sized buffer until its action runs)
-    fuse:    accumulate Linear weight gradients with one addmm_ (see StageWorker)
+    prefetch: receives posted ahead, from the start of the step (each holds one boundary-sized buffer
+              until its action runs); None: all of the step's receives
+    fuse:    accumulate Linear weight gradients with one addmm_ (see StageWorker; a chain of Linear and
+             GELU then runs by hand, ``worker.make_worker``)
     peers:   global rank of each pipeline rank (default: the same number). Inside a device mesh the
              schedule's rank r is ``Groups.pp_ranks[r]`` (parallel_lab.parallel3d.train3d); ``rank`` stays the
              pipeline rank
@@ -202,7 +219,7 @@ class Executor:
     """
 
     def __init__(self, schedule: Schedule, stages: dict, spec: StageSpec, rank: int, *, recompute: bool = False,
-                 record: bool = False, link: Link = PCIE4, check: bool = True, prefetch: int = 4,
+                 record: bool = False, link: Link = PCIE4, check: bool = True, prefetch: int | None = 4,
                  fuse: bool = True, peers=None, tags: bool | None = None):
         self.schedule, self.spec, self.rank = schedule, spec, rank
         self.m, self.n_stages = schedule.n_microbatches, schedule.n_stages
@@ -211,7 +228,7 @@ class Executor:
         self.arrive = send_order(comms, rank)
         split = schedule.split_backward
         self.workers = {
-            s: StageWorker(stage, spec.loss, self.m, s == 0, s == self.n_stages - 1, recompute, split, fuse)
+            s: make_worker(stage, spec.loss, self.m, s == 0, s == self.n_stages - 1, recompute, split, fuse)
             for s, stage in stages.items()
         }
         self.tagged = not (dist.is_initialized() and dist.get_backend() == "nccl") if tags is None else tags
@@ -249,6 +266,7 @@ class Executor:
         self.w_bytes = [0, 0]  # over this step's I's: bytes kept for W, bytes of the whole stash before
         inbox = Inbox(self.needs, self.arrive, self.tag, self.peers, shape, dtype, self.device, self.record,
                       self.prefetch)
+        inbox.post_ahead()  # the senders may send as soon as they compute (no round trip on the first)
         # A hang report then names the action: "pipeline action 1B3 (...): wait(irecv(src=2, ...))".
         commlog.set_activity(f"pipeline {self.schedule.name}, starting a step")
         try:
@@ -372,7 +390,7 @@ def _nothing():
 @contextmanager
 def _saved_bytes(w: StageWorker, j: int):
     """Count the bytes of activations microbatch j's graph keeps on stage ``w`` (its input and every
-    tensor autograd saves, parameters excluded) into ``w.saved_bytes[j]``. A tensor counts its own
+    tensor autograd saves, or a ChainWorker keeps, parameters excluded) into ``w.saved_bytes[j]``. A tensor counts its own
     size, not its storage's: a micro-batch that is a slice of the whole batch (stage 0's input, the
     last stage's targets) holds only its slice; views of one storage count the largest once."""
     params = {p.untyped_storage().data_ptr() for p in w.params}
@@ -384,8 +402,12 @@ def _saved_bytes(w: StageWorker, j: int):
             seen[ptr] = max(seen.get(ptr, 0), t.numel() * t.element_size())
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
-        yield
+    w.count_kept = count  # what a worker keeps outside autograd (ChainWorker) counts the same way
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
+            yield
+    finally:
+        w.count_kept = None
     x = w.stash.get(j, (None,))[0]
     if isinstance(x, torch.Tensor):
         count(x)

@@ -5,7 +5,9 @@
     dx = worker.backward(0, grad)          # B of microbatch 0 (or input_grad then weight_grad)
 
 The executor (``pipeline.executor``) decides when each action runs and moves tensors between ranks;
-the worker does the arithmetic of one stage and its memory accounting.
+the worker does the arithmetic of one stage and its memory accounting. ``make_worker`` picks the
+worker for a stage: a ``ChainWorker`` for a chain of Linear and GELU modules (the course MLP), which
+runs the same operations by hand instead of through autograd, else a ``StageWorker``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -49,11 +52,15 @@ class StageWorker:
         self.held: dict[int, tuple] = {}
         self.saved_bytes: dict[int, int] = {}  # microbatch -> bytes its activations take (recording only)
         self._taps: list | None = None
+        self.count_kept = None  # set by the executor while it counts saved bytes (ChainWorker reports to it)
         self.uses_taps, self.generic = split or fuse, False
+        self._register_taps()
+
+    def _register_taps(self) -> None:
         for m in self.module.modules() if self.uses_taps else ():
             params = list(m.parameters(recurse=False))
             if params:
-                linear = m if fuse and isinstance(m, nn.Linear) else None
+                linear = m if self.fuse and isinstance(m, nn.Linear) else None
                 self.generic |= linear is None  # W needs this tap's graph: I must keep it
                 m.register_forward_hook(self._tap_hook(params, linear))
 
@@ -127,6 +134,100 @@ class StageWorker:
 
     def stashed(self) -> int:
         return len(self.stash)
+
+
+class ChainWorker(StageWorker):
+    """A StageWorker for a stage that applies nn.Linear and nn.GELU modules one after another (the
+    course MLP; ``linear_gelu_chain``), with fused weight gradients: F, B, I and W by hand.
+
+    The same operations autograd runs on the same tensors (``F.linear``, ``F.gelu``, ``gelu_backward``,
+    ``dY @ W`` for the input gradient, ``_weight_grads`` for W), hence the same numbers, without
+    building a graph in F and walking it in B, which on small micro-batches costs about as much as
+    the arithmetic. It keeps what autograd would save -- each module's input -- and reports those
+    tensors to ``count_kept`` when the executor counts bytes. Only the last stage's loss goes
+    through autograd (any ``loss_fn``): B starts from its gradient w.r.t. the chain's output.
+    """
+
+    def __init__(self, stage, loss_fn, n_microbatches: int, first: bool, last: bool, chain: list,
+                 recompute: bool = False, split: bool = False):
+        self.chain = chain
+        super().__init__(stage, loss_fn, n_microbatches, first, last, recompute, split, fuse=True)
+        self.uses_taps = False
+        self._tap_params = [list(m.parameters(recurse=False)) for m in chain]
+
+    def _register_taps(self) -> None:  # no hooks: _forward keeps what W needs itself
+        pass
+
+    def _forward(self, x, target):
+        """The chain's output (or the scaled loss) and ``saved``: each module's input, and on the last
+        stage the chain's output last. Without grad mode (recompute's first forward) it keeps nothing."""
+        keep = torch.is_grad_enabled()
+        saved = []
+        with torch.no_grad():
+            a = x
+            for m in self.chain:
+                if keep:
+                    saved.append(a)
+                a = F.linear(a, m.weight, m.bias) if isinstance(m, nn.Linear) else F.gelu(a, approximate=m.approximate)
+        if keep and self.count_kept is not None:
+            for t in saved:
+                self.count_kept(t)
+        if not self.last:
+            return a, saved
+        if keep:
+            a.requires_grad_()
+            saved.append(a)
+        return self.loss_fn(a, target) * self.scale, saved
+
+    def _input_grads(self, j: int, grad):
+        """The chain walked backwards from the output gradient (the last stage: the loss's): GELU's
+        ``gelu_backward``, a Linear's ``dY @ W``; no ``dX`` for the first stage's input. Returns
+        (input gradient or None, a Tap per Linear, their output gradients) for ``_weight_grads``."""
+        x, out, saved = self._take(j)
+        if self.last:
+            (grad,) = torch.autograd.grad(out, saved[-1])
+        taps, grads = [], []
+        with torch.no_grad():
+            for i in range(len(self.chain) - 1, -1, -1):
+                m = self.chain[i]
+                if isinstance(m, nn.Linear):
+                    taps.append(Tap(self._tap_params[i], None, m, saved[i]))
+                    grads.append(grad)
+                    grad = None if i == 0 and self.first else grad @ m.weight
+                else:
+                    grad = torch.ops.aten.gelu_backward(grad, saved[i], approximate=m.approximate)
+        return (None if self.first else grad), taps, grads
+
+
+def linear_gelu_chain(module: nn.Module) -> list | None:
+    """The modules ``module`` applies one after another when it is nn.Sequential's (nested) of
+    nn.Linear and nn.GELU only, none with hooks; else None."""
+    if type(module) is not nn.Sequential or module._forward_hooks or module._forward_pre_hooks:
+        return None
+    chain = []
+    for m in module:
+        if type(m) is nn.Sequential:
+            inner = linear_gelu_chain(m)
+            if inner is None:
+                return None
+            chain += inner
+        elif type(m) in (nn.Linear, nn.GELU) and not (m._forward_hooks or m._forward_pre_hooks
+                                                       or m._backward_hooks or m._backward_pre_hooks):
+            chain.append(m)
+        else:
+            return None
+    return chain or None
+
+
+def make_worker(stage, loss_fn, n_microbatches: int, first: bool, last: bool, recompute: bool = False,
+                split: bool = False, fuse: bool = True) -> StageWorker:
+    """The worker of ``stage`` (arguments as StageWorker's): a ChainWorker when the weight gradients
+    are fused and the stage is a chain of Linear and GELU modules, else a StageWorker."""
+    chain = linear_gelu_chain(stage.module) if fuse else None
+    no_global_hooks = not (nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks)
+    if chain and no_global_hooks:
+        return ChainWorker(stage, loss_fn, n_microbatches, first, last, chain, recompute, split)
+    return StageWorker(stage, loss_fn, n_microbatches, first, last, recompute, split, fuse)
 
 
 def _weight_grads(taps: list[Tap], grads) -> None:
