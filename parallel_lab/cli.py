@@ -127,8 +127,59 @@ def _run_3d(args):
     return result, text, ""
 
 
+def _run_moe(args):
+    from parallel_lab.moe.run import run_moe
+
+    report = run_moe(args.ep, args.experts, args.top_k, args.capacity_factor)
+    counts = ", ".join(f"{op} x{c['count']} ({c['bytes']} B)" for op, c in report["collectives"].items())
+    text = (f"expert parallel MoE, {report['experts']} experts on ep {args.ep}, top-{report['top_k']}, "
+            f"capacity {report['capacity']} per expert: max output diff {report['max_output_diff']:.1e}, max "
+            f"grad diff {report['max_grad_diff']:.1e}, loss diff {report['loss_diff']:.1e} (fp64, against "
+            f"the single-process layer)\ntokens per expert {report['tokens_per_expert']}, dropped "
+            f"{report['dropped']} of {report['tokens'] * report['top_k']} assignments "
+            f"({report['dropped_tokens']} tokens entirely)\ncollectives on rank 0: {counts}")
+    keys = ("ep", "experts", "top_k", "capacity_factor", "capacity", "tokens", "max_output_diff",
+            "max_grad_diff", "loss_diff", "routing_equal", "tokens_per_expert", "routed_per_expert",
+            "dropped", "dropped_tokens", "collectives", "all_to_all_bytes")
+    return {k: report[k] for k in keys}, text, ""
+
+
+def _run_zero(args):
+    from parallel_lab.zero.run import run_zero
+
+    report = run_zero(args.stage, args.dp, args.model, args.steps, args.batch, overlap=args.overlap)
+    mem = report["memory_per_rank"]
+    rows = ", ".join(f"{k} {v['measured'] / 1e3:.1f}/{v['predicted'] / 1e3:.1f} kB" for k, v in mem.items())
+    counts = ", ".join(f"{op} x{c['count']} ({c['bytes']} B)" for op, c in report["collectives"].items())
+    t = report["traffic_per_step"]
+    text = (f"ZeRO stage {args.stage} on dp {args.dp}, {report['steps']} Adam steps of the GPT "
+            f"({report['params']} parameters): max param diff {report['max_param_diff']:.1e}, loss diff "
+            f"{report['loss_diff']:.1e} (fp64, against one process)\nmodel state per rank, measured/predicted: "
+            f"{rows}\ntraffic per step {t['measured'] / 1e3:.1f} kB (predicted {t['predicted'] / 1e3:.1f} kB); "
+            f"collectives of one step on rank 0: {counts}\nvirtual clock ({report['link']['name']}): step "
+            f"{report['virtual']['step_s'] * 1e3:.2f} ms{' with overlap' if args.overlap else ''}, "
+            f"{report['virtual']['serial_step_s'] * 1e3:.2f} ms with every collective waited for at once")
+    return report, text, ""
+
+
+def _run_context(args):
+    from parallel_lab.context.run import run_context
+
+    report = run_context(args.cp, args.variant, args.causal, args.seq, args.heads, args.batch)
+    scores, sent = report["score_bytes_per_rank"], report["bytes_sent_per_rank"]
+    counts = ", ".join(f"{op} x{c['count']} ({c['bytes']} B)" for op, c in report["collectives"].items())
+    text = (f"context parallel attention, {args.variant} on cp {args.cp} ({'causal' if args.causal else 'not causal'}, "
+            f"seq {report['config']['seq']}, {report['config']['heads']} heads): max output diff "
+            f"{report['max_output_diff']:.1e}, max grad diff {report['max_grad_diff']:.1e} (fp64, against the dense "
+            f"attention on one process)\nlargest score tensor per rank: {scores['measured']} B measured, "
+            f"{scores['predicted']} B predicted (one process: {scores['one_process']} B)\nbytes sent per rank "
+            f"{sent['measured']} (predicted {sent['predicted']}); collectives on rank 0 (forward + backward): {counts}")
+    return report, text, ""
+
+
 def _run(args):
-    return {"tensor": _run_tensor, "pipeline": _run_pipeline, "3d": _run_3d}[args.what](args)
+    return {"tensor": _run_tensor, "pipeline": _run_pipeline, "3d": _run_3d, "moe": _run_moe,
+            "zero": _run_zero, "context": _run_context}[args.what](args)
 
 
 def _run_arguments(parser):
@@ -157,7 +208,31 @@ def _run_arguments(parser):
     three.add_argument("--recompute", action="store_true", help="activation recomputation")
     three.add_argument("--sequence-parallel", action="store_true")
     three.add_argument("--memory-limit-gb", type=float, help="refuse a plan that needs more per device")
-    for command in (tensor, pipe, three):
+    moe = sub.add_parser("moe", help="expert parallelism (a MoE layer's experts over ranks) vs the dense layer")
+    moe.add_argument("--ep", type=int, required=True, help="expert-parallel ranks N")
+    moe.add_argument("--experts", type=int, default=8, help="experts E, divisible by N (default: 8)")
+    moe.add_argument("--top-k", type=int, default=2, help="experts per token, <= E (default: 2)")
+    moe.add_argument("--capacity-factor", type=float, default=1.25,
+                     help="capacity = ceil(C * tokens * top_k / E) per expert (default: 1.25)")
+    zero = sub.add_parser("zero", help="ZeRO stage 0-3 / FSDP data parallelism on real ranks vs one process")
+    zero.add_argument("--stage", type=int, required=True, help="0 plain DP, 1 optimizer state, 2 + gradients, "
+                                                            "3 + parameters sharded (FSDP)")
+    zero.add_argument("--dp", type=int, required=True, help="data-parallel ranks N (divides the batch)")
+    zero.add_argument("--model", default="gpt", help="gpt (the course GPT)")
+    zero.add_argument("--steps", type=int, default=3, help="Adam steps (default: 3)")
+    zero.add_argument("--batch", type=int, default=8, help="global batch, divisible by dp (default: 8)")
+    zero.add_argument("--overlap", action="store_true",
+                      help="collectives in flight during the compute (DDP's buckets, ZeRO-3 prefetch)")
+    context = sub.add_parser("context", help="context parallelism (ring attention or Ulysses) vs the dense attention")
+    context.add_argument("--cp", type=int, required=True, help="context-parallel ranks N (the sequence split N ways)")
+    context.add_argument("--variant", choices=("ring", "ulysses"), default="ring",
+                         help="ring attention (zig-zag; seq divisible by 2N) or Ulysses (heads divisible by N)")
+    context.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
+                         help="causal mask (default) or --no-causal")
+    context.add_argument("--seq", type=int, help="sequence length (default: 32)")
+    context.add_argument("--heads", type=int, help="attention heads, dividing hidden 64 (default: 8)")
+    context.add_argument("--batch", type=int, default=2, help="batch (default: 2)")
+    for command in (tensor, pipe, three, moe, zero, context):
         command.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
@@ -290,7 +365,7 @@ COMMANDS = {
     "doctor": (_doctor, "check the installation: torch, gloo, start method, cores, widgets/plotly", None),
     "schedule": (_schedule, "print a schedule's step x rank grid and its simulated numbers",
                  _schedule_arguments),
-    "run": (_run, "run tensor, pipeline or 3D parallelism on real ranks, checked against one process",
+    "run": (_run, "run tensor, pipeline, 3D, expert (moe), sharded data (zero) or context parallelism on real ranks, checked against one process",
             _run_arguments),
     "plan": (_plan, "rank parallel plans (dp, pp, tp, micro-batches, schedule, recompute)",
              _plan_arguments),
