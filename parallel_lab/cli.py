@@ -105,7 +105,7 @@ def _run_pipeline(args):
 
 # ``run 3d``: every field of ``parallel3d.train3d.Config`` is an option; None keeps its default.
 _3D_INTS = ("dp", "pp", "tp", "microbatches", "virtual", "steps", "batch", "layers", "hidden", "heads",
-            "vocab", "seq", "seed", "nodes")
+            "vocab", "seq", "seed", "nodes", "zero")
 
 
 def _run_3d(args):

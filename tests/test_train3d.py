@@ -32,6 +32,8 @@ FOUR = [
     (1, 2, 2, {"schedule": "interleaved-1f1b", "virtual": 2, "recompute": True}),
     (2, 1, 2, {}),
     (2, 2, 1, {"steps": 3}),
+    (2, 2, 1, {"zero": 1, "steps": 3}),  # ZeRO-1 with the pipeline
+    (2, 1, 2, {"zero": 1, "sequence_parallel": True}),  # ZeRO-1 with tensor (and sequence) parallelism
 ]
 
 
@@ -89,6 +91,8 @@ BAD = [
      "microbatches % ranks == 0"),
     (dict(schedule="nope"), None, ScheduleError, "unknown schedule 'nope'"),
     (dict(optimizer="lamb"), None, ValueError, "optimizer must be one of"),
+    (dict(zero=2), None, ValueError, "zero must be 0 or 1 (ZeRO-1), got zero 2"),
+    (dict(zero=1, optimizer="sgd"), None, ValueError, "optimizer 'sgd' keeps no state to shard"),
 ]
 
 
@@ -219,7 +223,18 @@ def test_measure_times_every_step_of_a_real_run():
 
 @pytest.mark.ranks
 @pytest.mark.timeout(150)
-def test_eight_ranks_2x2x2_train_exactly_like_one_process():
-    result = _run(2, 2, 2)
+def test_zero1_keeps_one_dp_th_of_adams_moments_per_rank():
+    plain, sharded = _run(2, 2, 1), _run(2, 2, 1, zero=1)
+    _assert_equal(sharded)
+    for full, shard in zip(plain["optimizer_bytes_per_rank"], sharded["optimizer_bytes_per_rank"]):
+        # both moments of this rank's pipeline stage, split over dp 2 (a flat buffer padded to 2 slices)
+        assert full > 0 and shard == pytest.approx(full / 2, abs=2 * 8)
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("zero", (0, 1))
+def test_eight_ranks_2x2x2_train_exactly_like_one_process(zero):
+    result = _run(2, 2, 2, zero=zero)
     _assert_equal(result)
     assert result["world_size"] == 8

@@ -60,6 +60,7 @@ from parallel_lab.runtime.mesh import ParallelDims, build_groups
 from parallel_lab.tensor import layers
 from parallel_lab.tensor.layers import allreduce_sequence_parallel_grads, vocab_parallel_cross_entropy
 from parallel_lab.tensor.plan import check_tensor_parallel, parallelize
+from parallel_lab.zero.sharded_adam import ShardedAdam
 
 OPTIMIZERS = ("sgd", "adam")
 TOLERANCE = 1e-9  # fp64: what "the same numbers" means for losses and weights
@@ -77,6 +78,9 @@ class Config:
     batch:         sequences per step, all replicas together
     layers, hidden, heads, vocab, seq: the tiny GPT (``models.GPTConfig``)
     optimizer, lr: "sgd" or "adam" on every rank's shard (element-wise, so shards = dense)
+    zero:          0: every replica keeps Adam's moments of its whole shard and all-reduces the
+                   gradients; 1: ZeRO-1 over the dp group (``zero.sharded_adam.ShardedAdam``: each
+                   replica keeps 1/dp of the moments, reduce-scatter then all-gather)
     recompute:     GPipe's re-materialisation: keep only stage inputs, redo the forward in backward
     sequence_parallel: Megatron's sequence parallelism inside TP (activations between stages are
                    then sequence shards too)
@@ -103,6 +107,7 @@ class Config:
     sequence_parallel: bool = False
     bucket_bytes: int = data_parallel.DEFAULT_BUCKET_BYTES
     nodes: int = 1
+    zero: int = 0
 
     @property
     def world_size(self) -> int:
@@ -142,6 +147,11 @@ def check(cfg: Config, world_size: int | None = None, memory_limit_gb: float | N
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {cfg.optimizer!r}")
     if cfg.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {cfg.dtype!r}")
+    if cfg.zero not in (0, 1):
+        raise ValueError(f"3D training shards at most the optimizer state: zero must be 0 or 1 (ZeRO-1), "
+                         f"got zero {cfg.zero!r} (stages 2-3 run on their own: parallel-lab run zero)")
+    if cfg.zero and cfg.optimizer != "adam":
+        raise ValueError(f"zero 1 shards Adam's moments; optimizer {cfg.optimizer!r} keeps no state to shard")
     for name in ("steps", "batch", "microbatches"):
         positive_int(name, getattr(cfg, name))
     schedule = validate(build(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual))
@@ -185,7 +195,7 @@ def predicted_memory(cfg: Config) -> dict:
         model, micro_batch=cfg.batch // cfg.dp // cfg.microbatches, dp=cfg.dp, pp=cfg.pp, tp=cfg.tp,
         sequence_parallel=cfg.sequence_parallel, schedule=cfg.schedule, microbatches=cfg.microbatches,
         virtual=stages // cfg.pp, recompute="full" if cfg.recompute else "none", precision=precision(cfg),
-        dropout=False)
+        dropout=False, zero1=cfg.zero == 1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -314,7 +324,7 @@ def _train(cfg, schedule, groups, reference_state, timed, verbose) -> dict:
     ex = Executor(schedule, stages, _StageSpec(cfg, groups.tp_group, sp), groups.pp_rank,
                   recompute=cfg.recompute, peers=groups.pp_ranks)
     params = [p for st in stages.values() for p in st.module.parameters()]
-    opt = make_optimizer(cfg, params)
+    opt = ShardedAdam(params, groups.dp_group, cfg.lr) if cfg.zero else make_optimizer(cfg, params)
     rows = data_parallel.batch_slice(cfg.batch, groups.dp_rank, cfg.dp)
     last = schedule.n_stages - 1 in stages
     losses, step_s, cpu_s = [], [], []
@@ -329,7 +339,9 @@ def _train(cfg, schedule, groups, reference_state, timed, verbose) -> dict:
 
             for st in stages.values():
                 allreduce_sequence_parallel_grads(st.module, groups.tp_group)
-        if cfg.dp > 1:
+        if cfg.zero:  # ZeRO-1: the step reduce-scatters, updates this replica's slice, all-gathers
+            commlog.set_activity(f"ZeRO-1 step (reduce-scatter, Adam on a slice, all-gather), step {step + 1}")
+        elif cfg.dp > 1:
             commlog.set_activity(f"data-parallel gradient all-reduce, step {step + 1}")
             data_parallel.allreduce_gradients(params, groups.dp_group, cfg.bucket_bytes)
         opt.step()
@@ -349,13 +361,22 @@ def _train(cfg, schedule, groups, reference_state, timed, verbose) -> dict:
         checksum = sum(p.detach().double().sum().item() for p in params
                        if id(p) in sharded or groups.tp_rank == 0)
     out = {"rank": groups.rank, "coords": (groups.dp_rank, groups.pp_rank, groups.tp_rank),
-           "losses": losses if last else None, "step_s": step_s, "cpu_s": cpu_s, "checksum": checksum}
+           "losses": losses if last else None, "step_s": step_s, "cpu_s": cpu_s, "checksum": checksum,
+           "optimizer_bytes": _optimizer_bytes(opt)}
     if reference_state is not None:
         ref = build_stages(cfg, schedule, groups, device, state=reference_state)
         out["max_weight_diff"] = max(
             (p - q).abs().max().item()
             for s in stages for p, q in zip(stages[s].module.parameters(), ref[s].module.parameters()))
     return out
+
+
+def _optimizer_bytes(opt) -> int:
+    """Bytes of optimizer state this rank holds after its steps (Adam: both moments; SGD: none)."""
+    if isinstance(opt, ShardedAdam):
+        return opt.state_bytes()
+    return sum(t.numel() * t.element_size() for state in opt.state.values() for t in state.values()
+               if isinstance(t, torch.Tensor) and t.dim() > 0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -399,7 +420,8 @@ def summarize(cfg: Config, ranks: list[dict], ref: dict) -> dict:
             "losses_equal": loss_diff < TOLERANCE, "weights_equal": weight_diff < TOLERANCE,
             "tolerance": TOLERANCE, "checksum": sum(r["checksum"] for r in ranks),
             "reference_checksum": sum(v.double().sum().item() for v in ref["state"].values()),
-            "step_s": step_s}
+            "step_s": step_s, "optimizer_bytes_per_rank": [r.get("optimizer_bytes") for r in
+                                                           sorted(ranks, key=lambda r: r["rank"])]}
 
 
 # ----------------------------------------------------------------------------------------------
