@@ -16,7 +16,11 @@
 #   weights), explain how **ZB-H1** reaches (p−1)/(3m), and count what it holds until each W: 1F1B's
 #   peak on the first GPU, more on every other;
 # - explain the **V** placement of ZB-V (GPU r holds stages r and 2p−1−r);
-# - run all four schedules on real ranks, check them against one process, and compare the bubbles
+# - say what **DualPipeV** (DeepSeek-V3's DualPipe, cut to the V) adds: a steady state that pairs one
+#   micro-batch's forward with another's backward on the GPU's other stage, so that a
+#   mixture-of-experts model's all-to-all can hide behind compute; and what it costs (m ≥ 2p, one more
+#   stage's activations per GPU);
+# - run all five schedules on real ranks, check them against one process, and compare the bubbles
 #   they show with the simulator's.
 #
 # You need lessons 03-05 (the assembly line and the bubble, micro-batching and GPipe, 1F1B):
@@ -236,24 +240,110 @@ figures.gantt(zb_v_t).update_xaxes(range=[0, 68])
 # (many micro-batches in flight) and one late stage (few), 4 stages' worth in all, counted until W —
 # 1F1B's worst GPU, but on every GPU, so no GPU is the memory bottleneck. It sends fewer messages than interleaving
 # (the turn is local) and, with half-size slots that W passes fill, has the smallest bubble of the
-# four. (DeepSeek-V3's DualPipe schedule, 2024, splits the backward pass the same way.)
+# four. DeepSeek-V3's schedule, next, keeps this placement and changes the order.
 #
-# ## 5. Side by side
+# ## 5. DualPipeV: a forward and another micro-batch's backward, side by side
 #
-# All four with F = I = W per model stage (B = 2F), for a few pipeline shapes. *Peak stash* is the
+# DeepSeek-V3 (DeepSeek-AI 2024, *DeepSeek-V3 Technical Report*, §3.2.1) trains with **DualPipe**, a
+# *bidirectional* pipeline: micro-batches are fed from both ends at once — half enter at GPU 0 and
+# flow towards GPU p−1, half enter at GPU p−1 and flow back — so the fill of one direction overlaps
+# the drain of the other. Each GPU therefore holds a stage of each direction: two copies of the
+# model's parameters (the report's Table 2). Cut in half, DualPipe becomes **DualPipeV** (the V form
+# in github.com/deepseek-ai/DualPipe, PyTorch's `ScheduleDualPipeV`): one copy of the model on ZB-V's
+# placement, GPU r holding stage r and stage 2p−1−r, where the two directions are the two arms of the V.
+#
+# What it adds to ZB-V is its steady state: each forward is **paired** with the backward of *another*
+# micro-batch on the GPU's *other* stage — a forward of the down stage with a backward of the up
+# stage, then the other way round. DeepSeek-V3 is a mixture-of-experts model: every chunk's forward
+# and backward contain expert-parallel all-to-alls (tokens sent to their experts' GPUs and back).
+# DeepSeek's system runs the two halves of a pair *at the same time*, so that the forward's
+# all-to-all hides behind the backward's compute and vice versa.
+#
+# The course's executor runs a pair **one after the other**: the forward, then the input and weight
+# gradients — as PyTorch's runtime does with its paired action (`OVERLAP_F_B`) unless a custom
+# overlap function is registered. Here DualPipeV is an order of actions; the overlap it was made
+# for is not in our timelines. The grid, and GPU 0's pairs:
+
+# %%
+dualpipe = build("dualpipe-v", p, m)
+print("model stage -> GPU:", dict(enumerate(dualpipe.stage_to_rank)))
+print(format_grid(dualpipe, rows=(0, 29)))
+row = dualpipe.ranks[0]
+pairs = [f"{f}+{b}" for f, b in zip(row, row[1:]) if f.kind == "F" and b.kind == "I" and f.stage != b.stage]
+print("GPU 0's pairs (a forward, then another micro-batch's backward on its other stage):", " ".join(pairs))
+
+# %% [markdown]
+# The warm-up runs forwards of the down stage, then the up stage's first micro-batches, each one's
+# I and W right after it (GPU 0's `7F0 7I0 7W0 7F1 …`). Every backward is split, I then W at once,
+# until the cool-down, where the later GPUs defer some W's to fill the drain, as ZB-V does.
+#
+# **Predict** DualPipeV's bubble — the idle share of the step — for p = 4 and m = 8 at ZB-V's costs
+# (F = I = W = 1 per model stage), with each pair run one after the other. Compare with ZB-V's
+# above. (Not graded.)
+
+# %% tags=["answer:predict:dualpipe-v-bubble"]
+my_prediction = None  # DualPipeV's idle share of the step, p = 4, m = 8, F = I = W = 1 (a fraction)
+### BEGIN SOLUTION
+my_prediction = 3 / 51  # ZB-V's: a step of 6m + p − 1 = 51 units, p − 1 = 3 of them idle per GPU
+### END SOLUTION
+
+# %%
+dualpipe_guess = predict("dualpipe-v-bubble", my_prediction, "DualPipeV's bubble (idle share of the step), "
+                         "p = 4, m = 8, F = I = W = 1 per model stage", tolerance=0.1)
+
+# %%
+dualpipe_t = simulate(dualpipe, Costs(F=1, B=2, I=1, W=1))
+print(f"DualPipeV: step {dualpipe_t.makespan:g} units, idle per GPU "
+      f"{[dualpipe_t.makespan - b for b in dualpipe_t.busy]}, idle share {dualpipe_t.bubble_fraction:.1%}")
+dualpipe_guess.versus(dualpipe_t.bubble_fraction, "simulated")
+print("peak stash per GPU (in stages), counted until W: DualPipeV",
+      [n / 2 for n in dualpipe_t.peak_rank_activations], " ZB-V", [n / 2 for n in zb_v_t.peak_rank_activations])
+figures.gantt(dualpipe_t).update_xaxes(range=[0, 68])
+
+# %% [markdown]
+# Run one after the other, the pairs change the order, not the bubble: DualPipeV idles exactly as
+# ZB-V does at these costs. What it costs:
+#
+# - **m ≥ 2p**, PyTorch's own check (at least one micro-batch per model stage): below it, rank 0's
+#   steady state would need a negative number of pairs;
+# - **a little more activation memory**: counted until W, every GPU peaks at 2p + 1 half-size stashes
+#   (one micro-batch on one model stage) where ZB-V peaks at 2p — half a stage more in the printout's
+#   whole-stage units — because a pair's forward starts before its partner's backward has freed
+#   anything. The report counts the same kind of extra for DualPipe: PP + 1 against 1F1B's PP
+#   (Table 2, with 2× the parameters, which the V form does not pay);
+# - with an input gradient dearer than the weight gradient, ZB-V fills the drain better than
+#   DualPipeV's pairs do; DualPipe's gain, the hidden all-to-all, is what these timelines leave out.
+
+# %%
+try:
+    build("dualpipe-v", 4, 7)
+except ValueError as err:
+    print(err)
+slow_i = Costs(F=1, B=3, I=2, W=1)  # an input gradient twice the weight gradient
+for name in ("zb-v", "dualpipe-v"):
+    timeline = simulate(build(name, p, m), slow_i)
+    print(f"{name:<11} with I = 2W: idle share {timeline.bubble_fraction:.1%}, "
+          f"peak stash per GPU (in stages) {[n / 2 for n in timeline.peak_rank_activations]}")
+
+# %% [markdown]
+# ## 6. Side by side
+#
+# All five with F = I = W per model stage (B = 2F), for a few pipeline shapes. *Peak stash* is the
 # most activations any one GPU holds, in whole-stage units (chunks / v); *messages* counts the
 # activations and gradients sent between GPUs in one step.
 
 # %%
-print(schedule_figures.schedule_table(schedule_figures.compare_schedules([(4, 8), (4, 16), (8, 16)])))
+five = schedule_figures.SCHEDULES + (("dualpipe-v", 2),)
+print(schedule_figures.schedule_table(schedule_figures.compare_schedules([(4, 8), (4, 16), (8, 16)], five)))
 
 # %% [markdown]
 # The idle/compute column follows the closed forms: (p−1)/m for 1F1B, (p−1)/(v·m) for interleaving,
-# (p−1)/(3m) for ZB-H1. The same bubbles against the number of micro-batches on 4 GPUs (interleaving
-# needs m a multiple of 4):
+# (p−1)/(3m) for ZB-H1; DualPipeV's equals ZB-V's, for half a stage more at the peak and the same
+# messages (the same V). The same bubbles against the number of micro-batches on 4 GPUs
+# (interleaving needs m a multiple of 4, DualPipeV m ≥ 8; its dashed line lies on ZB-V's):
 
 # %%
-schedule_figures.bubble_curves(ranks=4)
+schedule_figures.bubble_curves(ranks=4, schedules=five + (("interleaved-1f1b", 4),))
 
 # %% [markdown]
 # ### Try it
@@ -270,9 +360,9 @@ schedule_figures.bubble_curves(ranks=4)
 figures.schedule_panel("zb-v", ranks=4, microbatches=8)
 
 # %% [markdown]
-# ## 6. On real ranks
+# ## 7. On real ranks
 #
-# The same four schedules now run on 4 simulated GPUs: each rank rebuilds its stages of an 8-layer
+# The same five schedules now run on 4 simulated GPUs: each rank rebuilds its stages of an 8-layer
 # MLP (fp64), runs exactly the actions printed above with real send/recv, and the gradients are
 # compared with one process running the whole batch (`run_pipeline`, lessons 03-05). The activations
 # each stage held (counted until W, with the M_W / M_B this model's tensors measured) are compared
@@ -282,8 +372,8 @@ figures.schedule_panel("zb-v", ranks=4, microbatches=8)
 from parallel_lab.pipeline.run import run_pipeline
 
 runs = {}
-print("running 4 schedules on 4 ranks ...")
-for name, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-v", 2)):
+print("running 5 schedules on 4 ranks ...")
+for name, v in five:
     runs[name] = result = run_pipeline(name, 4, 8, virtual=v)
     messages = sum(result["bytes_sent"]) // result["link"]["message_bytes"]
     print(f"{schedule_figures.label(name, v)}:\n"
@@ -296,7 +386,9 @@ for name, v in (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-v", 2))
 # %% [markdown]
 # Every schedule computes exactly the gradients of one process — a schedule changes *when* work
 # happens, never *what* is computed — and keeps the activations the simulator predicted. Interleaving
-# sends 112 messages where 1F1B sends 48 (each 4 rows × 32 values × 8 bytes), ZB-V 96.
+# sends 112 messages where 1F1B sends 48 (each 4 rows × 32 values × 8 bytes), ZB-V 96, and DualPipeV
+# as many as ZB-V (the same V). DualPipeV's pairs run one after the other here, F then I and W: the
+# same gradients as one process, in PyTorch's order.
 #
 # Now the bubbles, measured on the **virtual clock** (each action lasts its measured CPU time — the
 # median over 5 recorded steps — and a message arrives after a modelled link: what 4 dedicated
@@ -315,7 +407,7 @@ for name, result in runs.items():
 figures.compare(runs["zb-v"])
 
 # %% [markdown]
-# ## 7. Exercise: write ZB-H1 yourself
+# ## 8. Exercise: write ZB-H1 yourself
 #
 # Write `my_zb_h1(p, m)`: it returns, for each rank r = 0 … p−1, the ordered list of ZB-H1's
 # actions, as strings `"{stage}{F|I|W}{micro-batch}"` (rank r holds stage r; `"2I5"` is stage 2's
@@ -403,5 +495,10 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 #   on GPU 0 and nearly that on every other GPU.
 # - **ZB-V** places stages r and 2p−1−r on GPU r: half-size slots filled with W's, the same memory on
 #   every GPU, and a local turn at the bottom of the V.
+# - **DualPipeV** (DeepSeek-V3's bidirectional DualPipe, cut to ZB-V's V) pairs each forward with
+#   another micro-batch's backward on the GPU's other stage, so that DeepSeek's system can hide a
+#   mixture-of-experts all-to-all behind the other half's compute. Run one after the other, as here
+#   and in PyTorch without a custom overlap function, it idles like ZB-V at equal costs; it needs
+#   m ≥ 2p and holds one more half-size stash per GPU than ZB-V (2p + 1, counted until W).
 # - Whatever the schedule, the gradients are exactly those of one process: schedules move work in
 #   time, they never change what is computed.

@@ -7,7 +7,8 @@ messages per schedule, and the bubble against the number of micro-batches.
 
 Computed from integers (the schedules, the simulator with unit costs), so every figure is
 deterministic and nbval compares it. Papers: interleaved 1F1B (Narayanan et al. 2021, SC), ZB-H1 and
-ZB-V (Qi et al. 2023, "Zero Bubble Pipeline Parallelism").
+ZB-V (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"), DualPipeV (DeepSeek-V3 technical report
+2024, section 3.2.1), which lesson 06 passes in: ``SCHEDULES + (("dualpipe-v", 2),)``.
 """
 
 from __future__ import annotations
@@ -65,16 +66,24 @@ def schedule_table(rows: Sequence[Mapping]) -> str:
     return "\n".join(lines)
 
 
+def _fits(name: str, ranks: int, m: int) -> bool:
+    """Whether ``build`` takes m: interleaving needs m % p == 0, DualPipeV m >= 2p."""
+    return {"interleaved-1f1b": m % ranks == 0, "dualpipe-v": m >= 2 * ranks}.get(name, True)
+
+
 def bubble_curves(ranks: int = 4, microbatches: Sequence[int] = tuple(range(4, 33, 4)),
                   schedules: Sequence[tuple[str, int]] = SCHEDULES + (("interleaved-1f1b", 4),),
                   costs: Costs = UNIT):
-    """Simulated bubble fraction against the number of microbatches, one line per schedule."""
+    """Simulated bubble fraction against the number of microbatches, one line per schedule (each
+    at the m its schedule takes: interleaving m % p == 0, DualPipeV m >= 2p)."""
     traces = []
     for name, v in schedules:
-        ms = [m for m in microbatches if name != "interleaved-1f1b" or m % ranks == 0]
+        ms = [m for m in microbatches if _fits(name, ranks, m)]
         bubbles = [round(simulate(build(name, ranks, m, v), costs).bubble_fraction, 4) for m in ms]
+        # dualpipe-v's bubble is zb-v's at these costs: dashed, so that both lines show
+        dash = "dot" if v == 4 else "dash" if name == "dualpipe-v" else "solid"
         traces.append(go.Scatter(x=list(ms), y=bubbles, mode="lines+markers", name=label(name, v),
-                                 line=dict(color=_COLORS[name], dash="dot" if v == 4 else "solid")))
+                                 line=dict(color=_COLORS[name], dash=dash)))
     fig = go.Figure(traces)
     fig.update_layout(**plain_layout(height=340, xaxis_title="microbatches m",
                                 yaxis_title="bubble (idle share of the step)",
