@@ -125,6 +125,37 @@ GRADED: dict[str, GradedPrediction] = {p.id: p for p in (
         f"{ANSWERS}:device_memory_gb", {"model": "GPT-3 175B", "dp": 8, "pp": 8, "tp": 8, "microbatches": 64,
                                         "schedule": "1f1b"},
         tolerance=0.15, unit="GB", about="GPT-3 175B, TP 8 x PP 8 x DP 8, 1F1B, m = 64"),
+    GradedPrediction(
+        "ring-score-bytes", "15",
+        {"en": "bytes of the largest attention-score tensor one rank holds at once in ring attention with "
+               "cp = 4 ranks: batch 2, 8 heads, a 32-token sequence, fp64 (8 bytes); one process holds "
+               "2 × 8 × 32 × 32 × 8 = 131,072",
+         "zh-Hant": "環狀注意力（ring attention）在 cp = 4 個 rank 上時，單一 rank 同時持有的最大注意力分數"
+                    "（attention score）張量有幾個位元組：批次 2、8 個注意力頭（head）、序列長 32 個 token、"
+                    "fp64（8 位元組）；單一行程持有 2 × 8 × 32 × 32 × 8 = 131,072"},
+        f"{ANSWERS}:context_score_bytes", {"variant": "ring", "batch": 2, "seq": 32, "heads": 8, "cp": 4,
+                                           "dtype_bytes": 8, "hidden": 64},
+        tolerance=0.1, unit="bytes", about="ring attention, cp = 4, batch 2, 8 heads, seq 32, fp64"),
+    GradedPrediction(
+        "zero2-model-state", "13",
+        {"en": "GB of model state (parameters, gradients, Adam state; no activations) on one of N = 8 "
+               "data-parallel GPUs under ZeRO stage 2, for Ψ = 1 billion parameters in mixed precision "
+               "(2 + 2 + K bytes per parameter, K = 12)",
+         "zh-Hant": "在 ZeRO 第 2 階段（stage 2）下，Ψ = 10 億個參數、混合精度（每個參數 2 + 2 + K 位元組，"
+                    "K = 12），N = 8 個資料平行（data parallel）GPU 中的一個所保存的模型狀態 GB 數"
+                    "（參數、梯度、Adam 狀態；不含激活值）"},
+        f"{ANSWERS}:zero_model_state_gb", {"billions": 1.0, "dp": 8, "stage": 2},
+        tolerance=0.05, unit="GB", about="ZeRO-2, Ψ = 1e9, N = 8, mixed precision"),
+    GradedPrediction(
+        "moe-dropped", "14",
+        {"en": "the assignments (token, choice) the mixture-of-experts layer drops for want of capacity: "
+               "n = 64 tokens, E = 8 experts, top-2, capacity factor C = 1, with the demand per expert "
+               "printed above",
+         "zh-Hant": "混合專家（mixture of experts）層因容量（capacity）不足而丟棄的指派（token, 第幾選擇）數："
+                    "n = 64 個 token、E = 8 個專家（expert）、top-2、容量因子（capacity factor）C = 1，"
+                    "每個專家的需求量如上方所印"},
+        f"{ANSWERS}:moe_dropped", {"experts": 8, "top_k": 2, "capacity_factor": 1.0},
+        tolerance=0.1, unit="assignments", about="MoE, n = 64, E = 8, top-2, C = 1"),
 )}
 
 

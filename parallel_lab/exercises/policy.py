@@ -40,6 +40,9 @@ class Policy:
               it from isend/recv")
     reflection: skip the reflection and patching rules (the sandbox's own tests probe it with code
               that does what no exercise allows)
+    forbidden: names of torch functions (or methods) that would do the exercise's work for it
+              (``softmax`` in a log-sum-exp merge), refused wherever they appear; ``forbidden_why``
+              says what to write instead
     """
 
     name: str
@@ -47,6 +50,8 @@ class Policy:
     dist: tuple[str, ...] | None = None
     builds: str = ""
     reflection: bool = False  # True only for probes of the sandbox itself (tests)
+    forbidden: tuple[str, ...] = ()
+    forbidden_why: str = ""
 
 
 def _allowed_import(module: str, allowed) -> bool:
@@ -86,10 +91,14 @@ def review(source: str, policy: Policy) -> str | None:
                     modules.add(alias.asname or alias.name)
                 elif module == TORCH_DIST and policy.dist is not None and alias.name not in policy.dist:
                     return _dist_reason(alias.name, policy)
+                elif alias.name in policy.forbidden:
+                    return _forbidden_reason(alias.name, policy)
     for node in ast.walk(tree) if not policy.reflection else ():
         if isinstance(node, ast.Name) and node.id in REFLECTION:
             return (f"uses {node.id}: exercises are written with plain calls (no reflection, no files), "
                     f"so that the check can see what the code does")
+        if isinstance(node, ast.Attribute) and node.attr in policy.forbidden:
+            return _forbidden_reason(node.attr, policy)
         if isinstance(node, ast.Attribute):
             if node.attr.startswith("__") and node.attr.endswith("__") and node.attr != "__init__":
                 return f"uses {node.attr}: exercises are written without dunder attributes (no reflection)"
@@ -131,3 +140,8 @@ def _dist_reason(attr: str, policy: Policy) -> str:
     allowed = ", ".join(f"dist.{a}" for a in policy.dist) or "nothing from torch.distributed"
     why = f"; this exercise builds {policy.builds}" if policy.builds else ""
     return f"uses dist.{attr}{why} (allowed: {allowed})"
+
+
+def _forbidden_reason(name: str, policy: Policy) -> str:
+    why = f": {policy.forbidden_why}" if policy.forbidden_why else ""
+    return f"uses {name}, which does this exercise's work for you{why}"

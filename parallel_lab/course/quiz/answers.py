@@ -14,11 +14,14 @@ is a thin call into the module that teaches the idea:
 
 from __future__ import annotations
 
-from parallel_lab.hardware import ring_all_reduce_time
+from parallel_lab.context.cost import context_cost
+from parallel_lab.hardware import PCIE4, ring_all_reduce_time
 from parallel_lab.pipeline.schedules import MAX_MICROBATCHES, build
 from parallel_lab.pipeline.simulate import M_W_SHARE, Costs, simulate
 from parallel_lab.planning import memory
 from parallel_lab.planning.planner import training_cost
+from parallel_lab.zero import memory as zero_memory
+from parallel_lab.zero import traffic as zero_traffic
 
 UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "s": 1, "ms": 1e-3, "us": 1e-6}
 
@@ -130,3 +133,69 @@ def device_memory_gb(model: str, dp: int, pp: int, tp: int, microbatches: int, s
                                          sequence_parallel=sequence_parallel, schedule=schedule,
                                          microbatches=microbatches, recompute=recompute)
     return row["total"] / 1e9
+
+
+def zero_model_state_gb(billions: float, dp: int, stage: int, value_bytes: float = 2,
+                        adam_bytes: float = 12, part: str = "total") -> float:
+    """GB (10^9 bytes) of model state on one of ``dp`` data-parallel ranks under ZeRO ``stage``
+    (Rajbhandari et al. 2020, Figure 1: 2Ψ + 2Ψ + KΨ, K = 12 in mixed precision; lesson 13).
+    ``part``: ``parameters``, ``gradients``, ``optimizer`` or ``total``."""
+    row = zero_memory.per_rank(billions * 1e9, dp, stage, value_bytes=value_bytes, adam_bytes=adam_bytes)
+    return row[part] / 1e9
+
+
+def zero_traffic_per_step(stage: int, params: float = 1.0, dp: int = 8) -> float:
+    """Values moved per rank and step under ZeRO ``stage``, in units of Ψ when ``params`` is 1
+    (Rajbhandari et al. 2020, section 7: 2Ψ for stages 0-2, 3Ψ for stage 3; lesson 13)."""
+    return zero_traffic.per_step(params, dp, stage, value_bytes=1)["volume"]
+
+
+def context_score_bytes(variant: str, batch: int, seq: int, heads: int, cp: int, dtype_bytes: int = 2,
+                        hidden: int | None = None) -> float:
+    """Bytes of the largest attention-score tensor one rank of ``cp`` holds at once, ``variant``
+    "ring" (one block, ``batch·heads·(seq/cp)²``) or "ulysses" (``batch·(heads/cp)·seq²``)
+    (``context.cost.context_cost``, lesson 15)."""
+    hidden = heads if hidden is None else hidden
+    return float(context_cost(variant, batch=batch, seq=seq, hidden=hidden, heads=heads, cp=cp, link=PCIE4,
+                              dtype_bytes=dtype_bytes).score_peak_bytes)
+
+
+def context_bytes_sent(variant: str, batch: int, seq: int, hidden: int, heads: int, cp: int,
+                       dtype_bytes: int = 2, unit: str = "B") -> float:
+    """Bytes one rank sends in one forward and backward of an attention layer under ``variant``
+    (``context.cost.context_cost``, lesson 15), in ``unit``."""
+    c = context_cost(variant, batch=batch, seq=seq, hidden=hidden, heads=heads, cp=cp, link=PCIE4,
+                     dtype_bytes=dtype_bytes)
+    return c.bytes_sent / UNITS[unit]
+
+
+def context_messages(variant: str, cp: int) -> float:
+    """Messages one rank sends per forward and backward under ``variant`` (lesson 15): ring
+    ``2(cp-1) + cp`` (K/V twice around, the dK/dV accumulators once), Ulysses ``4(cp-1)``."""
+    return float(context_cost(variant, batch=1, seq=2 * cp, hidden=cp, heads=cp, cp=cp, link=PCIE4).messages)
+
+
+def moe_capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) -> float:
+    """Assignments one expert takes: ceil(capacity_factor * tokens * top_k / experts)
+    (``models.expert_capacity``, Switch's capacity factor; lesson 14)."""
+    from parallel_lab import models
+
+    return float(models.expert_capacity(tokens, experts, top_k, capacity_factor))
+
+
+def moe_dropped(experts: int = 8, top_k: int = 2, capacity_factor: float = 1.0, batch: int = 8, seq: int = 8,
+                seed: int = 0) -> float:
+    """Assignments ``models.MoE`` drops on lesson 14's batch (``moe.run.Case``: batch x seq tokens,
+    hidden 16, the seeded router), computed by running the dense layer on one process."""
+    from parallel_lab.moe.run import Case, reference
+
+    case = Case(experts=experts, top_k=top_k, capacity_factor=capacity_factor, batch=batch, seq=seq, seed=seed)
+    return float(reference(case)["dropped"])
+
+
+def all_to_all_sent(size: float, ranks: int) -> float:
+    """What each rank sends in an all-to-all of ``size`` (any unit) per rank: (N-1)/N of it
+    (``moe.cost.all_to_all_sent_bytes``, lesson 14)."""
+    from parallel_lab.moe.cost import all_to_all_sent_bytes
+
+    return all_to_all_sent_bytes(size, ranks)
