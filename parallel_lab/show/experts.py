@@ -1,0 +1,221 @@
+"""Mixture of experts on the page (lesson 14, lessons/14_mixture_of_experts.ipynb): the load of each
+expert against its capacity, which assignments were dropped, who sends what to whom in the dispatch
+all-to-all, load imbalance, and the all-to-all's cost against tensor parallelism's all-reduce.
+
+    from parallel_lab.show import experts as xf
+    routing = xf.dense_routing(Case(capacity_factor=1.0))   # models.MoE on the lesson's batch, one process
+    xf.load_figure(routing)                                 # assignments per expert, the capacity line
+    xf.drops_figure(routing)                                # token x choice: which expert, kept or dropped
+    xf.dispatch_figure(xf.dispatch_counts(routing, ep=4))   # rows rank s sends rank d
+
+Every number comes from ``models.MoE``'s ``Routing`` (one process, the same routing expert
+parallelism reproduces) or from ``moe.cost`` / ``hardware``: integers and rounded floats, no
+timings, so nbval compares the figures. Papers: GShard (Lepikhin et al. 2020: top-2, capacity,
+first choices queued first), Switch Transformers (Fedus et al. 2021: capacity factor, the
+load-balancing loss), DeepSeek-V3 (DeepSeek-AI 2024: no dropping, balance without an auxiliary loss).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import plotly.graph_objects as go
+import torch
+
+from parallel_lab import models
+from parallel_lab.hardware import LINKS, Link, ring_all_reduce_time
+from parallel_lab.moe import cost
+from parallel_lab.moe.run import Case, reference
+from parallel_lab.show.pipeline import plain_layout
+
+KEPT = ("#4c78a8", "#72b7b2", "#54a24b", "#b279a2")  # first, second, third, fourth choice kept
+DROPPED = "#e45756"
+_ORDINAL = ("1st", "2nd", "3rd", "4th")
+
+
+def dense_routing(case: Case | None = None, shift: float = 0.0) -> models.Routing:
+    """The routing ``models.MoE`` (fp64) makes of ``case``'s batch, the one ``run_moe`` checks; with
+    ``shift``, every token moved by ``shift`` along one fixed direction (tokens alike: a router
+    sends them to the same experts)."""
+    case = Case() if case is None else case
+    moe = case.build()
+    x = reference(case)["x"]
+    if shift:
+        direction = torch.randn(case.hidden, generator=torch.Generator().manual_seed(case.seed + 7),
+                                dtype=x.dtype)
+        x = x + shift * direction / direction.norm() * case.hidden ** 0.5
+    with torch.no_grad():
+        moe(x)
+    return moe.routing
+
+
+def loads(routing: models.Routing) -> dict:
+    """Per expert: ``routed`` (the demand, before the capacity), ``kept`` per choice ``(k, E)``,
+    ``dropped``; and the ``capacity``."""
+    E, k = len(routing.routed_per_expert), routing.expert.shape[1]
+    kept = [[int(((routing.expert[:, s] == e) & routing.kept[:, s]).sum()) for e in range(E)] for s in range(k)]
+    routed = routing.routed_per_expert.tolist()
+    return {"routed": routed, "kept": kept, "dropped": [r - t for r, t in zip(routed, routing.tokens_per_expert.tolist())],
+            "capacity": routing.capacity}
+
+
+def load_table(routing: models.Routing) -> str:
+    """``loads`` as text, one row per expert."""
+    data = loads(routing)
+    k = len(data["kept"])
+    head = f"{'expert':>6} {'routed':>7} " + " ".join(f"{_ORDINAL[s] + ' kept' if s < 4 else f'kept {s + 1}':>8}" for s in range(k)) + \
+        f" {'dropped':>8}"
+    lines = [head, "-" * len(head)]
+    for e, routed in enumerate(data["routed"]):
+        lines.append(f"{e:>6} {routed:>7} " + " ".join(f"{data['kept'][s][e]:>8}" for s in range(k)) +
+                     f" {data['dropped'][e]:>8}")
+    lines.append(f"capacity {data['capacity']} per expert; {routing.dropped} assignments dropped, "
+                 f"{int(routing.dropped_tokens.sum())} tokens with every choice dropped")
+    return "\n".join(lines)
+
+
+def load_figure(routing: models.Routing, title: str = "") -> go.Figure:
+    """Stacked bars per expert: kept first choices, kept second choices, ..., dropped (red), with the
+    capacity as a dashed line."""
+    data = loads(routing)
+    experts = list(range(len(data["routed"])))
+    ordinal = ["first", "second", "third", "fourth"]
+    bars = [go.Bar(x=experts, y=row, name=f"{ordinal[s] if s < 4 else s + 1} choices kept",
+                   marker_color=KEPT[s % len(KEPT)]) for s, row in enumerate(data["kept"])]
+    bars.append(go.Bar(x=experts, y=data["dropped"], name="dropped (beyond the capacity)", marker_color=DROPPED,
+                       marker_pattern_shape="/"))
+    fig = go.Figure(bars)
+    fig.add_hline(y=data["capacity"], line=dict(color="black", dash="dash"),
+                  annotation_text=f"capacity {data['capacity']}", annotation_position="top left")
+    fig.update_layout(**plain_layout(barmode="stack", height=360, width=720,
+                                     title=title or f"assignments per expert: {routing.dropped} dropped"))
+    fig.update_xaxes(title="expert", tickvals=experts)
+    fig.update_yaxes(title="assignments (token, choice)")
+    return fig
+
+
+def drops_figure(routing: models.Routing, title: str = "") -> go.Figure:
+    """Choice x token: each cell names the expert chosen; coloured by the choice when kept, red when
+    dropped."""
+    n, k = routing.expert.shape
+    z = [[(s + 1) if bool(routing.kept[t, s]) else 0 for t in range(n)] for s in range(k)]
+    text = [[str(int(routing.expert[t, s])) for t in range(n)] for s in range(k)]
+    fig = go.Figure(go.Heatmap(z=z, text=text, texttemplate="%{text}", zmin=-0.5, zmax=k + 0.5,
+                               colorscale=_steps(k), showscale=False, xgap=1, ygap=1,
+                               hovertemplate="token %{x}, choice %{y}: expert %{text}<extra></extra>"))
+    lost = [int(t) for t in routing.dropped_tokens.nonzero().flatten()]
+    fig.update_layout(**plain_layout(
+        height=140 + 40 * k, width=900, margin=dict(l=70, r=20, t=50, b=40),
+        title=title or (f"each token's choices (the number: the expert); red: dropped ({routing.dropped}); "
+                        f"tokens with nothing kept: {lost or 'none'}")))
+    fig.update_xaxes(title="token", dtick=4, showgrid=False)
+    fig.update_yaxes(tickvals=list(range(k)), ticktext=[f"choice {s + 1}" for s in range(k)], autorange="reversed",
+                     showgrid=False)
+    return fig
+
+
+def _steps(k: int) -> list:
+    """A discrete colour scale for z in 0 (dropped), 1..k (kept choice)."""
+    colors = [DROPPED] + [KEPT[s % len(KEPT)] for s in range(k)]
+    out = []
+    for i, c in enumerate(colors):
+        out += [[round(i / len(colors), 6), c], [round((i + 1) / len(colors), 6), c]]
+    return out
+
+
+def dispatch_counts(routing: models.Routing, ep: int) -> list[list[int]]:
+    """``[s][d]``: the kept assignments of rank s's tokens (the batch split in ``ep`` equal parts, in
+    order) to experts on rank d (experts split in ``ep`` equal blocks): the rows rank s sends rank d
+    in the dispatch all-to-all (and d sends back in the combine). Row s includes s -> s, which stays home."""
+    n, k = routing.expert.shape
+    E = len(routing.routed_per_expert)
+    counts = [[0] * ep for _ in range(ep)]
+    for t in range(n):
+        for s in range(k):
+            if bool(routing.kept[t, s]):
+                counts[t * ep // n][int(routing.expert[t, s]) * ep // E] += 1
+    return counts
+
+
+def dispatch_figure(counts: Sequence[Sequence[int]], hidden: int | None = None, bytes_per_element: int = 8) -> go.Figure:
+    """The dispatch all-to-all as a matrix: row s, column d, the token rows rank s sends rank d (the
+    diagonal stays home); with ``hidden``, the bytes too."""
+    ep = len(counts)
+    text = [[f"{c}" + (f"<br>{c * hidden * bytes_per_element:,} B" if hidden else "") for c in row] for row in counts]
+    fig = go.Figure(go.Heatmap(z=[list(row) for row in counts], text=text, texttemplate="%{text}",
+                               colorscale="Blues", showscale=False, xgap=2, ygap=2,
+                               hovertemplate="rank %{y} -> rank %{x}: %{z} rows<extra></extra>"))
+    sent = [sum(row) - row[s] for s, row in enumerate(counts)]
+    fig.update_layout(**plain_layout(
+        height=140 + 70 * ep, width=620, margin=dict(l=80, r=20, t=80, b=60),
+        title=dict(text=f"dispatch: token rows rank s (row) sends rank d (column)<br>leaving each rank "
+                        f"(off the diagonal): {sent}", font=dict(size=14))))
+    fig.update_xaxes(title="to rank (holds experts)", tickvals=list(range(ep)), showgrid=False, side="bottom")
+    fig.update_yaxes(title="from rank (holds tokens)", tickvals=list(range(ep)), autorange="reversed", showgrid=False)
+    return fig
+
+
+def imbalance_rows(case: Case | None = None, shifts: Sequence[float] = (0.0, 0.5, 1.0, 2.0)) -> list[dict]:
+    """Per ``shift`` (tokens moved along one direction, ``dense_routing``): the busiest expert's demand
+    over the mean (``max_over_mean``), the assignments and tokens dropped, and Switch's
+    load-balancing loss (1 when uniform)."""
+    rows = []
+    for shift in shifts:
+        r = dense_routing(case, shift)
+        routed = r.routed_per_expert.tolist()
+        rows.append({"shift": shift, "routed": routed, "max_over_mean": round(max(routed) / (sum(routed) / len(routed)), 3),
+                     "dropped": r.dropped, "dropped_tokens": int(r.dropped_tokens.sum()),
+                     "aux_loss": round(float(r.aux_loss), 4), "capacity": r.capacity})
+    return rows
+
+
+def imbalance_table(rows: Sequence[dict]) -> str:
+    head = f"{'shift':>5}  {'demand per expert':<34} {'max/mean':>8} {'dropped':>8} {'lost tokens':>11} {'aux loss':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['shift']:>5g}  {str(r['routed']):<34} {r['max_over_mean']:>8.2f} {r['dropped']:>8} "
+                     f"{r['dropped_tokens']:>11} {r['aux_loss']:>9.3f}")
+    return "\n".join(lines)
+
+
+def imbalance_figure(rows: Sequence[dict]) -> go.Figure:
+    """Demand per expert for each shift (grouped bars), the capacity dashed."""
+    experts = list(range(len(rows[0]["routed"])))
+    fig = go.Figure([go.Bar(x=experts, y=r["routed"], name=f"shift {r['shift']:g}: {r['dropped']} dropped")
+                     for r in rows])
+    fig.add_hline(y=rows[0]["capacity"], line=dict(color="black", dash="dash"),
+                  annotation_text=f"capacity {rows[0]['capacity']}", annotation_position="top left")
+    fig.update_layout(**plain_layout(barmode="group", height=360, width=720,
+                                     title="demand per expert as the tokens grow alike"))
+    fig.update_xaxes(title="expert", tickvals=experts)
+    fig.update_yaxes(title="assignments routed")
+    return fig
+
+
+def cost_rows(tokens: int = 4096, hidden: int = 4096, top_k: int = 2, ranks: int = 8, bytes_per_element: int = 2,
+              links: Sequence[str] = ("nvlink4", "ndr")) -> list[dict]:
+    """One layer's communication per rank and training step, ``tokens`` tokens per rank: expert
+    parallelism's 4 all-to-alls of the k copies of its tokens (``moe.cost.moe_layer_time``) against a
+    tensor-parallel MLP's 2 all-reduces of its activations (Megatron's f and g, lesson 02), on each link."""
+    n_a2a = cost.dispatch_bytes(tokens, hidden, top_k, bytes_per_element)
+    n_ar = tokens * hidden * bytes_per_element
+    rows = []
+    for key in links:
+        link: Link = LINKS[key]
+        rows.append({
+            "link": link.name,
+            "ep_sent_mb": round(cost.ALL_TO_ALLS_PER_LAYER * cost.all_to_all_sent_bytes(n_a2a, ranks) / 1e6, 1),
+            "ep_ms": round(cost.moe_layer_time(tokens, hidden, top_k, ranks, link, bytes_per_element) * 1e3, 3),
+            "tp_sent_mb": round(2 * 2 * (ranks - 1) / ranks * n_ar / 1e6, 1),
+            "tp_ms": round(2 * ring_all_reduce_time(n_ar, ranks, link.latency, link.bandwidth) * 1e3, 3),
+        })
+    return rows
+
+
+def cost_table(rows: Sequence[dict]) -> str:
+    head = f"{'link':<52} {'EP MB sent':>10} {'EP ms':>7} {'TP MB sent':>10} {'TP ms':>7}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['link']:<52} {r['ep_sent_mb']:>10.1f} {r['ep_ms']:>7.3f} {r['tp_sent_mb']:>10.1f} "
+                     f"{r['tp_ms']:>7.3f}")
+    return "\n".join(lines)
