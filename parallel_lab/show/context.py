@@ -1,0 +1,205 @@
+"""Context parallelism, drawn (lesson 15, lessons/15_long_context.ipynb): which K/V block each rank
+holds at each ring step and which scores it computes, the causal work per rank (contiguous against
+zig-zag), the score memory measured on real ranks, and the cost of ring against Ulysses.
+
+    from parallel_lab.show import context as cf
+    print(cf.ring_table(cp=4))          # step x rank: the K/V block held, the score block computed
+    cf.ring_steps_figure(cp=4)          # the seq x seq score matrix, one panel per ring step
+    cf.work_figure(cp=4)                # scores computed per rank under the causal mask
+    print(cf.runs_table(results))       # run_context results: errors, score bytes, bytes sent
+    print(cf.cost_table(cf.compare_costs()))
+
+Every number comes from the engine (``context.blockwise.step_block``, ``zigzag_positions``,
+``context.cost.context_cost``, ``context.run.run_context``), rounded, so nbval compares the output.
+Papers: ring attention (Liu, Zaharia & Abbeel 2023), the zig-zag split (Megatron-LM's context
+parallelism, ``get_batch_on_this_cp_rank``: 2·cp chunks, rank r holds r and 2·cp-1-r),
+DeepSpeed-Ulysses (Jacobs et al. 2023).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from parallel_lab import hardware
+from parallel_lab.context.blockwise import step_block, zigzag_positions
+from parallel_lab.context.cost import context_cost
+from parallel_lab.show.pipeline import plain_layout
+
+RANK_COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#b279a2", "#9d755d", "#72b7b2", "#ff9da6")
+# the lesson's big example: a 128k-token sequence of a 70B-class model (hidden 8192, 64 heads), bf16
+BIG = dict(batch=1, seq=131072, hidden=8192, heads=64, dtype_bytes=2)
+
+
+def source_of(rank: int, step: int, cp: int) -> int:
+    """The rank whose K/V block ``rank`` holds at ring step ``step`` (each step: one hop from r-1)."""
+    return (rank - step) % cp
+
+
+def computed_cells(cp: int, seq: int, causal: bool = True) -> list[list[list[tuple[int, int]]]]:
+    """``[step][rank]``: the (query position, key position) scores rank ``rank`` computes at ring
+    step ``step`` (global positions, zig-zag layout; ``blockwise.step_block``)."""
+    local = seq // cp
+    out = []
+    for step in range(cp):
+        row = []
+        for rank in range(cp):
+            src = source_of(rank, step, cp)
+            block = step_block(rank, src, cp, local, causal)
+            queries = zigzag_positions(seq, cp, rank)[block.rows]
+            keys = zigzag_positions(seq, cp, src)[block.cols]
+            row.append([(q, k) for q in queries for k in keys if not (block.diagonal and k > q)])
+        out.append(row)
+    return out
+
+
+def ring_table(cp: int = 4, seq: int = 16, causal: bool = True) -> str:
+    """Step x rank: ``K/V of r<src>, <rows>x<cols>`` -- the block held and the size of the score
+    block computed (a diagonal block counts whole: it is computed, then masked)."""
+    local = seq // cp
+    head = (f"{'step':>4} | " + " | ".join(f"{'rank ' + str(r):<16}" for r in range(cp))).rstrip()
+    lines = [f"seq {seq}, cp {cp}, {local} positions per rank ({'causal, zig-zag' if causal else 'no mask'})",
+             head, "-" * len(head)]
+    for step in range(cp):
+        cells = []
+        for rank in range(cp):
+            src = source_of(rank, step, cp)
+            b = step_block(rank, src, cp, local, causal)
+            rows, cols = b.rows.stop - b.rows.start, b.cols.stop - b.cols.start
+            cells.append(f"{'K/V of r' + str(src) + ',':<9}{rows:>2}x{cols:<2}{'◣' if b.diagonal else ' '}")
+        lines.append((f"{step:>4} | " + " | ".join(f"{c:<16}" for c in cells)).rstrip())
+    return "\n".join(lines)
+
+
+def ring_steps_figure(cp: int = 4, seq: int = 16, causal: bool = True) -> go.Figure:
+    """One panel per ring step: the ``seq x seq`` score matrix (queries down, keys across, global
+    positions), each score coloured by the rank that computes it at that step; blank: masked, or
+    computed at another step."""
+    cells = computed_cells(cp, seq, causal)
+    fig = make_subplots(1, cp, subplot_titles=[f"step {s}" for s in range(cp)], horizontal_spacing=0.03)
+    for step in range(cp):
+        z = [[None] * seq for _ in range(seq)]
+        for rank, pairs in enumerate(cells[step]):
+            for q, k in pairs:
+                z[q][k] = rank
+        fig.add_trace(go.Heatmap(z=z, zmin=-0.5, zmax=cp - 0.5, showscale=step == cp - 1, xgap=1, ygap=1,
+                                 colorscale=_discrete(cp), hovertemplate="query %{y}, key %{x}: rank %{z}"
+                                 "<extra></extra>", colorbar=dict(title="rank", tickvals=list(range(cp)))),
+                      1, step + 1)
+        fig.update_yaxes(autorange="reversed", showticklabels=step == 0, row=1, col=step + 1)
+        fig.update_xaxes(showticklabels=False, row=1, col=step + 1)
+    mask = "causal, zig-zag split" if causal else "no mask"
+    fig.update_layout(**plain_layout(height=300, width=220 * cp + 120,
+                                     title=f"Ring attention, cp = {cp}, seq = {seq} ({mask}): who computes "
+                                           f"which scores at each step"))
+    fig.update_yaxes(title_text="query position", row=1, col=1)
+    return fig
+
+
+def _discrete(n: int) -> list:
+    """A colour scale with one flat band per rank 0..n-1."""
+    scale = []
+    for r in range(n):
+        scale += [[r / n, RANK_COLOURS[r % len(RANK_COLOURS)]], [(r + 1) / n, RANK_COLOURS[r % len(RANK_COLOURS)]]]
+    return scale
+
+
+def causal_work(cp: int, seq: int) -> dict:
+    """Scores each rank computes under the causal mask in one forward, whole blocks (a block on
+    the diagonal counted whole): ``contiguous`` (rank r holds positions r·t..(r+1)·t-1 and skips the
+    blocks after its own: r + 1 blocks of t x t) and ``zigzag`` (``step_block``: t² + (cp-1)·t²/2)."""
+    t = seq // cp
+    zigzag = []
+    for rank in range(cp):
+        total = 0
+        for step in range(cp):
+            b = step_block(rank, source_of(rank, step, cp), cp, t, True)
+            total += (b.rows.stop - b.rows.start) * (b.cols.stop - b.cols.start)
+        zigzag.append(total)
+    return {"contiguous": [(r + 1) * t * t for r in range(cp)], "zigzag": zigzag}
+
+
+def work_figure(cp: int = 4, seq: int = 16) -> go.Figure:
+    """Bars per rank: scores computed per forward, contiguous split against zig-zag (causal)."""
+    work = causal_work(cp, seq)
+    ranks = [f"rank {r}" for r in range(cp)]
+    fig = go.Figure([go.Bar(x=ranks, y=work["contiguous"], name="contiguous split", marker_color="#bab0ac"),
+                     go.Bar(x=ranks, y=work["zigzag"], name="zig-zag split", marker_color="#4c78a8")])
+    fig.update_layout(**plain_layout(height=320, barmode="group", yaxis_title="scores computed (one forward)",
+                                     title=f"Causal mask, cp = {cp}, seq = {seq}: the slowest rank paces the ring"))
+    return fig
+
+
+def runs_table(results: Sequence[Mapping]) -> str:
+    """``run_context`` results side by side: max output and gradient differences against the dense
+    attention, the largest score tensor per rank (measured, predicted, one process, s²/cp of it),
+    and the bytes each rank sent (measured, predicted)."""
+    head = (f"{'variant':<8} {'cp':>2}  {'max |Δout|':>10} {'max |Δgrad|':>11}  {'scores/rank B':>13} "
+            f"{'predicted':>9} {'1 process':>9} {'1 proc ÷':>8} {'sent/rank B':>11} {'predicted':>9}")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        s = r["score_bytes_per_rank"]
+        lines.append(f"{r['variant']:<8} {r['cp']:>2}  {_tiny(r['max_output_diff']):>10} "
+                     f"{_tiny(r['max_grad_diff']):>11}  {s['measured']:>13,} {s['predicted']:>9,} "
+                     f"{s['one_process']:>9,} {s['one_process'] / s['measured']:>8g} "
+                     f"{r['bytes_sent_per_rank']['measured']:>11,} {r['bytes_sent_per_rank']['predicted']:>9,}")
+    return "\n".join(lines)
+
+
+def _tiny(x: float) -> str:
+    """A difference as an order of magnitude: ``< 1e-12`` (rounding noise varies by the last bit)."""
+    for bound in (1e-12, 1e-10, 1e-8, 1e-6):
+        if x < bound:
+            return f"< {bound:.0e}"
+    return f"{x:.2g}"
+
+
+def compare_costs(cps: Sequence[int] = (2, 4, 8), link_name: str = "nvlink4", flops: float = 400e12,
+                  **shape) -> list[dict]:
+    """``context_cost`` of ring and Ulysses, causal, for the ``BIG`` shape (or ``shape``) on
+    ``link_name`` with ``flops`` achieved FLOP/s: one row per (cp, variant)."""
+    shape = {**BIG, **shape}
+    link = hardware.LINKS[link_name]
+    rows = []
+    for cp in cps:
+        for variant in ("ring", "ulysses"):
+            c = context_cost(variant, cp=cp, link=link, flops=flops, causal=True, **shape)
+            rows.append({"cp": cp, "variant": variant, "messages": c.messages, "gb_sent": c.bytes_sent / 1e9,
+                         "comm_ms": c.comm_s * 1e3, "exposed_ms": c.exposed_comm_s * 1e3,
+                         "compute_ms": c.compute_s * 1e3, "score_gb": c.score_peak_bytes / 1e9,
+                         "heads_ok": shape["heads"] % cp == 0})
+    return rows
+
+
+def cost_table(rows: Sequence[Mapping]) -> str:
+    """``compare_costs`` rows as text (one step: forward + backward of one attention layer)."""
+    head = (f"{'cp':>3} {'variant':<8} {'messages':>8} {'GB sent':>8} {'comm ms':>8} {'exposed ms':>10} "
+            f"{'compute ms':>10} {'largest scores GB':>17}")
+    lines, last = [head, "-" * len(head)], None
+    for r in rows:
+        if last is not None and r["cp"] != last:
+            lines.append("")
+        last = r["cp"]
+        lines.append(f"{r['cp']:>3} {r['variant']:<8} {r['messages']:>8} {r['gb_sent']:>8.2f} {r['comm_ms']:>8.2f} "
+                     f"{r['exposed_ms']:>10.2f} {r['compute_ms']:>10.1f} {r['score_gb']:>17.2f}")
+    return "\n".join(lines)
+
+
+def score_memory_figure(seqs: Sequence[int] = (8192, 32768, 131072, 524288), cps: Sequence[int] = (1, 4, 16),
+                        heads: int = 64, dtype_bytes: int = 2) -> go.Figure:
+    """GB of the full score matrix ``heads·s²`` per rank if a rank held its ``s/cp`` rows of it,
+    ``heads·s²/cp`` (what plain sequence splitting would keep), against the sequence length."""
+    fig = go.Figure()
+    for i, cp in enumerate(cps):
+        gb = [round(heads * s * s * dtype_bytes / cp / 1e9, 3) for s in seqs]
+        fig.add_trace(go.Scatter(x=list(seqs), y=gb, mode="lines+markers", name=f"cp = {cp}",
+                                 line=dict(color=RANK_COLOURS[i])))
+    fig.add_hline(y=141, line_dash="dot", annotation_text="one H200: 141 GB")
+    fig.update_layout(**plain_layout(height=340, xaxis_title="sequence length s (tokens)",
+                                     yaxis_title="GB of scores per rank (one layer, batch 1)",
+                                     title=f"The s² wall: {heads} heads × s² × {dtype_bytes} bytes, ÷ cp"))
+    fig.update_xaxes(type="log", tickvals=list(seqs))
+    fig.update_yaxes(type="log")
+    return fig
