@@ -241,7 +241,10 @@ def _plan(args):
 
     names = ("layers", "hidden", "heads", "vocab", "seq", "batch", "nodes", "gpus_per_node", "gpu_mem_gb",
              "intra_gbps", "inter_gbps", "tflops", "latency_us", "price", "tokens", "top", "zero1")
-    result = planner.plan_from_args(**{name: getattr(args, name) for name in names})
+    given = {name: getattr(args, name) for name in names}
+    if args.overlap is not None:  # else the planner's own default, cost.OVERLAP_SHARE
+        given["overlap"] = args.overlap
+    result = planner.plan_from_args(**given, zero=tuple(args.zero))
     return result, planner.format_plans(result), ""
 
 
@@ -259,7 +262,12 @@ def _plan_arguments(parser):
     parser.add_argument("--price", type=float, help="$ per GPU-hour: adds the cost of a training run")
     parser.add_argument("--tokens", type=float, default=300e9, help="training tokens for the cost")
     parser.add_argument("--top", type=int, default=10)
-    parser.add_argument("--zero1", action="store_true", help="shard optimizer state over DP (ZeRO-1)")
+    parser.add_argument("--zero", type=int, nargs="+", choices=(0, 1, 2, 3), default=[0, 1, 2, 3],
+                        metavar="STAGE", help="ZeRO stages to search over the DP group (default: 0 1 2 3)")
+    parser.add_argument("--zero1", action="store_true", help="only ZeRO-1 (the same as --zero 1)")
+    parser.add_argument("--overlap", type=float,
+                        help="share of a backward that DP/ZeRO communication can hide behind (0: none; "
+                             "default: the planner's, planning.cost.OVERLAP_SHARE)")
 
 
 def _grade_arguments(parser) -> None:

@@ -270,10 +270,13 @@ def test_planner_tables_for_gpt3():
                           "layers do not split into pp equal stages"}
     assert sum(int(line.split(" x ")[0]) for line in table[1:] if not line.startswith("       ")) \
         == len(result["rejected"])
+    # The ZeRO search puts TP 2 x PP 32 with ZeRO-1 first (tests/test_planner.py says why); the best
+    # TP 4 plan is now dp 4 x pp 32 without recomputation (ZeRO-1's freed memory again), within 1 %.
     best4 = planner_widgets.best_plan(result["plans"], tp=4)
-    assert best4 is result["plans"][0] and planner_widgets.best_plan(result["plans"], tp=3) is None
+    assert planner_widgets.best_plan(result["plans"], tp=2) is result["plans"][0]
+    assert (best4["dp"], best4["pp"]) == (4, 32) and planner_widgets.best_plan(result["plans"], tp=3) is None
     lines = planner_widgets.plans_table(result["plans"][:3]).splitlines()
-    assert len(lines) == 4 and lines[1].split()[:3] == ["8", "16", "4"]
+    assert len(lines) == 4 and lines[1].split()[:4] == ["8", "32", "2", "1"]  # dp, pp, tp, ZeRO stage
     fig = planner_widgets.breakdown_figure({"best": best4})
     assert json.loads(fig.to_json())["data"][0]["x"] == [round(best4["breakdown"]["compute_s"], 3)]
 

@@ -7,16 +7,18 @@
 # **Learning goals.** By the end of this lesson you can
 #
 # - compute the memory of one GPU under a (data, pipeline, tensor) layout — weights, gradients, Adam
-#   state (and ZeRO-1), activations with tensor and sequence parallelism and recomputation,
+#   state (sharded by ZeRO stages 1–3), activations with tensor and sequence parallelism and recomputation,
 #   micro-batches in flight per schedule — and check those formulas against the real tensors of the
 #   course GPT;
 # - predict a training step's time from five parts: compute, tensor-parallel all-reduces, the bubble,
-#   pipeline sends, the data-parallel gradient all-reduce;
+#   pipeline sends, the data-parallel (ZeRO) communication — of which the backward hides a part;
 # - read what the planner (`parallel_lab.planning.planner`) picks for GPT-3 175B on 64 DGX H100
 #   servers of 8 GPUs, and why it rejects each of the other 300 candidates;
 # - explain why tensor parallelism stays inside the NVLink domain (≤ 8 GPUs on a DGX node), and why
 #   on H100s TP 4 edges out TP 8 — a shallower pipeline's all-reduces against a deeper one's bubble —
 #   where on Megatron-LM's A100s TP 8 won;
+# - say where ZeRO-3 beats tensor and pipeline parallelism (a model that fits only sharded) and where
+#   it loses (its traffic crossing the network), as Narayanan et al. 2021 measured;
 # - turn a plan into GPU-hours and a budget, and run the same search from the command line.
 #
 # Lessons 02–09 built every piece on real ranks: tensor parallelism, pipeline schedules, balanced
@@ -38,7 +40,7 @@ setup()
 # | what, per GPU | bytes | splits with |
 # |---|---|---|
 # | weights, gradients | 2 + 2 per parameter it holds | tp (Megatron's split matrices) and pp (its stage's layers) |
-# | Adam state | 12 per parameter | tp, pp, and dp with **ZeRO-1** |
+# | Adam state | 12 per parameter | tp, pp, and dp with **ZeRO-1** (ZeRO-2 also the gradients, ZeRO-3 the weights: section 9) |
 # | activations per layer and micro-batch | `sbh(34/t + 5as/(ht))` with tensor + sequence parallelism t (Korthikanti et al. 2022) | selective recomputation drops the `5as/h` scores; full keeps only the input `2sbh/t` |
 # | micro-batches in flight | from the schedule simulator, counted until W: GPipe m, 1F1B min(m, p − r) on rank r, ZB-H1 (p − r) M_B + r M_W (m ≥ p) | |
 #
@@ -47,8 +49,8 @@ setup()
 # (the embedding rides on the first stage, the head on the last):
 
 # %%
-from parallel_lab.hardware import SYSTEMS
-from parallel_lab.planning import cost, memory_check, memory_model, planner
+from parallel_lab.hardware import SYSTEMS, Cluster
+from parallel_lab.planning import cost, memory, memory_check, memory_model, planner
 from parallel_lab.show import planner as pw
 
 rows = memory_check.param_check()
@@ -137,7 +139,12 @@ guess.versus(memory_model.max_device_memory(**dict(layout, schedule="1f1b"))["to
 #   (lesson 01), on the critical path;
 # - **bubble**: the schedule's idle time, closed forms of the simulator (tested equal to it):
 # - **PP send/recv**: one activation forward and one gradient back per micro-batch and stage;
-# - **DP all-reduce**: this GPU's gradients over its replicas, once per step.
+# - **DP all-reduce**: this GPU's gradients over its replicas, once per step (ZeRO: a reduce-scatter
+#   and an all-gather, the same 2Ψ; ZeRO-3 3Ψ, section 9). It travels while the backward computes
+#   (DDP's buckets, Li et al. 2020): only `max(0, comm − 0.9 × backward)` is **exposed** and counted
+#   in the step; the rest is printed as **hidden** (`cost.dp_communication`; the share 0.9 is a
+#   modelling assumption, held within 20 % of real ZeRO runs on the virtual clock by
+#   `parallel3d.validate_plans.validate_overlap`). TP all-reduces and PP sends stay exposed.
 
 # %%
 import inspect
@@ -148,8 +155,8 @@ print(inspect.getsource(cost.pipeline_makespan))
 # ## 3. The search: GPT-3 175B on 64 DGX H100 servers
 #
 # `planner.plan` tries every (dp, pp, tp) whose product is the number of GPUs, every schedule
-# (GPipe, 1F1B, interleaved 1F1B with 2–4 chunks, ZB-H1) and recomputation (none, selective, full),
-# and for each the number of micro-batches (a divisor of the batch per replica) that is fastest and
+# (GPipe, 1F1B, interleaved 1F1B with 2–4 chunks, ZB-H1), recomputation (none, selective, full) and
+# ZeRO stage (0–3, column `Z`), and for each the number of micro-batches (a divisor of the batch per replica) that is fastest and
 # fits. GPT-3's batch: 1536 sequences of 2048 tokens.
 
 # %%
@@ -160,12 +167,23 @@ print(pw.plans_table(result["plans"][:10]))
 
 # %% [markdown]
 # Every plan keeps tensor parallelism inside a node (TP ≤ 8) and uses a deep pipeline. The ten
-# fastest are within 7 % of each other, about the model's own accuracy: a planner narrows hundreds
-# of layouts to a handful, and a short measured run decides between those.
+# fastest are within 2 % of each other, about the model's own accuracy: a planner narrows hundreds
+# of layouts to a handful, and a short measured run decides between those. Most use **ZeRO-1**: it
+# shards Adam's state over the 8 replicas, which frees 29 GB per GPU for free in this model (its
+# all-gather replaces half of the all-reduce), and that memory lets TP 2 × PP 32 fit — the first
+# plan, with a third of TP 4's all-reduces.
 #
+# To see the trade between tensor and pipeline parallelism on its own, search once more without
+# ZeRO (`zero=(0,)`):
+
+# %%
+no_zero = planner.plan(gpt3, pw.CLUSTER, pw.BATCH, zero=(0,))
+print(pw.plans_table(no_zero["plans"][:3]))
+
+# %% [markdown]
 # **An honest surprise.** Megatron-LM's paper (Narayanan et al. 2021) ran GPT-3 175B on DGX A100s
-# with TP 8 — a whole node — and 1F1B-family schedules. Here, on H100s, the best plan is
-# **TP 4 × PP 16 × DP 8 with ZB-H1**, 6 % ahead of the best TP 8 plan, and TP 4 comes first with
+# with TP 8 — a whole node — and 1F1B-family schedules. Here, on H100s without ZeRO, the best plan
+# is **TP 4 × PP 16 × DP 8 with ZB-H1**, 6 % ahead of the best TP 8 plan, and TP 4 comes first with
 # 1F1B too. Given the A100 cluster and 1F1B, the same planner puts TP 8 first, as in the paper
 # (`tests/test_planner.py::test_gpt3_with_1f1b_puts_tp8_first_on_a100s_and_tp4_on_h100s`). Why?
 #
@@ -183,17 +201,18 @@ ratio_guess = predict("tp8-over-tp4", my_prediction, "TP 8 × PP 8's all-reduce 
                       "PP 16's, dp 8, 192 micro-batches", tolerance=0.25)
 
 # %%
-only_1f1b = planner.plan(gpt3, pw.CLUSTER, pw.BATCH, schedules=("1f1b",))
+only_1f1b = planner.plan(gpt3, pw.CLUSTER, pw.BATCH, schedules=("1f1b",), zero=(0,))
 print("DGX H100, 1F1B only, the five fastest:")
 print(pw.plans_table(only_1f1b["plans"][:5]))
-a100 = planner.plan(gpt3, SYSTEMS["DGX A100"].cluster(64), pw.BATCH, schedules=("1f1b",))
+a100 = planner.plan(gpt3, SYSTEMS["DGX A100"].cluster(64), pw.BATCH, schedules=("1f1b",), zero=(0,))
 print("DGX A100 (312 TFLOP/s peak, NVLink 3 at 300 GB/s, HDR at 25 GB/s), 1F1B only, the three fastest:")
 print(pw.plans_table(a100["plans"][:3]))
+same = dict(dp=8, microbatches=192)  # the best plans of dp 8 and 192 micro-batches, without ZeRO
 compare = {
-    "TP 4, ZB-H1 (best)": pw.best_plan(result["plans"], tp=4, schedule="zb-h1"),
-    "TP 8, ZB-H1": pw.best_plan(result["plans"], tp=8, schedule="zb-h1"),
-    "TP 4, 1F1B": pw.best_plan(result["plans"], tp=4, schedule="1f1b"),
-    "TP 8, 1F1B (Megatron-style)": pw.best_plan(result["plans"], tp=8, schedule="1f1b"),
+    "TP 4, ZB-H1 (best)": pw.best_plan(no_zero["plans"], tp=4, schedule="zb-h1", **same),
+    "TP 8, ZB-H1": pw.best_plan(no_zero["plans"], tp=8, schedule="zb-h1", **same),
+    "TP 4, 1F1B": pw.best_plan(no_zero["plans"], tp=4, schedule="1f1b", **same),
+    "TP 8, 1F1B (Megatron-style)": pw.best_plan(no_zero["plans"], tp=8, schedule="1f1b", **same),
 }
 print("compute per step, s:", ", ".join(f"{name} {p['breakdown']['compute_s']:.2f}" for name, p in compare.items()))
 ratio_guess.versus(compare["TP 8, ZB-H1"]["breakdown"]["tp_comm_s"] / compare["TP 4, ZB-H1 (best)"]["breakdown"]["tp_comm_s"],
@@ -235,9 +254,10 @@ pw.breakdown_figure(compare, title="GPT-3 175B on 512 GPUs: the step beyond comp
 print(pw.rejections_table(result))
 
 # %% [markdown]
-# - **Memory** rejects most: pure data parallelism needs the whole 2.8 TB of model state per GPU;
-#   TP 8 × PP 1 still 350 GB. The nearest miss is GPipe with full recomputation: the last stage keeps
-#   the fp32 logits of all 192 micro-batches (a 50 257-token vocabulary is big).
+# - **Memory** rejects most (each ZeRO stage that does not fit counts once): pure data parallelism
+#   without ZeRO needs the whole 2.8 TB of model state per GPU; TP 8 × PP 1 still 350 GB. The nearest
+#   miss is TP 2 × PP 16 with ZeRO-2, 0.5 GB over: ZeRO-2 shards the gradients but keeps one layer's
+#   full gradient in flight, and TP 2 splits the activations only by 2.
 # - **Layers** must split into equal stages (96 layers: pp 64 does not divide them).
 # - **TP groups may not cross nodes**, which brings us to the FAQ's sixth question.
 #
@@ -260,7 +280,7 @@ print(pw.tp_link_table(gpt3))
 # (TP 16 × PP 16 × DP 2, every TP group on two nodes):
 
 # %%
-inside = pw.best_plan(result["plans"], tp=8, pp=16, schedule="zb-h1")
+inside = pw.best_plan(result["plans"], tp=8, pp=16, schedule="zb-h1", microbatches=384)
 spanning = cost.across_nodes(gpt3, pw.CLUSTER, pw.BATCH, dp=2, pp=16, tp=16, microbatches=768)
 print(f"TP 8 inside nodes  : step {inside['step_s']:6.1f} s, TP all-reduces {inside['breakdown']['tp_comm_s']:5.1f} s")
 print(f"TP 16 across nodes : step {spanning['step_s']:6.1f} s, TP all-reduces {spanning['tp_comm_s']:5.1f} s")
@@ -292,7 +312,7 @@ print(f"the best TP 8 + 1F1B plan would cost ${extra:,.0f} more ({megatron['step
 # cost targets before you start; benchmark under realistic load** (the planner's constants —
 # TFLOP/s, α, bandwidths — should come from your cluster; `planning.calibration.calibrate` fits them on real
 # ranks); and do not let one benchmark hide the weaknesses of the whole system (the model leaves out
-# kernel efficiency, overlap of communication with compute, and congestion).
+# kernel efficiency and congestion, and its overlap is one assumed share of the backward).
 #
 # ### Try it
 #
@@ -432,17 +452,72 @@ from parallel_lab.exercises.device_memory import check_device_memory
 verdict = check_device_memory(my_device_memory)
 
 # %% [markdown]
+# ## 9. ZeRO-3 against tensor and pipeline parallelism
+#
+# ZeRO (Rajbhandari et al. 2020) does not split the model's computation; it splits its *memory* over
+# the data-parallel replicas. Stage 1 shards Adam's 12 bytes per parameter, stage 2 the gradients'
+# 2 too, stage 3 the weights' 2 as well: 16Ψ/dp per GPU (plus the layer being gathered and the next
+# one prefetched). The price is traffic: stage 3 all-gathers every layer's weights before its forward
+# and again before its backward and reduce-scatters its gradient — 3Ψ per micro-batch, 1.5× plain
+# data parallelism's 2Ψ (`cost.dp_communication`). Pure data parallelism with GPT-3 175B on the 512
+# GPUs, one GPU, by stage (3 sequences per GPU, full recomputation):
+
+# %%
+pure = dict(model=gpt3, micro_batch=3, dp=512, pp=1, tp=1, microbatches=1, recompute="full")
+print(pw.memory_table({f"pure DP, ZeRO-{z}": dict(pure, zero=z) for z in range(4)}))
+
+# %% [markdown]
+# Only ZeRO-3 fits. **Where it wins**: a model that fits only sharded, on GPUs joined by NVLink.
+# GPT-3 1.3B (21 GB of model state) on one node of 8 GPUs of 16 GB: without ZeRO pure data
+# parallelism does not fit; sharded it does, with neither a bubble nor a TP all-reduce on the
+# critical path, and it ranks ahead of the pipelined plans. ZeRO-3 holds the least (2.6 GB of state per GPU)
+# at the same speed: at 450 GB/s its all-gathers travel behind the compute.
+
+# %%
+small = planner.plan(memory.MODELS["GPT-3 1.3B"], Cluster(1, 8, 16), 16)
+print(pw.plans_table(small["plans"][:4]))
+
+# %% [markdown]
+# **Where it loses**: bandwidth across nodes. Megatron-LM's paper compared its PTD-P (tensor +
+# pipeline + data parallelism) with ZeRO-3 for GPT-3 175B and 530B (Narayanan et al. 2021, section
+# 5.3 and its figure comparing with ZeRO-3) and found PTD-P up to 70 % faster as the GPU count grew:
+# ZeRO-3's data-parallel group spans every node, so its 3Ψ cross the network. The planner, on our
+# 64 DGX H100, and the same ZeRO-3 plan on a (hypothetical) network as fast as NVLink:
+
+# %%
+zero3 = pw.best_plan(result["plans"], tp=1, pp=1, zero=3)
+flat = planner.plan(gpt3, Cluster(64, 8, 80, inter_gbps=450), pw.BATCH, zero=(3,))
+print(pw.zero_table({"best plan (3D + ZeRO-1)": result["plans"][0], "pure DP + ZeRO-3": zero3,
+                     "pure DP + ZeRO-3, 450 GB/s network": pw.best_plan(flat["plans"], tp=1, pp=1)}))
+print(f"ZeRO-3 is {zero3['step_s'] / result['plans'][0]['step_s'] - 1:.0%} slower than the best plan")
+pw.breakdown_figure({"best plan (3D + ZeRO-1)": result["plans"][0], "pure DP + ZeRO-3": zero3},
+                    title="GPT-3 175B on 512 H100s: 3D parallelism against ZeRO-3 (seconds)")
+
+# %% [markdown]
+# ZeRO-3 moves 21 s of traffic per step over InfiniBand; the backward hides part of it, and 9 s stay
+# exposed, with 5 s more of full recomputation that its activations need — 70 % slower, the gap the
+# paper measured. The 3D plan sends only its 1/64 share of the gradients over the network and keeps
+# everything else on NVLink. On a network as fast as NVLink, most of ZeRO-3's exposed time goes. The
+# rule of thumb: **shard (ZeRO/FSDP) to fit, inside a fast domain or on top of TP and PP; split (TP
+# inside the node, PP across nodes) to scale.**
+
+# %% [markdown]
 # ## What to remember
 #
-# - A plan must **fit** (weights + gradients + Adam state, split by tp and pp — and Adam by dp with
-#   ZeRO-1 — plus activations × micro-batches in flight) and then be **fast** (compute + TP all-reduces
-#   + bubble + PP sends + DP all-reduce). The formulas match the course GPT's real tensors.
+# - A plan must **fit** (weights + gradients + Adam state, split by tp and pp — and by dp with ZeRO:
+#   Adam's state with ZeRO-1, the gradients too with ZeRO-2, everything with ZeRO-3 — plus activations
+#   × micro-batches in flight) and then be **fast** (compute + TP all-reduces + bubble + PP sends + the
+#   part of the DP communication the backward does not hide). The formulas match the course GPT's real tensors.
 # - **TP stays inside the NVLink domain** (8 GPUs of a DGX node, 72 of an NVL72 rack): its
 #   all-reduces are on every layer's critical path; over the network they would cost as much as the
 #   compute. Pipeline sends are rare, so **PP crosses nodes**.
 # - The best TP degree is a trade: at fixed dp, more TP means a shallower pipeline, more layers per
 #   GPU and (t − 1)-fold ring traffic; less TP means a deeper pipeline and a bigger bubble. On A100s
 #   with 1F1B, TP 8 wins for GPT-3 175B (as Megatron-LM chose); on H100s, whose compute outgrew
-#   their NVLink, TP 4 wins, by 6 % with ZB-H1 in this model — measure before you believe it.
+#   their NVLink, TP 4 wins, by 6 % with ZB-H1 in this model (without ZeRO; with ZeRO-1's freed memory
+#   TP 2 × PP 32 edges ahead) — measure before you believe it.
+# - **ZeRO-3** trades memory for bandwidth: 3Ψ per micro-batch over the data-parallel group. Inside a
+#   node it wins where a model only fits sharded; across nodes it loses to 3D parallelism (here by
+#   70 %, as Narayanan et al. 2021 measured), which keeps its heavy traffic on NVLink.
 # - A step time is a budget: GPU-hours = steps × step time × GPUs. Calibrate the model on your
 #   cluster and benchmark the top few plans under realistic load before committing it.

@@ -29,6 +29,12 @@ not hidden in it:
   down, so ``validate`` predicts with the FLOP/s this very model achieves on all ranks at once
   (``workload_tflops``) and also reports the matmul's.
 
+``validate_overlap`` holds the cost model's overlap term (``planning.cost.dp_communication``: the
+DP/ZeRO communication exposed beyond ``overlap`` x the backward) against ZeRO runs with collectives
+in flight (``zero.run``, ``overlap=True``): each run's step on the virtual clock (measured thread CPU
+time per action, the link model per collective; never wall time) against the model fed the same
+run's measured forward, backward and optimizer seconds.
+
 Timing is noisy on a shared machine (other processes, the OS); the grid reports medians over steps
 and the median relative error over plans. Tests check the machinery, never the accuracy.
 """
@@ -37,12 +43,13 @@ from __future__ import annotations
 
 import statistics
 
-from parallel_lab.hardware import Cluster
+from parallel_lab.hardware import Cluster, Link
 from parallel_lab.parallel3d import train3d
 from parallel_lab.planning import calibration as calib
 from parallel_lab.planning import memory
-from parallel_lab.planning.cost import step_time
+from parallel_lab.planning.cost import OVERLAP_SHARE, dp_communication, step_time
 from parallel_lab.runtime import commlog, launcher
+from parallel_lab.zero import run as zero_run
 
 GRID_4 = ((1, 2, 2), (2, 2, 1), (2, 1, 2), (1, 4, 1), (1, 1, 4), (4, 1, 1))
 SIZES = {
@@ -84,8 +91,9 @@ def predict(cfg: train3d.Config, cluster: Cluster, n_cores: float | None = None)
     the planner's parts, ``planner_s`` and ``shared_s`` (0 with a core per rank)."""
     n_cores = calib.cores() if n_cores is None else n_cores
     model = memory.ModelConfig("tiny GPT", cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, cfg.seq)
+    # train3d all-reduces its gradients after the backward (parallel3d.data_parallel): no overlap
     parts = step_time(model, cluster, cfg.batch, cfg.dp, cfg.pp, cfg.tp, cfg.microbatches,
-                              cfg.schedule, cfg.virtual)
+                      cfg.schedule, cfg.virtual, overlap=0.0)
     ranks, shared = cfg.world_size, 0.0
     if ranks > n_cores:  # a rank idle in the bubble leaves its core to the others: no bubble term
         shared = parts["compute_s"] * ranks / n_cores + parts["tp_comm_s"] + parts["pp_comm_s"] + parts["dp_comm_s"]
@@ -154,6 +162,54 @@ def validate(grid=GRID_4, sizes=None, steps: int = 6, world_size: int = 4, calib
             "median_rel_error_matmul": statistics.median(r["rel_error_matmul"] for r in rows),
             "median_rel_error_given_load": statistics.median(r["rel_error_given_load"] for r in rows),
             "calibration": calibration, "cores": n_cores, "world_size": world_size}
+
+
+# ----------------------------------------------------------------------------------------------
+# The overlap term against ZeRO runs on the virtual clock.
+
+# Links that make the course GPT's collectives cost from a fraction of its backward to more than it.
+OVERLAP_LINKS = (Link("1 GB/s", 1e9, 20e-6), Link("200 MB/s", 2e8, 20e-6), Link("50 MB/s", 5e7, 20e-6))
+
+
+def predict_zero(report: dict, overlap: float = OVERLAP_SHARE) -> dict:
+    """The cost model's step for one ``zero.run`` report (one micro-batch per step): per rank its
+    measured compute on the virtual clock, forward (``F ...``), backward (``B ...``) and the rest
+    (the optimizer), plus ``dp_communication``'s exposed seconds for Ψ parameters of the run's
+    value size on its link; the slowest rank's. Returns ``step_s``, ``exposed_s``, ``hidden_s``."""
+    link = Link(**report["link"])
+    value_bytes = zero_run.DTYPES[report["dtype"]].itemsize
+    best = None
+    for compute in report["timeline"]["virtual"]["compute"]:
+        fwd = sum(end - start for label, start, end in compute if label.startswith("F "))
+        bwd = sum(end - start for label, start, end in compute if label.startswith("B "))
+        busy = sum(end - start for _, start, end in compute)
+        comm = dp_communication(report["stage"], report["params"] * value_bytes, report["dp"], link, 1,
+                                fwd, bwd, overlap)
+        row = {"step_s": busy + comm["exposed_s"], "exposed_s": comm["exposed_s"], "hidden_s": comm["hidden_s"]}
+        best = row if best is None or row["step_s"] > best["step_s"] else best
+    return best
+
+
+def validate_overlap(stages=(0, 1, 2, 3), dp: int = 2, links=OVERLAP_LINKS, steps: int = 3, batch: int = 8,
+                     overlap: float = OVERLAP_SHARE, timeout: float = 180.0) -> dict:
+    """Run every (stage, link) with ``overlap=True`` in one launch of ``dp`` ranks and compare the
+    virtual-clock step (``run_zero``'s ``virtual.step_s``, the last step) with ``predict_zero``.
+    Returns ``rows`` (``stage, link, measured_s, predicted_s, rel_error, exposed_s, hidden_s,
+    serial_s``) and ``median_rel_error``."""
+    runs = [zero_run.plan(stage, dp, steps=steps, batch=batch, overlap=True, link=link)
+            for stage in stages for link in links]
+    per_rank = launcher.run(zero_run.zero_jobs, dp, args=(runs,), timeout=timeout)
+    rows = []
+    for i, run in enumerate(runs):
+        report = zero_run.report(run, [r[i] for r in per_rank])
+        pred = predict_zero(report, overlap)
+        measured = report["virtual"]["step_s"]
+        rows.append({"stage": run.stage, "link": run.link.name, "measured_s": measured,
+                     "predicted_s": pred["step_s"], "rel_error": abs(pred["step_s"] - measured) / measured,
+                     "exposed_s": pred["exposed_s"], "hidden_s": pred["hidden_s"],
+                     "serial_s": report["virtual"]["serial_step_s"]})
+    return {"rows": rows, "median_rel_error": statistics.median(r["rel_error"] for r in rows), "dp": dp,
+            "overlap": overlap}
 
 
 def format_table(result: dict) -> str:

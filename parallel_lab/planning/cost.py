@@ -23,14 +23,34 @@ The cost model (per training step, on the slowest device; every term is printed 
 - **pipeline point-to-point**: every micro-batch chunk sends its activation forward and receives its
   gradient back, ``b·s·h/t`` 2-byte values (Megatron's scatter/gather optimisation), not overlapped;
   inter-node links when a pipeline group spans nodes.
-- **data-parallel gradient all-reduce** of this device's 2-byte gradients over ``dp`` (ZeRO-1:
-  reduce-scatter + all-gather, the same volume), not overlapped with backward; inter-node links when
-  a data-parallel group spans nodes.
+- **data-parallel / ZeRO communication** of this device's shard (its pipeline stage's parameters on
+  its TP rank, Ψ_d, 2-byte values) over ``dp``, on the inter-node links when a data-parallel group
+  spans nodes (``dp_communication``). Per step, the volume of Rajbhandari et al. 2020 ("ZeRO",
+  section 7, ``parallel_lab.zero.traffic``): stage 0 an all-reduce (2Ψ_d); stages 1-2 a
+  reduce-scatter of the gradients and an all-gather of the updated parameters (2Ψ_d); stage 3 two
+  all-gathers of the parameters (forward, backward) and a reduce-scatter (3Ψ_d, 1.5x). With m
+  micro-batches of gradient accumulation the sharded stages pay per micro-batch what they shard:
+  stage 2 reduce-scatters each micro-batch's gradient (it keeps no full gradient to accumulate in),
+  stage 3 gathers and reduce-scatters in each micro-batch -- (m + 1)Ψ_d and 3mΨ_d; stages 0-1
+  accumulate the full gradient and communicate once (DeepSpeed's reason for refusing ZeRO-2/3 with
+  pipeline parallelism; here they are allowed and priced).
+- **overlap** of that communication with the compute, as ``parallel_lab.zero.overlap`` runs it (DDP's
+  buckets, Li et al. 2020, "PyTorch Distributed", section 3.2.3; ZeRO-3 prefetch, Zhao et al. 2023,
+  "PyTorch FSDP", section 3.3): the gradient collectives issued during a backward travel while it
+  computes, so only ``max(0, comm - overlap · window)`` is exposed, where ``window`` is that
+  backward (one micro-batch's: stages 0-1 reduce in the last micro-batch's backward, as DDP under
+  ``no_sync``) and ``overlap`` (``OVERLAP_SHARE``) the share of it communication can use. Stage 3's
+  all-gathers are prefetched behind the forward and the backward; its reduce-scatter and stages
+  1-2's all-gather of the updated parameters are exposed (the engine waits for them; FSDP can also
+  overlap the reduce-scatter, so stage 3 is priced as an upper bound). TP all-reduces and PP
+  sends stay exposed: they sit on the critical path of every micro-batch. ``dp_comm_s`` is the
+  exposed part (in the step), ``dp_hidden_s`` the hidden part (not in it).
 
-Deliberately simple: no kernel efficiency that depends on shapes, no overlap, no congestion between
-groups sharing a link. Good for ranking plans and for seeing why; its constants come from
-``parallel_lab.hardware.Cluster`` (or from this machine, ``parallel_lab.planning.calibration``) and
-``parallel_lab.parallel3d.validate_plans`` holds it against real runs.
+Deliberately simple: no kernel efficiency that depends on shapes, no congestion between groups
+sharing a link, no slow-down of compute by the communication it hides. Good for ranking plans and for seeing why; its constants come from
+``parallel_lab.hardware.Cluster`` (or from this machine, ``parallel_lab.planning.calibration``);
+``parallel_lab.parallel3d.validate_plans`` holds it against real 3D runs (``validate``) and the
+overlap term against ZeRO runs on the virtual clock (``validate_overlap``).
 """
 
 from __future__ import annotations
@@ -41,8 +61,17 @@ from dataclasses import replace
 from parallel_lab.hardware import Cluster, Link, ring_all_reduce_time
 from parallel_lab.planning import memory, memory_model
 from parallel_lab.runtime.mesh import ParallelDims
+from parallel_lab.zero.memory import STAGES as ZERO_STAGES
+from parallel_lab.zero.memory import check_stage
 
 CLOSED_FORMS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+# The share of a backward pass that gradient communication in flight can use (see the module doc).
+# A modelling assumption, checked against ``zero.overlap``'s virtual clock by
+# ``parallel3d.validate_plans.validate_overlap`` (median error under 20 %, tests/test_planner.py):
+# DDP's buckets start as soon as the first is full, so communication travels for all of the backward
+# but the first bucket's computation -- nearly all of it with GPT-3's hundreds of 25 MB buckets.
+OVERLAP_SHARE = 0.9
+STEP_PARTS = ("compute_s", "tp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s")  # their sum is step_s
 
 
 def pipeline_makespan(schedule: str, pp: int, microbatches: int, virtual: int, fwd: float, bwd: float) -> float:
@@ -77,10 +106,66 @@ def _crossings(dp, pp, tp, nodes, gpus_per_node) -> dict:
     return {dim: dims.crosses_nodes(dim) for dim in ("dp", "pp", "tp")}
 
 
+def _ring_half(n_bytes: float, p: int, link: Link) -> float:
+    """A ring reduce-scatter or all-gather of a buffer of ``n_bytes`` (the reduce-scatter's input, the
+    all-gather's output) over ``p`` ranks: half a ring all-reduce, (p - 1)α + (p - 1)/p · n / B."""
+    return ring_all_reduce_time(n_bytes, p, link.latency, link.bandwidth) / 2
+
+
+def dp_communication(stage: int, shard_bytes: float, dp: int, link: Link, microbatches: int = 1,
+                     fwd: float = 0.0, bwd: float = 0.0, overlap: float = OVERLAP_SHARE) -> dict:
+    """Seconds of one step's data-parallel / ZeRO communication of a device holding ``shard_bytes``
+    (Ψ_d: its 2-byte parameters or gradients) over ``dp`` ranks on ``link``, with ``microbatches`` of
+    forward ``fwd`` and backward ``bwd`` seconds each (this device, its TP communication included):
+    ``total_s``, ``exposed_s`` (on the step's critical path) and ``hidden_s`` = total - exposed.
+
+    Volumes: Rajbhandari et al. 2020, section 7 (2Ψ stages 0-2, 3Ψ stage 3; per micro-batch where
+    the stage shards what accumulation needs, see the module doc). Exposure: ``max(0, comm -
+    overlap · window)`` for what travels during a compute window (Li et al. 2020, section 3.2.3;
+    ``overlap`` in [0, 1] is the modelling assumption ``OVERLAP_SHARE``), in full for the rest."""
+    check_stage(stage)
+    if not 0 <= overlap <= 1:
+        raise ValueError(f"overlap must be a share of the backward in [0, 1], got overlap {overlap!r}")
+    if dp == 1:
+        return {"total_s": 0.0, "exposed_s": 0.0, "hidden_s": 0.0}
+    m, rs = microbatches, _ring_half(shard_bytes, dp, link)
+    ag = rs  # same buffer, same ring
+    if stage == 0:    # one all-reduce in the last micro-batch's backward
+        total, exposed = 2 * rs, max(0.0, 2 * rs - overlap * bwd)
+    elif stage == 1:  # reduce-scatter in the last backward, all-gather after the step
+        total, exposed = rs + ag, max(0.0, rs - overlap * bwd) + ag
+    elif stage == 2:  # a reduce-scatter in every backward, one all-gather after the step
+        total, exposed = m * rs + ag, m * max(0.0, rs - overlap * bwd) + ag
+    else:             # per micro-batch: all-gathers prefetched behind forward and backward, blocking reduce-scatter
+        total = m * (2 * ag + rs)
+        exposed = m * (max(0.0, ag - overlap * fwd) + max(0.0, ag - overlap * bwd) + rs)
+    return {"total_s": total, "exposed_s": exposed, "hidden_s": total - exposed}
+
+
 def step_time(model: memory.ModelConfig, cluster: Cluster, batch: int, dp: int, pp: int, tp: int,
-              microbatches: int, schedule: str = "1f1b", virtual: int = 1, recompute: str = "none") -> dict:
+              microbatches: int, schedule: str = "1f1b", virtual: int = 1, recompute: str = "none",
+              zero: int = 0, overlap: float = OVERLAP_SHARE) -> dict:
     """Predicted seconds per step and its parts: ``compute_s``, ``tp_comm_s``, ``bubble_s``,
-    ``pp_comm_s``, ``dp_comm_s`` and their sum ``step_s``."""
+    ``pp_comm_s``, ``dp_comm_s`` (exposed) and their sum ``step_s``; ``dp_hidden_s``: the DP/ZeRO
+    communication hidden behind the backward (not in the sum). ``zero``: ZeRO stage 0-3 over the dp
+    group; ``overlap``: the share of a backward gradient communication can use (0: none)."""
+    base = _step_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtual, recompute)
+    return with_dp(base, zero, overlap)
+
+
+def with_dp(base: dict, zero: int = 0, overlap: float = OVERLAP_SHARE) -> dict:
+    """``step_time``'s parts from ``_step_base``'s (everything but the DP term) for one ZeRO stage."""
+    dp = dp_communication(zero, base["shard_bytes"], base["dp"], base["dp_link"], base["microbatches"],
+                          base["fwd"], base["bwd"], overlap)
+    parts = {k: base[k] for k in STEP_PARTS[:-1]} | {"dp_comm_s": dp["exposed_s"]}
+    parts["step_s"] = sum(parts.values())
+    parts["dp_hidden_s"] = dp["hidden_s"]
+    return parts
+
+
+def _step_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtual, recompute) -> dict:
+    """Every term of ``step_time`` but the DP one, and what that one needs (the planner computes this
+    once per micro-batching and adds each ZeRO stage's DP term with ``with_dp``)."""
     crosses = _crossings(dp, pp, tp, cluster.nodes, cluster.gpus_per_node)
     b = batch // (dp * microbatches)
     flops = 6 * memory_model.param_count(model.layers, model.hidden, model.vocab, model.seq) * batch * model.seq
@@ -111,14 +196,11 @@ def step_time(model: memory.ModelConfig, cluster: Cluster, batch: int, dp: int, 
     if pp > 1:
         message = 2 * b * model.seq * model.hidden / tp
         pp_comm = 2 * microbatches * virtual * (alpha + message / bandwidth("pp"))
-    dp_comm = 0.0
-    if dp > 1:
-        grads = max(memory_model.stage_params(model, pp, tp, s) for s in {0, pp - 1}) * 2  # middle stages hold less
-        dp_comm = ring_all_reduce_time(grads, dp, alpha, bandwidth("dp"))
-    parts = {"compute_s": microbatches * (fwd + bwd), "tp_comm_s": microbatches * (tp_fwd + tp_bwd),
-             "bubble_s": makespan - work, "pp_comm_s": pp_comm, "dp_comm_s": dp_comm}
-    parts["step_s"] = sum(parts.values())
-    return parts
+    shard = max(memory_model.stage_params(model, pp, tp, s) for s in {0, pp - 1}) * 2  # middle stages hold less
+    return {"compute_s": microbatches * (fwd + bwd), "tp_comm_s": microbatches * (tp_fwd + tp_bwd),
+            "bubble_s": makespan - work, "pp_comm_s": pp_comm, "dp": dp, "microbatches": microbatches,
+            "fwd": fwd + tp_fwd, "bwd": bwd + tp_bwd, "shard_bytes": shard,
+            "dp_link": Link("dp", bandwidth("dp"), alpha)}
 
 
 def recompute_overhead(model: memory.ModelConfig | str, recompute: str, seq: int | None = None) -> float:

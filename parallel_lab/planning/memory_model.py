@@ -14,8 +14,13 @@ Extends ``parallel_lab.planning.memory`` (one device) to a (dp, pp, tp) mesh:
   Shoeybi et al. 2019) the weight matrices and the biases of column-parallel layers are split by
   ``tp``; LayerNorms, row-parallel biases and position embeddings are replicated: a layer keeps
   ``(12h^2 + 7h)/tp + 6h``. Pipeline stage 0 also holds the embeddings, the last stage the head.
-- **Model state**: 2 + 2 + 12 bytes per parameter in mixed precision (``memory.PRECISIONS``);
-  ZeRO-1 (Rajbhandari et al. 2020) shards the 12 optimizer bytes over the ``dp`` replicas.
+- **Model state**: 2 + 2 + 12 bytes per parameter in mixed precision (``memory.PRECISIONS``), sharded
+  over the ``dp`` replicas by ZeRO stage ``zero`` (Rajbhandari et al. 2020, "ZeRO", section 5 and
+  Figure 1; the one formula is ``parallel_lab.zero.memory.per_rank``): stage 1 the optimizer state,
+  stage 2 the gradients too, stage 3 the parameters too. Stages 2-3 add ``buffers``: the transient
+  full units (a unit is one transformer layer on this TP rank; stage 2 one layer's gradient plus the
+  one in flight, stage 3 its gathered parameters and gradient plus the next layer prefetched;
+  Zhao et al. 2023, section 3.2.1). ``zero1=True`` is the older spelling of ``zero=1``.
 - **Activations per layer** (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
   Transformer Models", Table 2), with 2-byte values and dropout:
   ``sbh(34 + 5as/h)`` without parallelism; ``sbh(10 + 24/t + 5as/(ht))`` with tensor parallelism t;
@@ -46,6 +51,7 @@ from parallel_lab.checks import positive_int
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import M_W_SHARE, simulate
 from parallel_lab.planning import memory
+from parallel_lab.zero import memory as zero_memory
 
 RECOMPUTE = ("none", "selective", "full")
 GB = memory.GB
@@ -169,12 +175,14 @@ def in_flight(schedule: str, pp: int, microbatches: int, virtual: int = 1, w_sha
 def device_memory(model: memory.ModelConfig, micro_batch: int = 1, dp: int = 1, pp: int = 1, tp: int = 1,
                   sequence_parallel: bool = False, schedule: str = "1f1b", microbatches: int = 1,
                   virtual: int = 1, recompute: str = "none", zero1: bool = False,
-                  precision: str = "mixed", dropout: bool = True, stages=None) -> list[dict]:
+                  precision: str = "mixed", dropout: bool = True, stages=None, zero: int = 0) -> list[dict]:
     """Bytes on one device of every pipeline stage (a list, stage 0 first; only ``stages`` if given):
-    ``stage``, ``params``, ``weights``, ``gradients``, ``optimizer``, ``activations`` (``in_flight``
-    chunks of ``layers_per_chunk`` layers in units of a chunk's M_B, ``w_share`` = M_W / M_B, plus
-    the head's on the last stage) and ``total``."""
+    ``stage``, ``params``, ``weights``, ``gradients``, ``optimizer`` (sharded over ``dp`` by ZeRO
+    stage ``zero``, 0-3; ``zero1`` means ``zero=1``), ``buffers`` (ZeRO 2-3's transient full units),
+    ``activations`` (``in_flight`` chunks of ``layers_per_chunk`` layers in units of a chunk's M_B,
+    ``w_share`` = M_W / M_B, plus the head's on the last stage), ``zero`` and ``total``."""
     dp = positive_int("dp", dp)
+    zero = max(zero_memory.check_stage(zero), 1 if zero1 else 0)
     prec = memory.PRECISIONS[precision] if isinstance(precision, str) else precision
     if model.layers % (pp * virtual):
         raise ValueError(f"layers {model.layers} % (pp {pp} x virtual {virtual}) != 0")
@@ -186,21 +194,26 @@ def device_memory(model: memory.ModelConfig, micro_batch: int = 1, dp: int = 1, 
                                         prec.activation) / per_layer
     chunk_layers = model.layers // (pp * virtual)
     peaks = in_flight(schedule, pp, microbatches, virtual, share)
+    if prec.weights != prec.gradients:
+        raise ValueError(f"ZeRO's formula counts one value size for weights and gradients, got "
+                         f"{prec.weights} and {prec.gradients} bytes")
+    unit = layer_params(model.hidden, tp)  # ZeRO 2-3's transient full unit: one layer on this TP rank
     rows = []
     for stage in range(pp) if stages is None else sorted(set(stages)):
         params = stage_params(model, pp, tp, stage)
+        state = zero_memory.per_rank(params, dp, zero, prec.weights, unit=min(unit, params) if zero >= 2 else 0,
+                                     adam_bytes=prec.optimizer, overlap=True)
         acts = peaks[stage] * chunk_layers * per_layer
         if stage == pp - 1:
             # the head's tensors live from the last forward to its backward: one micro-batch at a time
             # in 1F1B-like schedules, all m in GPipe
             acts += (microbatches if schedule == "gpipe" else 1) * head_activation_bytes(
                 model.seq, micro_batch, model.hidden, model.vocab, tp, prec.activation)
-        row = {"stage": stage, "params": params, "weights": params * prec.weights,
-               "gradients": params * prec.gradients,
-               "optimizer": params * prec.optimizer / (dp if zero1 else 1),
+        row = {"stage": stage, "params": params, "weights": state["parameters"],
+               "gradients": state["gradients"], "optimizer": state["optimizer"], "buffers": state["buffers"],
                "activations": acts, "in_flight": peaks[stage], "layers_per_chunk": chunk_layers,
-               "w_share": share}
-        row["total"] = row["weights"] + row["gradients"] + row["optimizer"] + row["activations"]
+               "w_share": share, "zero": zero}
+        row["total"] = row["weights"] + row["gradients"] + row["optimizer"] + row["buffers"] + row["activations"]
         rows.append(row)
     return rows
 

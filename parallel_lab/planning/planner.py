@@ -1,27 +1,32 @@
-"""Choosing a 3D-parallel plan: search (dp, pp, tp, micro-batches, schedule, recomputation) under the
-memory limit and rank the survivors by predicted step time.
+"""Choosing a 3D-parallel plan: search (dp, pp, tp, ZeRO stage, micro-batches, schedule, recomputation)
+under the memory limit and rank the survivors by predicted step time.
 
     >>> from parallel_lab.planning import planner
     >>> result = planner.plan_from_args(layers=96, hidden=12288, heads=96, vocab=50257, seq=2048,
     ...                                 batch=1536, nodes=64, gpus_per_node=8, gpu_mem_gb=80)
-    >>> [(p["tp"], p["pp"], p["dp"], p["schedule"], p["recompute"]) for p in result["plans"][:3]]
-    [(4, 16, 8, 'zb-h1', 'selective'), (4, 32, 4, 'zb-h1', 'selective'), (4, 16, 8, 'interleaved-1f1b', 'selective')]
+    >>> [(p["tp"], p["pp"], p["dp"], p["zero"], p["schedule"], p["recompute"]) for p in result["plans"][:3]]
+    [(2, 32, 8, 1, 'zb-h1', 'selective'), (2, 16, 16, 1, 'zb-h1', 'selective'), (4, 32, 4, 1, 'zb-h1', 'none')]
+    >>> result = planner.plan_from_args(layers=96, hidden=12288, heads=96, vocab=50257, seq=2048,
+    ...                                 batch=1536, nodes=64, gpus_per_node=8, gpu_mem_gb=80, top=None)
     >>> best_tp8 = min(p["step_s"] for p in result["plans"] if p["tp"] == 8)
-    >>> round(best_tp8 / result["plans"][0]["step_s"], 2)   # TP 8 (a whole node): 6% behind
-    1.06
+    >>> round(best_tp8 / result["plans"][0]["step_s"], 2)   # TP 8 (a whole node): 7% behind
+    1.07
     >>> next(r["reason"] for r in result["rejected"] if r["plan"]["tp"] == 16)
     'tp 16 > devices_per_node 8: tensor parallel groups would cross nodes'
 
 GPT-3 175B on 64 DGX H100 nodes (8 GPUs of 80 GB; the defaults, ``hardware.SYSTEMS``) with GPT-3's
-batch (1536 sequences of 2048 tokens): tensor parallelism stays inside a node, and TP 4 x PP 16
-comes first, with 1F1B too. On 64 DGX A100 nodes with 1F1B (Megatron-LM's 2021 hardware and
+batch (1536 sequences of 2048 tokens): tensor parallelism stays inside a node; ZeRO-1 over dp 8
+(Adam's state sharded) lets TP 2 x PP 32 fit and come first, TP 4 x PP 16 0.6 % behind (first
+without ZeRO, and with 1F1B). ZeRO-3 makes even pure data parallelism fit (with full
+recomputation) and loses by 70 %: its 3Ψ per step crosses the network (Narayanan et al. 2021,
+section 5.3, measured PTD-P 70 % ahead of ZeRO-3 for GPT-3 175B). On 64 DGX A100 nodes with 1F1B (Megatron-LM's 2021 hardware and
 schedule, Narayanan et al.) TP 8 comes first, as in the paper: an H100 computes 3.2x faster than an
 A100 but its NVLink is only 1.5x faster, so each all-reduce costs more compute time and a deeper
 pipeline with less TP pays off, the more so with ZB-H1, whose bubble is a third of 1F1B's.
 
 The time of each plan is ``parallel_lab.planning.cost.step_time`` (every term is printed in its
 ``breakdown``); memory comes from ``parallel_lab.planning.memory_model`` (Korthikanti et al.
-activations, in-flight micro-batches from the simulator, optional ZeRO-1).
+activations, in-flight micro-batches from the simulator, model state sharded by the ZeRO stage).
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ from parallel_lab.checks import positive_int
 from parallel_lab.hardware import Cluster
 from parallel_lab.pipeline.schedules import MAX_STAGES
 from parallel_lab.planning import memory, memory_model
-from parallel_lab.planning.cost import CLOSED_FORMS, step_time
+from parallel_lab.planning.cost import CLOSED_FORMS, OVERLAP_SHARE, ZERO_STAGES, _step_base, with_dp
 from parallel_lab.runtime.mesh import ParallelDims
+from parallel_lab.zero.memory import check_stage
 
 SCHEDULES = CLOSED_FORMS  # the schedules the planner searches: those with a closed-form makespan
 RECOMPUTE = memory_model.RECOMPUTE
@@ -84,55 +90,63 @@ def _variants(model, pp, schedules):
     return out
 
 
-def _choose_microbatches(model, cluster, batch, layout: dict, zero1: bool, sp: bool) -> dict:
-    """For one layout (dp, pp, tp, schedule, virtual, recompute), the plan row with the number of
-    micro-batches that is fastest and fits, or a rejection ``{"plan", "reason"}``."""
+def _choose_microbatches(model, cluster, batch, layout: dict, zeros, sp: bool, overlap: float) -> list[dict]:
+    """For one layout (dp, pp, tp, schedule, virtual, recompute), per ZeRO stage in ``zeros`` the plan
+    row with the number of micro-batches that is fastest and fits, or a rejection ``{"plan",
+    "reason"}``. The terms that do not depend on the stage are computed once per micro-batching."""
     dp, pp, tp = layout["dp"], layout["pp"], layout["tp"]
     schedule, virtual, rc = layout["schedule"], layout["virtual"], layout["recompute"]
     counts = [m for m in _divisors(batch // dp) if schedule != "interleaved-1f1b" or m % pp == 0]
     if not counts:
-        return {"plan": layout, "reason": f"interleaved-1f1b needs microbatches % pp {pp} == 0; "
-                                          f"batch / dp = {batch // dp} has no such divisor"}
-
-    def times(m):
-        return step_time(model, cluster, batch, dp, pp, tp, m, schedule, virtual, rc)
-
-    lightest = None
-    for m in sorted(counts, key=lambda m: (times(m)["step_s"], m)):  # fastest first; memory only as needed
-        b = batch // (dp * m)
-        mem = memory_model.max_device_memory(model, micro_batch=b, dp=dp, pp=pp, tp=tp, sequence_parallel=sp,
-                                              schedule=schedule, microbatches=m, virtual=virtual,
-                                              recompute=rc, zero1=zero1)
-        if mem["total"] <= cluster.gpu_mem_gb * GB:
-            t = times(m)
-            return layout | {
-                "microbatches": m, "micro_batch": b, "sequence_parallel": sp, "zero1": zero1,
-                "step_s": t["step_s"], "memory_gb": mem["total"] / GB,
-                "breakdown": {k: v for k, v in t.items() if k != "step_s"},
-                "memory": {k: mem[k] / GB for k in ("weights", "gradients", "optimizer", "activations")}
-                | {"stage": mem["stage"], "in_flight": mem["in_flight"]},
-                "global_batch": batch, "seq": model.seq, "world_size": dp * pp * tp}
-        if lightest is None or mem["total"] < lightest[0]["total"]:
-            lightest = (mem, m, b)
-    mem, m, b = lightest
-    return {"plan": layout | {"microbatches": m, "micro_batch": b},
-            "reason": f"needs {mem['total'] / GB:.1f} GB > {cluster.gpu_mem_gb:g} GB (stage {mem['stage']}; "
-                      f"the lightest of every micro-batching tried: {m} x {b} sequences)"}
+        return [{"plan": layout, "reason": f"interleaved-1f1b needs microbatches % pp {pp} == 0; "
+                                           f"batch / dp = {batch // dp} has no such divisor"}]
+    bases = {m: _step_base(model, cluster, batch, dp, pp, tp, m, schedule, virtual, rc) for m in counts}
+    rows = []
+    for zero in zeros:
+        times = {m: with_dp(bases[m], zero, overlap) for m in counts}
+        lightest = None
+        for m in sorted(counts, key=lambda m: (times[m]["step_s"], m)):  # fastest first; memory only as needed
+            b = batch // (dp * m)
+            mem = memory_model.max_device_memory(model, micro_batch=b, dp=dp, pp=pp, tp=tp, sequence_parallel=sp,
+                                                  schedule=schedule, microbatches=m, virtual=virtual,
+                                                  recompute=rc, zero=zero)
+            if mem["total"] <= cluster.gpu_mem_gb * GB:
+                t = times[m]
+                rows.append(layout | {
+                    "zero": zero, "microbatches": m, "micro_batch": b, "sequence_parallel": sp,
+                    "step_s": t["step_s"], "memory_gb": mem["total"] / GB,
+                    "breakdown": {k: v for k, v in t.items() if k != "step_s"},
+                    "memory": {k: mem[k] / GB for k in ("weights", "gradients", "optimizer", "buffers", "activations")}
+                    | {"stage": mem["stage"], "in_flight": mem["in_flight"]},
+                    "global_batch": batch, "seq": model.seq, "world_size": dp * pp * tp})
+                break
+            if lightest is None or mem["total"] < lightest[0]["total"]:
+                lightest = (mem, m, b)
+        else:
+            mem, m, b = lightest
+            rows.append({"plan": layout | {"zero": zero, "microbatches": m, "micro_batch": b},
+                         "reason": f"needs {mem['total'] / GB:.1f} GB > {cluster.gpu_mem_gb:g} GB (ZeRO-{zero}, "
+                                   f"stage {mem['stage']}; the lightest of every micro-batching tried: "
+                                   f"{m} x {b} sequences)"})
+    return rows
 
 
 def plan(model: memory.ModelConfig, cluster: Cluster, batch: int, *, schedules=SCHEDULES,
-         recompute=RECOMPUTE, zero1: bool = False, sequence_parallel: bool = True,
-         top: int | None = None) -> dict:
+         recompute=RECOMPUTE, zero=ZERO_STAGES, zero1: bool = False, overlap: float = OVERLAP_SHARE,
+         sequence_parallel: bool = True, top: int | None = None) -> dict:
     """Rank every plan that fits; say why the others do not.
 
     For each (dp, pp, tp) with ``dp * pp * tp`` = all devices, each schedule (and chunk count for
-    interleaved 1F1B) and each recomputation, the number of micro-batches m (a divisor of
-    ``batch / dp``) with the shortest predicted step that fits in memory is kept. Returns
-    ``{"plans": [...fastest first...], "rejected": [{"plan": {...}, "reason": "..."}], "feasible",
-    "considered"}``; a plan has ``dp, pp, tp, microbatches, micro_batch, schedule, virtual,
-    recompute, sequence_parallel, zero1, step_s, memory_gb, breakdown, memory``. A layout that
-    cannot work at all is rejected once, without schedule; a memory rejection quotes the lightest
-    micro-batching tried. Sequence parallelism is used whenever tp > 1 (same traffic, less memory).
+    interleaved 1F1B), each recomputation and each ZeRO stage in ``zero`` (only 0 where dp is 1:
+    there is nothing to shard over; ``zero1=True`` is the older spelling of ``zero=(1,)``), the
+    number of micro-batches m (a divisor of ``batch / dp``) with the shortest predicted step that
+    fits in memory is kept. ``overlap``: the share of a backward that DP/ZeRO communication can hide
+    behind (``cost.OVERLAP_SHARE``; 0: none). Returns ``{"plans": [...fastest first...],
+    "rejected": [{"plan": {...}, "reason": "..."}], "feasible", "considered"}``; a plan has ``dp,
+    pp, tp, zero, microbatches, micro_batch, schedule, virtual, recompute, sequence_parallel,
+    step_s, memory_gb, breakdown, memory``. A layout that cannot work at all is rejected once,
+    without schedule; a memory rejection (per ZeRO stage) quotes the lightest micro-batching tried.
+    Sequence parallelism is used whenever tp > 1 (same traffic, less memory).
     """
     positive_int("batch", batch)  # sequences per step
     for name in schedules:
@@ -140,6 +154,9 @@ def plan(model: memory.ModelConfig, cluster: Cluster, batch: int, *, schedules=S
             raise ValueError(f"unknown schedule {name!r}; the planner knows {', '.join(SCHEDULES)}")
     for name in recompute:
         memory_model.check_recompute(name)
+    zeros = (1,) if zero1 else tuple(check_stage(z) for z in zero)
+    if not zeros:
+        raise ValueError("zero must name at least one ZeRO stage (0-3)")
     world = cluster.world_size
     plans, rejected, considered = [], [], 0
     for tp in _divisors(world):
@@ -150,12 +167,14 @@ def plan(model: memory.ModelConfig, cluster: Cluster, batch: int, *, schedules=S
             if reason:
                 rejected.append({"plan": {"dp": dp, "pp": pp, "tp": tp}, "reason": reason})
                 continue
+            stages = zeros if dp > 1 else (min(zeros),)
             for schedule, virtual in _variants(model, pp, schedules):
                 for rc in recompute:
-                    considered += 1
+                    considered += len(stages)
                     layout = {"dp": dp, "pp": pp, "tp": tp, "schedule": schedule, "virtual": virtual, "recompute": rc}
-                    row = _choose_microbatches(model, cluster, batch, layout, zero1, sequence_parallel and tp > 1)
-                    (rejected if "reason" in row else plans).append(row)
+                    for row in _choose_microbatches(model, cluster, batch, layout, stages,
+                                                    sequence_parallel and tp > 1, overlap):
+                        (rejected if "reason" in row else plans).append(row)
     plans.sort(key=lambda p: (p["step_s"], p["memory_gb"]))
     return {"plans": plans if top is None else plans[:top], "feasible": len(plans),
             "rejected": rejected, "considered": considered}
@@ -176,12 +195,13 @@ def training_cost(plan: dict, tokens: float, price_per_gpu_hour: float) -> dict:
 def plan_from_args(layers: int, hidden: int, heads: int, vocab: int, seq: int, batch: int, nodes: int,
                    gpus_per_node: int, gpu_mem_gb: float, intra_gbps: float = 450.0, inter_gbps: float = 50.0,
                    tflops: float = 395.6, latency_us: float = 5.0, price: float | None = None,
-                   tokens: float = GPT3_TOKENS, top: int = 10, zero1: bool = False) -> dict:
+                   tokens: float = GPT3_TOKENS, top: int = 10, zero1: bool = False, zero=ZERO_STAGES,
+                   overlap: float = OVERLAP_SHARE) -> dict:
     """The ``parallel-lab plan --json`` object: ``plan()`` for these sizes, the ``top`` fastest plans,
     each with ``cost`` (``training_cost`` for ``tokens``) when ``price`` ($ per GPU-hour) is given."""
     model = memory.ModelConfig("custom", layers, hidden, heads, vocab, seq)
     cluster = Cluster(nodes, gpus_per_node, gpu_mem_gb, intra_gbps, inter_gbps, tflops, latency_us)
-    result = plan(model, cluster, batch, zero1=zero1, top=top)
+    result = plan(model, cluster, batch, zero=zero, zero1=zero1, overlap=overlap, top=top)
     if price is not None:
         for row in result["plans"]:
             row["cost"] = training_cost(row, tokens, price)
@@ -194,12 +214,13 @@ def plan_from_args(layers: int, hidden: int, heads: int, vocab: int, seq: int, b
 
 def format_plans(result: dict, top: int = 5, rejected: int = 5) -> str:
     """A text table of the fastest plans and a few rejections (the CLI's output without --json)."""
-    lines = [f"{'dp':>4} {'pp':>3} {'tp':>3} {'m':>5} {'b':>3} {'schedule':<18} {'recompute':<9} "
-             f"{'step s':>8} {'GB':>6}"]
+    lines = [f"{'dp':>4} {'pp':>3} {'tp':>3} {'zero':>4} {'m':>5} {'b':>3} {'schedule':<18} {'recompute':<9} "
+             f"{'step s':>8} {'DP exp.':>8} {'hidden':>7} {'GB':>6}"]
     for p in result["plans"][:top]:
         name = p["schedule"] + (f" (v={p['virtual']})" if p["virtual"] > 1 else "")
-        lines.append(f"{p['dp']:>4} {p['pp']:>3} {p['tp']:>3} {p['microbatches']:>5} {p['micro_batch']:>3} "
-                     f"{name:<18} {p['recompute']:<9} {p['step_s']:>8.2f} {p['memory_gb']:>6.1f}")
+        lines.append(f"{p['dp']:>4} {p['pp']:>3} {p['tp']:>3} {p['zero']:>4} {p['microbatches']:>5} "
+                     f"{p['micro_batch']:>3} {name:<18} {p['recompute']:<9} {p['step_s']:>8.2f} "
+                     f"{p['breakdown']['dp_comm_s']:>8.2f} {p['breakdown']['dp_hidden_s']:>7.2f} {p['memory_gb']:>6.1f}")
     lines.append(f"{result['feasible']} plans fit; {len(result['rejected'])} rejected, e.g.:")
     for r in result["rejected"][:rejected]:
         lines.append(f"  {r['plan']}: {r['reason']}")

@@ -6,6 +6,7 @@
     print(pw.plans_table(result["plans"][:5]))          # where each plan's step time goes
     print(pw.rejections_table(result))                  # why the others fail, by kind of reason
     pw.breakdown_figure({"TP 4": row4, "TP 8": row8})   # stacked step-time parts (deterministic)
+    print(pw.zero_table({"best": result["plans"][0]}))  # ZeRO stage, DP traffic exposed and hidden
     pw.planner_widget()                                 # cluster, bandwidth, memory, batch -> replan
 
 The arithmetic is ``parallel_lab.planning`` (``planner``, ``cost``, ``memory_model``; the memory
@@ -30,7 +31,7 @@ CLUSTER = SYSTEM.cluster(64)  # 64 DGX H100 nodes: 512 GPUs of 80 GB, 8 per NVLi
 BATCH = 1536  # GPT-3's batch: 1536 sequences of 2048 tokens (Brown et al. 2020)
 PARTS = ("compute_s", "tp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s")
 LABELS = {"compute_s": "compute", "tp_comm_s": "TP all-reduce", "bubble_s": "bubble",
-          "pp_comm_s": "PP send/recv", "dp_comm_s": "DP all-reduce"}
+          "pp_comm_s": "PP send/recv", "dp_comm_s": "DP exposed", "dp_hidden_s": "DP hidden"}
 COLORS = {"compute_s": "#4c78a8", "tp_comm_s": "#e45756", "bubble_s": "#bab0ac",
           "pp_comm_s": "#f58518", "dp_comm_s": "#54a24b"}
 
@@ -53,13 +54,13 @@ def in_flight_table(pp: int = 4, microbatches: int = 8) -> str:
 def memory_table(rows: dict) -> str:
     """GB per device of the most loaded stage for each labelled configuration: ``rows`` maps a label
     to the keyword arguments of ``memory_model.max_device_memory`` (model included)."""
-    lines = [f"{'configuration':<40} {'weights':>8} {'grads':>6} {'Adam':>6} {'activ.':>7} {'total':>7}"
-             f"  stage, in flight"]
+    lines = [f"{'configuration':<40} {'weights':>8} {'grads':>6} {'Adam':>6} {'buffers':>7} {'activ.':>7} "
+             f"{'total':>7}  stage, in flight"]
     for label, kwargs in rows.items():
         m = memory_model.max_device_memory(**kwargs)
-        gb = {k: m[k] / memory.GB for k in ("weights", "gradients", "optimizer", "activations", "total")}
+        gb = {k: m[k] / memory.GB for k in ("weights", "gradients", "optimizer", "buffers", "activations", "total")}
         lines.append(f"{label:<40} {gb['weights']:>8.1f} {gb['gradients']:>6.1f} {gb['optimizer']:>6.1f} "
-                     f"{gb['activations']:>7.1f} {gb['total']:>7.1f}  {m['stage']}, {m['in_flight']}")
+                     f"{gb['buffers']:>7.1f} {gb['activations']:>7.1f} {gb['total']:>7.1f}  {m['stage']}, {m['in_flight']}")
     return "\n".join(lines)
 
 
@@ -68,20 +69,24 @@ def memory_table(rows: dict) -> str:
 
 
 def plan_name(p: dict) -> str:
-    """``dp 8 x pp 16 x tp 4, zb-h1, m 192, selective``."""
+    """``dp 8 x pp 16 x tp 4, zb-h1, m 192, selective`` (and ``, ZeRO-1`` where it shards)."""
     schedule = p["schedule"] + (f" v={p['virtual']}" if p.get("virtual", 1) > 1 else "")
-    return f"dp {p['dp']} x pp {p['pp']} x tp {p['tp']}, {schedule}, m {p['microbatches']}, {p['recompute']}"
+    zero = f", ZeRO-{p['zero']}" if p.get("zero") else ""
+    return f"dp {p['dp']} x pp {p['pp']} x tp {p['tp']}, {schedule}, m {p['microbatches']}, {p['recompute']}{zero}"
 
 
 def plans_table(plans: list[dict]) -> str:
-    """The plans with their step time split into the planner's parts (seconds) and their memory."""
-    lines = [f"{'dp':>3} {'pp':>3} {'tp':>3} {'schedule':<20} {'recompute':<9} {'m':>4} "
-             + " ".join(f"{LABELS[k].split()[0][:7]:>7}" for k in PARTS) + f" {'step s':>7} {'GB':>5}"]
+    """The plans with their ZeRO stage (``Z``), their step time split into the planner's parts
+    (seconds; ``DP`` is the exposed data-parallel communication, ``hidden`` what the backward hid of
+    it, not in the step) and their memory."""
+    lines = [f"{'dp':>3} {'pp':>3} {'tp':>3} {'Z':>1} {'schedule':<20} {'recompute':<9} {'m':>4} "
+             + " ".join(f"{LABELS[k].split()[0][:7]:>7}" for k in PARTS) + f" {'hidden':>7} {'step s':>7} {'GB':>5}"]
     for p in plans:
         schedule = p["schedule"] + (f" v={p['virtual']}" if p["virtual"] > 1 else "")
         parts = " ".join(f"{p['breakdown'][k]:>7.2f}" for k in PARTS)
-        lines.append(f"{p['dp']:>3} {p['pp']:>3} {p['tp']:>3} {schedule:<20} {p['recompute']:<9} "
-                     f"{p['microbatches']:>4} {parts} {p['step_s']:>7.2f} {p['memory_gb']:>5.1f}")
+        lines.append(f"{p['dp']:>3} {p['pp']:>3} {p['tp']:>3} {p.get('zero', 0):>1} {schedule:<20} {p['recompute']:<9} "
+                     f"{p['microbatches']:>4} {parts} {p['breakdown'].get('dp_hidden_s', 0.0):>7.2f} "
+                     f"{p['step_s']:>7.2f} {p['memory_gb']:>5.1f}")
     return "\n".join(lines)
 
 
@@ -124,6 +129,7 @@ def rejections_table(result: dict) -> str:
         for label, r in examples:
             layout = "dp {dp} x pp {pp} x tp {tp}".format(**r["plan"])
             extra = "".join(f", {r['plan'][k]}" for k in ("schedule", "recompute") if k in r["plan"])
+            extra += f", ZeRO-{r['plan']['zero']}" if "zero" in r["plan"] else ""
             lines.append(f"       {label} {layout}{extra}: {r['reason']}")
     return "\n".join(lines)
 
@@ -142,6 +148,22 @@ def breakdown_figure(plans: dict, title: str = "Where a training step goes (pred
                       yaxis=dict(autorange="reversed"),
                       legend=dict(orientation="h", x=0, y=-0.45, yanchor="top", traceorder="normal"))
     return fig
+
+
+def zero_table(plans: dict) -> str:
+    """Labelled plans side by side for ZeRO (lesson 10, section 9): layout, stage, GB per GPU, the
+    DP/ZeRO communication of a step (all of it, and the part the backward could not hide) and the
+    step (``planner.plan`` rows, or ``None`` for "no plan")."""
+    lines = [f"{'plan':<34} {'layout':<22} {'ZeRO':>4} {'GB':>5} {'DP comm s':>10} {'exposed s':>10} {'step s':>7}"]
+    for label, p in plans.items():
+        if p is None:
+            lines.append(f"{label:<34} {'no plan fits':<22}")
+            continue
+        b = p["breakdown"]
+        layout = f"dp {p['dp']} x pp {p['pp']} x tp {p['tp']}"
+        lines.append(f"{label:<34} {layout:<22} {p['zero']:>4} {p['memory_gb']:>5.1f} "
+                     f"{b['dp_comm_s'] + b['dp_hidden_s']:>10.2f} {b['dp_comm_s']:>10.2f} {p['step_s']:>7.2f}")
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------------
