@@ -424,9 +424,11 @@ print(widgets.default_summary())
 # same? Here is one block on 4 ranks both ways (`sequence_parallel=True` in `parallelize`):
 
 # %%
+from parallel_lab.runtime import commlog
+
 sp_runs = launcher.run(lesson.block_runs, 4, kwargs=dict(tps=(4,), sequence_parallel=(False, True)))[0]
 for r in sp_runs:
-    both = run.merge_collectives(r["forward"], r["backward"])
+    both = commlog.merge_counts(r["forward"], r["backward"])
     name = "sequence parallel" if r["sequence_parallel"] else "tensor parallel  "
     print(f"{name}: block output on a rank {tuple(r['output_shape'])}, matches the dense block: {r['matches']}")
     show_collectives(r)

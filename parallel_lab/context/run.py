@@ -168,17 +168,6 @@ def check_cases(jobs: list[dict]) -> list[dict]:
     return [check_case(**job) for job in jobs]
 
 
-def merge_collectives(*logs: dict) -> dict:
-    """Sum ``{op: {"count", "bytes"}}`` dicts."""
-    out: dict = {}
-    for log in logs:
-        for op, row in log.items():
-            total = out.setdefault(op, {"count": 0, "bytes": 0})
-            total["count"] += row["count"]
-            total["bytes"] += row["bytes"]
-    return dict(sorted(out.items()))
-
-
 def bytes_sent(collectives: dict, cp: int) -> int:
     """Bytes a rank sends, from commlog's per-call bytes: every ``isend``; of an ``all_to_all_single``
     (commlog counts the rank's whole buffer) the ``(cp-1)/cp`` that leaves the rank."""
@@ -192,7 +181,7 @@ def summarize(results: list[dict], variant: str, causal: bool, config, batch: in
     element = torch.tensor([], dtype=dtype).element_size()
     cost = context_cost(variant, batch=batch, seq=config.seq, hidden=config.hidden, heads=config.heads, cp=cp,
                         link=hardware.PCIE4, dtype_bytes=element, causal=causal)
-    collectives = merge_collectives(first["forward"], first["backward"])
+    collectives = commlog.merge_counts(first["forward"], first["backward"])
     return {
         "cp": cp, "variant": variant, "causal": causal, "dtype": str(dtype).removeprefix("torch."),
         "config": dataclasses.asdict(config), "batch": batch,
@@ -208,7 +197,7 @@ def summarize(results: list[dict], variant: str, causal: bool, config, batch: in
             "what": "the largest attention-score tensor (batch x heads x query rows x key columns) one rank "
                     "materialises at once, forward or backward; forward_total: all score blocks of a forward",
         },
-        "bytes_sent_per_rank": {"measured": max(bytes_sent(merge_collectives(r["forward"], r["backward"]), cp)
+        "bytes_sent_per_rank": {"measured": max(bytes_sent(commlog.merge_counts(r["forward"], r["backward"]), cp)
                                                 for r in results),
                                 "predicted": cost.bytes_sent},
         "collectives": collectives, "forward": first["forward"], "backward": first["backward"],

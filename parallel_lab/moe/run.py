@@ -136,17 +136,6 @@ def check_cases(jobs: list[dict]) -> list[dict]:
     return [check_case(**job) for job in jobs]
 
 
-def merge_collectives(*logs: dict) -> dict:
-    """Sum ``{op: {"count", "bytes"}}`` dicts."""
-    out: dict = {}
-    for log in logs:
-        for op, row in log.items():
-            total = out.setdefault(op, {"count": 0, "bytes": 0})
-            total["count"] += row["count"]
-            total["bytes"] += row["bytes"]
-    return dict(sorted(out.items()))
-
-
 def summarize(case: Case, ep: int, ref: dict, results: list[dict]) -> dict:
     """The command's JSON dict from the ranks' results (``collectives``: rank 0's forward and
     backward, as ``run tensor`` reports; every rank's all-to-all bytes in ``all_to_all_bytes``)."""
@@ -164,9 +153,9 @@ def summarize(case: Case, ep: int, ref: dict, results: list[dict]) -> dict:
         "routed_per_expert": ref["routed_per_expert"],
         "dropped": sum(r["dropped"] for r in results), "reference_dropped": ref["dropped"],
         "dropped_tokens": ref["dropped_tokens"],
-        "collectives": merge_collectives(first["forward"], first["backward"]),
+        "collectives": commlog.merge_counts(first["forward"], first["backward"]),
         "grad_sync": first["grad_sync"],
-        "all_to_all_bytes": [merge_collectives(r["forward"], r["backward"]).get("all_to_all_single", {})
+        "all_to_all_bytes": [commlog.merge_counts(r["forward"], r["backward"]).get("all_to_all_single", {})
                              .get("bytes", 0) for r in results],
     }
 

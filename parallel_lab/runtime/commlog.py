@@ -185,6 +185,18 @@ def _set_status(text):
         _status(f"{_activity}: {text}" if text else _activity)
 
 
+def merge_counts(*logs: dict) -> dict:
+    """Sum ``{op: {"count", "bytes"}}`` dicts (``as_dict`` of several recordings: a forward and a
+    backward), ops in name order."""
+    out: dict = {}
+    for log in logs:
+        for op, row in log.items():
+            total = out.setdefault(op, {"count": 0, "bytes": 0})
+            total["count"] += row["count"]
+            total["bytes"] += row["bytes"]
+    return dict(sorted(out.items()))
+
+
 def describe(op: str, bound: dict) -> str:
     """One line saying what a call does: ``recv(src=1, shape=(4, 8), dtype=float64, tag=0)``."""
     parts = [f"{key}={bound[key]}" for key in _PEER_ARGS if bound.get(key) is not None]

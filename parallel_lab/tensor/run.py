@@ -218,17 +218,6 @@ def check_cases(jobs: list[dict]) -> list[dict]:
     return [check_case(**job) for job in jobs]
 
 
-def merge_collectives(*logs: dict) -> dict:
-    """Sum ``{op: {"count", "bytes"}}`` dicts."""
-    out: dict = {}
-    for log in logs:
-        for op, row in log.items():
-            total = out.setdefault(op, {"count": 0, "bytes": 0})
-            total["count"] += row["count"]
-            total["bytes"] += row["bytes"]
-    return dict(sorted(out.items()))
-
-
 def ring_bytes(collectives: dict, tp: int) -> float:
     """Bytes each rank sends with ring algorithms, from commlog's per-call bytes (what a rank passes
     in): all-reduce of N sends 2(p-1)/p N; reduce-scatter of an N input (p-1)/p N; all-gather of an
@@ -257,7 +246,7 @@ def run_tensor(tp: int, model: str = "mlp", sequence_parallel: bool = False, dty
         "dtype": str(dtype).removeprefix("torch."), "config": dataclasses.asdict(config), "batch": batch,
         "max_output_diff": max(r["output_diff"] for r in results),
         "max_grad_diff": max(r["grad_diff"] for r in results),
-        "collectives": merge_collectives(first["forward"], first["backward"]),
+        "collectives": commlog.merge_counts(first["forward"], first["backward"]),
         "forward": first["forward"], "backward": first["backward"], "grad_sync": first["grad_sync"],
     }
     report["ring_bytes"] = ring_bytes(report["collectives"], tp)
