@@ -244,7 +244,10 @@ def _plan(args):
     given = {name: getattr(args, name) for name in names}
     if args.overlap is not None:  # else the planner's own default, cost.OVERLAP_SHARE
         given["overlap"] = args.overlap
-    result = planner.plan_from_args(**given, zero=tuple(args.zero))
+    for name in ("ep", "cp"):  # else the planner's defaults (every ep dividing E; cp 1 unless seq is long)
+        if getattr(args, name) is not None:
+            given[name] = tuple(getattr(args, name))
+    result = planner.plan_from_args(**given, zero=tuple(args.zero), experts=args.experts, top_k=args.top_k)
     return result, planner.format_plans(result), ""
 
 
@@ -268,6 +271,14 @@ def _plan_arguments(parser):
     parser.add_argument("--overlap", type=float,
                         help="share of a backward that DP/ZeRO communication can hide behind (0: none; "
                              "default: the planner's, planning.cost.OVERLAP_SHARE)")
+    parser.add_argument("--experts", type=int, default=0,
+                        help="experts E per block (a mixture of experts in every block; 0: dense)")
+    parser.add_argument("--top-k", type=int, default=2, help="experts each token is routed to")
+    parser.add_argument("--ep", type=int, nargs="+", metavar="N",
+                        help="expert-parallel degrees to search, within dp (default: every divisor of E)")
+    parser.add_argument("--cp", type=int, nargs="+", metavar="N",
+                        help="context-parallel degrees to search (default: 1; powers of two up to a "
+                             "node for seq > planning.planner.LONG_SEQ)")
 
 
 def _grade_arguments(parser) -> None:

@@ -7,12 +7,12 @@ import json
 import pytest
 
 from parallel_lab.hardware import SYSTEMS, Cluster, ring_all_reduce_time
+from parallel_lab.parallel3d import validate_plans
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import Costs, simulate
-from parallel_lab.zero import memory as zero_memory
-from parallel_lab.parallel3d import validate_plans
 from parallel_lab.planning import calibration, cost, memory, memory_model, planner
 from parallel_lab.planning.cost import STEP_PARTS, pipeline_makespan, step_time
+from parallel_lab.zero import memory as zero_memory
 
 GPT3 = memory.ModelConfig("GPT-3 175B", 96, 12288, 96, 50257, 2048)
 CLUSTER = Cluster(nodes=64, gpus_per_node=8, gpu_mem_gb=80)  # the defaults: 64 DGX H100

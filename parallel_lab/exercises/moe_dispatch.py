@@ -30,8 +30,16 @@ import torch
 import torch.distributed as dist
 
 from parallel_lab import models
-from parallel_lab.exercises.check import Exercise, NotYet, Verdict, compile_answer, plain, register, run_answer, \
-    tensor_of
+from parallel_lab.exercises.check import (
+    Exercise,
+    NotYet,
+    Verdict,
+    compile_answer,
+    plain,
+    register,
+    run_answer,
+    tensor_of,
+)
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.moe.mappings import all_to_all
 from parallel_lab.moe.run import Case, reference

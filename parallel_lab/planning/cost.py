@@ -34,6 +34,28 @@ The cost model (per training step, on the slowest device; every term is printed 
   stage 3 gathers and reduce-scatters in each micro-batch -- (m + 1)Ψ_d and 3mΨ_d; stages 0-1
   accumulate the full gradient and communicate once (DeepSpeed's reason for refusing ZeRO-2/3 with
   pipeline parallelism; here they are allowed and priced).
+- **expert parallelism** (``ep``, a model with ``experts``): compute counts the ``top_k`` experts a
+  token passes, not all E (``memory_model.active_param_count``; Fedus et al. 2021, "Switch
+  Transformers", section 2). Every MoE layer pays 4 all-to-alls per micro-batch -- dispatch and
+  combine forward, their conjugates backward (Lepikhin et al. 2020, "GShard", section 2.2) -- of
+  ``tokens · top_k · h`` 2-byte values per rank, where a rank's tokens are its ``b·s/(cp·tp)``
+  (sequence-parallel share), priced by ``moe.cost.moe_layer_time`` (pairwise-exchange α–β) over
+  NVLink when the EP group is inside a node, the network when it spans nodes; 2 more with full
+  recomputation. Not overlapped: they sit between the router and the experts on every micro-batch's
+  critical path (DeepSeek-V3, DeepSeek-AI 2024, section 3.2.1, hides them behind another
+  micro-batch's compute with DualPipe, which the planner does not search), so they are added to the
+  forward and backward like TP's. The experts' gradients are reduced over their expert-data-parallel
+  group (dp·cp/ep ranks, DeepSpeed-MoE, Rajbhandari et al. 2022), the rest over dp·cp.
+- **context parallelism** (``cp``): each rank computes ``s/cp`` positions (compute / cp) and ring
+  attention passes K/V blocks around the CP group each layer (``context.cost.context_cost``: cp - 1
+  hops forward, 2cp - 1 backward, of ``2·b·(s/cp)·(h/tp)`` 2-byte values; Liu et al. 2023, "Ring
+  Attention"). Each hop overlaps the block of attention computed meanwhile, so only
+  ``context_cost(..., flops=...)``'s ``exposed_comm_s`` is charged (hidden unless a block computes
+  faster than its hop), shared between forward and backward as the hops are; the forward's again
+  with full recomputation. The rank order is (dp, pp, cp, tp), tp fastest: a CP group is tp ranks
+  apart, inside a node while cp·tp fits one (Megatron-Core orders tp, cp, dp, pp). Activations, TP
+  all-reduces and PP messages carry ``s/cp`` positions; the data-parallel gradients are reduced over
+  dp·cp. Attention's own FLOPs (4bs²h a layer) stay out of ``compute_s``, as for dense models.
 - **overlap** of that communication with the compute, as ``parallel_lab.zero.overlap`` runs it (DDP's
   buckets, Li et al. 2020, "PyTorch Distributed", section 3.2.3; ZeRO-3 prefetch, Zhao et al. 2023,
   "PyTorch FSDP", section 3.3): the gradient collectives issued during a backward travel while it
@@ -58,10 +80,11 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
+from parallel_lab.context.cost import context_cost
 from parallel_lab.hardware import Cluster, Link, ring_all_reduce_time
+from parallel_lab.moe.cost import moe_layer_time
 from parallel_lab.planning import memory, memory_model
 from parallel_lab.runtime.mesh import ParallelDims
-from parallel_lab.zero.memory import STAGES as ZERO_STAGES
 from parallel_lab.zero.memory import check_stage
 
 CLOSED_FORMS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
@@ -71,7 +94,8 @@ CLOSED_FORMS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 # DDP's buckets start as soon as the first is full, so communication travels for all of the backward
 # but the first bucket's computation -- nearly all of it with GPT-3's hundreds of 25 MB buckets.
 OVERLAP_SHARE = 0.9
-STEP_PARTS = ("compute_s", "tp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s")  # their sum is step_s
+# their sum is step_s; dp_comm_s stays last (``with_dp`` adds it)
+STEP_PARTS = ("compute_s", "tp_comm_s", "ep_comm_s", "cp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s")
 
 
 def pipeline_makespan(schedule: str, pp: int, microbatches: int, virtual: int, fwd: float, bwd: float) -> float:
@@ -104,6 +128,53 @@ def _crossings(dp, pp, tp, nodes, gpus_per_node) -> dict:
     """Which dimensions' groups span nodes (validates the layout too)."""
     dims = ParallelDims(dp, pp, tp, nodes, gpus_per_node)
     return {dim: dims.crosses_nodes(dim) for dim in ("dp", "pp", "tp")}
+
+
+@functools.lru_cache(maxsize=1024)
+def _crossings_ep_cp(dp, pp, cp, tp, ep, nodes, gpus_per_node) -> dict:
+    """Which groups span nodes on the (dp, pp, cp, tp) rank grid (tp fastest): ``tp``, ``cp``,
+    ``pp``, ``dp`` (the gradients' dp·cp group), ``ep`` (ep consecutive dp replicas; DeepSpeed-MoE)
+    and ``edp`` (the experts' gradient group, dp·cp/ep). With cp = ep = 1 the same as ``_crossings``."""
+    ParallelDims(dp * cp, pp, tp, nodes, gpus_per_node)  # the world fills the nodes, TP stays inside one
+    D, P, C, T, G, J = range(dp), range(pp), range(cp), range(tp), range(dp // ep), range(ep)
+
+    def rank(d, p, c, t):
+        return ((d * pp + p) * cp + c) * tp + t
+
+    groups = {
+        "tp": ([rank(d, p, c, t) for t in T] for d in D for p in P for c in C),
+        "cp": ([rank(d, p, c, t) for c in C] for d in D for p in P for t in T),
+        "pp": ([rank(d, p, c, t) for p in P] for d in D for c in C for t in T),
+        "dp": ([rank(d, p, c, t) for d in D for c in C] for p in P for t in T),
+        "ep": ([rank(g * ep + j, p, c, t) for j in J] for g in G for p in P for c in C for t in T),
+        "edp": ([rank(g * ep + j, p, c, t) for g in G for c in C] for j in J for p in P for t in T),
+    }
+    return {dim: any(len({r // gpus_per_node for r in group}) > 1 for group in rows)
+            for dim, rows in groups.items()}
+
+
+def ep_communication(model: memory.ModelConfig, micro_batch: int, tp: int, ep: int, cp: int, link: Link) -> float:
+    """Seconds of one MoE layer's 4 all-to-alls for one micro-batch on one rank: ``moe.cost.
+    moe_layer_time`` of the rank's ``b·s/(cp·tp)`` tokens, each to ``top_k`` experts, over ``ep``
+    ranks on ``link`` (GShard, Lepikhin et al. 2020, section 2.2; see the module doc); 0 for ep 1."""
+    if ep == 1 or not model.experts:
+        return 0.0
+    tokens = max(1, micro_batch * (model.seq // cp) // tp)
+    return moe_layer_time(tokens, model.hidden, model.top_k, ep, link)
+
+
+def cp_communication(model: memory.ModelConfig, micro_batch: int, tp: int, cp: int, link: Link,
+                     flops: float) -> tuple[float, float]:
+    """``(forward, backward)`` seconds of one layer's ring-attention K/V passing left exposed for one
+    micro-batch on one rank of ``cp`` (its ``heads/tp`` heads): ``context.cost.context_cost``'s
+    ``exposed_comm_s`` at ``flops`` FLOP/s (each hop overlaps a block's compute; Liu et al. 2023),
+    split between the passes as its messages are; (0, 0) for cp 1."""
+    if cp == 1:
+        return 0.0, 0.0
+    c = context_cost("ring", batch=micro_batch, seq=model.seq, hidden=model.hidden // tp,
+                     heads=model.heads // tp, cp=cp, link=link, dtype_bytes=2, causal=True, flops=flops)
+    forward = c.exposed_comm_s * c.messages_forward / c.messages
+    return forward, c.exposed_comm_s - forward
 
 
 def _ring_half(n_bytes: float, p: int, link: Link) -> float:
@@ -144,12 +215,14 @@ def dp_communication(stage: int, shard_bytes: float, dp: int, link: Link, microb
 
 def step_time(model: memory.ModelConfig, cluster: Cluster, batch: int, dp: int, pp: int, tp: int,
               microbatches: int, schedule: str = "1f1b", virtual: int = 1, recompute: str = "none",
-              zero: int = 0, overlap: float = OVERLAP_SHARE) -> dict:
-    """Predicted seconds per step and its parts: ``compute_s``, ``tp_comm_s``, ``bubble_s``,
-    ``pp_comm_s``, ``dp_comm_s`` (exposed) and their sum ``step_s``; ``dp_hidden_s``: the DP/ZeRO
-    communication hidden behind the backward (not in the sum). ``zero``: ZeRO stage 0-3 over the dp
-    group; ``overlap``: the share of a backward gradient communication can use (0: none)."""
-    base = _step_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtual, recompute)
+              zero: int = 0, overlap: float = OVERLAP_SHARE, ep: int = 1, cp: int = 1) -> dict:
+    """Predicted seconds per step and its parts: ``compute_s``, ``tp_comm_s``, ``ep_comm_s``,
+    ``cp_comm_s`` (exposed), ``bubble_s``, ``pp_comm_s``, ``dp_comm_s`` (exposed) and their sum
+    ``step_s``; ``dp_hidden_s``: the DP/ZeRO communication hidden behind the backward (not in the
+    sum). ``zero``: ZeRO stage 0-3 over the dp group; ``overlap``: the share of a backward gradient
+    communication can use (0: none); ``ep``, ``cp``: expert and context parallel degrees (the world
+    is dp·pp·cp·tp; ep within dp)."""
+    base = _step_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtual, recompute, ep, cp)
     return with_dp(base, zero, overlap)
 
 
@@ -157,19 +230,32 @@ def with_dp(base: dict, zero: int = 0, overlap: float = OVERLAP_SHARE) -> dict:
     """``step_time``'s parts from ``_step_base``'s (everything but the DP term) for one ZeRO stage."""
     dp = dp_communication(zero, base["shard_bytes"], base["dp"], base["dp_link"], base["microbatches"],
                           base["fwd"], base["bwd"], overlap)
-    parts = {k: base[k] for k in STEP_PARTS[:-1]} | {"dp_comm_s": dp["exposed_s"]}
+    if base.get("expert_shard_bytes"):  # the experts' gradients over their own group, each against the window
+        more = dp_communication(zero, base["expert_shard_bytes"], base["edp"], base["edp_link"],
+                                base["microbatches"], base["fwd"], base["bwd"], overlap)
+        dp = {k: dp[k] + more[k] for k in dp}
+    parts = {k: base.get(k, 0.0) for k in STEP_PARTS[:-1]} | {"dp_comm_s": dp["exposed_s"]}
     parts["step_s"] = sum(parts.values())
     parts["dp_hidden_s"] = dp["hidden_s"]
     return parts
 
 
-def _step_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtual, recompute) -> dict:
+def _step_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtual, recompute,
+               ep: int = 1, cp: int = 1) -> dict:
     """Every term of ``step_time`` but the DP one, and what that one needs (the planner computes this
     once per micro-batching and adds each ZeRO stage's DP term with ``with_dp``)."""
-    crosses = _crossings(dp, pp, tp, cluster.nodes, cluster.gpus_per_node)
+    memory_model.check_ep_cp(model, dp, ep, cp)
+    if ep == cp == 1:
+        crosses = _crossings(dp, pp, tp, cluster.nodes, cluster.gpus_per_node)
+    else:
+        crosses = _crossings_ep_cp(dp, pp, cp, tp, ep, cluster.nodes, cluster.gpus_per_node)
     b = batch // (dp * microbatches)
-    flops = 6 * memory_model.param_count(model.layers, model.hidden, model.vocab, model.seq) * batch * model.seq
-    per_device = flops / (dp * pp * tp) / (cluster.tflops * 1e12)
+    s = model.seq // cp  # positions on this rank
+    if model.experts:
+        flops = 6 * memory_model.active_param_count(model) * batch * model.seq
+    else:
+        flops = 6 * memory_model.param_count(model.layers, model.hidden, model.vocab, model.seq) * batch * model.seq
+    per_device = flops / (dp * pp * tp * cp) / (cluster.tflops * 1e12)
     fwd = per_device / 3 / microbatches  # one micro-batch through this rank's layers
     bwd = 2 * fwd + fwd * recompute_extra_forward(model, recompute)
     alpha = cluster.latency_us * 1e-6
@@ -179,7 +265,7 @@ def _step_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtua
 
     tp_fwd = tp_bwd = 0.0
     if tp > 1:
-        one = ring_all_reduce_time(2 * b * model.seq * model.hidden, tp, alpha, bandwidth("tp"))
+        one = ring_all_reduce_time(2 * b * s * model.hidden, tp, alpha, bandwidth("tp"))
         layers = model.layers // pp
         tp_fwd = layers * 2 * one
         tp_bwd = layers * (4 if recompute == "full" else 2) * one
@@ -187,20 +273,39 @@ def _step_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtua
         # gradient (one backward) and the vocab-parallel loss's max, sum of exponentials and target
         # logit (three forward, one fp32 value per token); the first stage's embedding sums its
         # partial lookups (one forward), no more than that
-        per_token = ring_all_reduce_time(4 * b * model.seq, tp, alpha, bandwidth("tp"))
+        per_token = ring_all_reduce_time(4 * b * s, tp, alpha, bandwidth("tp"))
         tp_fwd += 3 * per_token + (one if pp == 1 else 0.0)
         tp_bwd += one
-    makespan = pipeline_makespan(schedule, pp, microbatches, virtual, fwd + tp_fwd, bwd + tp_bwd)
-    work = microbatches * (fwd + bwd + tp_fwd + tp_bwd)
+    ep_fwd = ep_bwd = cp_fwd = cp_bwd = 0.0
+    if ep > 1:  # two all-to-alls forward, two backward (two more when the forward is recomputed)
+        half = ep_communication(model, b, tp, ep, cp, Link("ep", bandwidth("ep"), alpha)) / 2
+        ep_fwd = model.layers // pp * half
+        ep_bwd = model.layers // pp * half * (2 if recompute == "full" else 1)
+    if cp > 1:
+        ring_fwd, ring_bwd = cp_communication(model, b, tp, cp, Link("cp", bandwidth("cp"), alpha),
+                                              cluster.tflops * 1e12)
+        cp_fwd = model.layers // pp * ring_fwd
+        cp_bwd = model.layers // pp * (ring_bwd + (ring_fwd if recompute == "full" else 0.0))
+    fwd_all, bwd_all = fwd + tp_fwd + ep_fwd + cp_fwd, bwd + tp_bwd + ep_bwd + cp_bwd
+    makespan = pipeline_makespan(schedule, pp, microbatches, virtual, fwd_all, bwd_all)
+    # summed in this order so that dense plans' floats are what they were before EP and CP
+    work = microbatches * (fwd + bwd + tp_fwd + tp_bwd + ep_fwd + ep_bwd + cp_fwd + cp_bwd)
     pp_comm = 0.0
     if pp > 1:
-        message = 2 * b * model.seq * model.hidden / tp
+        message = 2 * b * s * model.hidden / tp
         pp_comm = 2 * microbatches * virtual * (alpha + message / bandwidth("pp"))
-    shard = max(memory_model.stage_params(model, pp, tp, s) for s in {0, pp - 1}) * 2  # middle stages hold less
-    return {"compute_s": microbatches * (fwd + bwd), "tp_comm_s": microbatches * (tp_fwd + tp_bwd),
-            "bubble_s": makespan - work, "pp_comm_s": pp_comm, "dp": dp, "microbatches": microbatches,
-            "fwd": fwd + tp_fwd, "bwd": bwd + tp_bwd, "shard_bytes": shard,
+    splits = {st: memory_model.stage_param_split(model, pp, tp, st, ep) for st in {0, pp - 1}}
+    shard = max(dense for dense, _ in splits.values()) * 2  # middle stages hold less
+    base = {"compute_s": microbatches * (fwd + bwd), "tp_comm_s": microbatches * (tp_fwd + tp_bwd),
+            "bubble_s": makespan - work, "pp_comm_s": pp_comm, "dp": dp * cp, "microbatches": microbatches,
+            "fwd": fwd_all, "bwd": bwd_all, "shard_bytes": shard,
             "dp_link": Link("dp", bandwidth("dp"), alpha)}
+    if ep > 1 or cp > 1:
+        base |= {"ep_comm_s": microbatches * (ep_fwd + ep_bwd), "cp_comm_s": microbatches * (cp_fwd + cp_bwd)}
+    if model.experts:
+        base |= {"expert_shard_bytes": 2 * splits[0][1], "edp": dp * cp // ep,
+                 "edp_link": Link("edp", bandwidth("edp" if "edp" in crosses else "dp"), alpha)}
+    return base
 
 
 def recompute_overhead(model: memory.ModelConfig | str, recompute: str, seq: int | None = None) -> float:

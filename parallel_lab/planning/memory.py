@@ -16,7 +16,10 @@ Introduced in lessons/00_why_split_a_model.ipynb. Pure arithmetic on integers (n
   16-bit activations and no recomputation; ``2*s*b*h`` per layer with full recomputation (only each
   layer's input is kept). s sequence, b micro-batch, h hidden, a heads.
 - **Parameters** of a GPT (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
-  GPU Clusters Using Megatron-LM"): ``12*L*h^2 + (V + s)*h``.
+  GPU Clusters Using Megatron-LM"): ``12*L*h^2 + (V + s)*h``. With ``experts`` E > 0 every block's MLP
+  is a mixture of E expert MLPs and a router (Lepikhin et al. 2020, "GShard"; Fedus et al. 2021,
+  "Switch Transformers"): ``L*(4h^2 + E*8h^2 + E*h) + (V + s)*h``, of which a token uses only its
+  ``top_k`` experts (``active_params``).
 
 Sizes are in bytes; "GB" means 10**9 bytes, as in the papers and the GPUs' names.
 """
@@ -45,7 +48,9 @@ def _lookup(table: dict, kind: str, key):
 @dataclass(frozen=True)
 class ModelConfig:
     """A GPT-style transformer: ``layers`` blocks of width ``hidden`` with ``heads`` attention heads,
-    a vocabulary of ``vocab`` tokens and sequences of ``seq`` tokens."""
+    a vocabulary of ``vocab`` tokens and sequences of ``seq`` tokens. ``experts`` E > 0 makes every
+    block's MLP a mixture of E experts (the course's 4h GELU MLP each, as ``models.MoE``) of which
+    each token uses ``top_k``; 0 (the default) is the dense model, and ``top_k`` is then unused."""
 
     name: str
     layers: int
@@ -53,22 +58,44 @@ class ModelConfig:
     heads: int
     vocab: int = 50257
     seq: int = 2048
+    experts: int = 0
+    top_k: int = 2
 
     def __post_init__(self):
         for field in ("layers", "hidden", "heads", "vocab", "seq"):
             positive_int(field, getattr(self, field))
+        if self.experts:
+            positive_int("experts", self.experts)
+            positive_int("top_k", self.top_k)
+            if self.top_k > self.experts:
+                raise ValueError(f"MoE needs top_k <= experts, got top_k {self.top_k}, experts {self.experts}")
+        elif self.experts != 0:
+            raise ValueError(f"experts must be 0 (dense) or a positive integer, got experts {self.experts!r}")
 
     @property
     def params(self) -> int:
-        return gpt_params(self.layers, self.hidden, self.vocab, self.seq)
+        return gpt_params(self.layers, self.hidden, self.vocab, self.seq, self.experts)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through: its ``top_k`` experts (and the router) in place of
+        all E (Fedus et al. 2021, section 2); ``params`` for a dense model."""
+        if not self.experts:
+            return self.params
+        h = self.hidden
+        return self.layers * (4 * h * h + self.top_k * 8 * h * h + self.experts * h) + (self.vocab + self.seq) * h
 
 
-def gpt_params(layers: int, hidden: int, vocab: int = 50257, seq: int = 2048) -> int:
+def gpt_params(layers: int, hidden: int, vocab: int = 50257, seq: int = 2048, experts: int = 0) -> int:
     """Parameters of a GPT: ``12*L*h^2`` in the blocks (4h^2 attention + 8h^2 MLP) plus token and
     position embeddings ``(V + s)*h``; biases and layer norms (about 13*L*h) are left out
-    (Narayanan et al. 2021)."""
+    (Narayanan et al. 2021). With ``experts`` E > 0 each block holds E expert MLPs and a router
+    (h x E, no bias; GShard, Lepikhin et al. 2020): ``L*(4h^2 + E*8h^2 + E*h) + (V + s)*h``."""
     layers, hidden = positive_int("layers", layers), positive_int("hidden", hidden)
     vocab, seq = positive_int("vocab", vocab), positive_int("seq", seq)
+    if experts:
+        E = positive_int("experts", experts)
+        return layers * (4 * hidden**2 + E * 8 * hidden**2 + E * hidden) + (vocab + seq) * hidden
     return 12 * layers * hidden**2 + (vocab + seq) * hidden
 
 
@@ -82,6 +109,16 @@ MODELS = {m.name: m for m in (
     ModelConfig("GPT-3 175B", 96, 12288, 96),
     ModelConfig("Megatron 530B", 105, 20480, 128, vocab=51200),
     ModelConfig("Megatron 1T", 128, 25600, 160, vocab=51200),
+)}
+
+# Mixtures of experts, kept apart from MODELS (lesson 00's dense table and figures list every one of
+# those). Mixtral 8x7B (Jiang et al. 2024, "Mixtral of Experts", Table 1): 32 layers, dim 4096, 32
+# heads (8 KV heads), 8 experts top-2, SwiGLU experts of hidden_dim 14336, vocabulary 32000, context
+# 32768; 46.7B parameters, 12.9B active. In the course's terms (full multi-head attention, 4h GELU
+# experts, learned position embeddings) the same sizes give 36.8B (11.0B active): an approximation --
+# a SwiGLU expert of width 14336 holds 3*4096*14336 = 176M parameters, a 4h GELU one 8*4096^2 = 134M.
+MOE_MODELS = {m.name: m for m in (
+    ModelConfig("Mixtral 8x7B (approx.)", 32, 4096, 32, vocab=32000, seq=32768, experts=8, top_k=2),
 )}
 
 

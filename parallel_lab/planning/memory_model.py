@@ -39,7 +39,27 @@ Extends ``parallel_lab.planning.memory`` (one device) to a (dp, pp, tp) mesh:
   Table 1), so ZB-H1 holds (p - r) M_B + r M_W on rank r once m >= p: almost p M_B on every rank.
 - The last stage also keeps the head's input and the fp32 logits for the loss: ``(v·sbh + 4sbV)/t``.
 
-Not counted: temporary buffers (communication buckets, workspace), fragmentation, the CUDA context.
+- **Experts** (``model.experts`` E > 0: every block's MLP a mixture of E experts, ``models.MoE``):
+  a block keeps attention and LayerNorms as above, a router ``h x E`` (replicated) and E expert MLPs
+  ``8h^2 + 5h`` each, split by ``tp`` like the dense MLP. Expert parallelism ``ep`` (Lepikhin et al.
+  2020, "GShard", section 2.2; Rajbhandari et al. 2022, "DeepSpeed-MoE", section 5: EP groups carved
+  out of the data-parallel group, ``ep`` | dp and ``ep`` | E) leaves E/ep experts on a device, whose
+  state is replicated (and ZeRO-sharded) over the dp·cp/ep ranks of its expert-data-parallel group.
+  Activations: each token passes ``top_k`` experts, so the MLP's per-token tensors are kept
+  top_k times, plus the dispatched input and the expert output the combine needs
+  (``10·v·top_k`` instead of the dense ``8v``); the router's logits are negligible. Balanced routing
+  and no capacity padding (Fedus et al. 2021, "Switch Transformers", capacity factor 1).
+- **Context parallelism** ``cp`` (ring attention: Liu et al. 2023, "Ring Attention with Blockwise
+  Transformers"; ``parallel_lab.context``): each rank keeps its ``s/cp`` positions, so every
+  ``sbh`` term is computed with ``s/cp``. Ring attention works block by block with an online softmax
+  and recomputes each block in the backward (as FlashAttention), so no score tensor is kept per
+  layer; the device holds one ``(s/cp)^2`` block of its ``heads/tp`` heads at a time:
+  ``context.cost``'s ``score_peak_bytes`` (``scores`` in a row). Dense state is replicated and
+  ZeRO-sharded over dp·cp (Megatron-Core reduces gradients over the data- and context-parallel
+  ranks together).
+
+Not counted: temporary buffers (communication buckets, workspace), fragmentation, the CUDA context,
+the K/V blocks in flight of ring attention and the all-to-all buffers of expert parallelism.
 """
 
 from __future__ import annotations
@@ -48,6 +68,8 @@ import functools
 import math
 
 from parallel_lab.checks import positive_int
+from parallel_lab.context.cost import context_cost
+from parallel_lab.hardware import Link
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import M_W_SHARE, simulate
 from parallel_lab.planning import memory
@@ -75,18 +97,57 @@ def layer_params(hidden: int, tp: int = 1) -> int:
     return (12 * h * h + 7 * h) // tp + 6 * h
 
 
-def param_count(layers: int, hidden: int, vocab: int, seq: int) -> int:
-    """All parameters of ``models.GPT`` with these sizes (untied head, biases, LayerNorms)."""
+def moe_layer_params(hidden: int, experts: int, tp: int = 1, ep: int = 1) -> tuple[int, int]:
+    """``(dense, expert)`` parameters of one mixture-of-experts block on one (tp, ep) rank:
+    attention ``(4h^2 + 3h)/tp + h``, two LayerNorms ``4h`` and the router ``h·E`` (replicated; the
+    dense part), and its E/ep experts ``(8h^2 + 4h)/tp + h`` each (``models.MoE``'s MLPs; GShard,
+    Lepikhin et al. 2020: experts split over the EP ranks)."""
+    h, E = positive_int("hidden", hidden), positive_int("experts", experts)
+    tp, ep = positive_int("tp", tp), positive_int("ep", ep)
+    if h % tp:
+        raise ValueError(f"hidden {h} % tp {tp} != 0")
+    if E % ep:
+        raise ValueError(f"experts {E} % ep {ep} != 0: expert parallel ranks would hold unequal numbers of experts")
+    dense = (4 * h * h + 3 * h) // tp + h + 4 * h + h * E
+    return dense, E // ep * ((8 * h * h + 4 * h) // tp + h)
+
+
+def param_count(layers: int, hidden: int, vocab: int, seq: int, experts: int = 0) -> int:
+    """All parameters of ``models.GPT`` with these sizes (untied head, biases, LayerNorms; with
+    ``experts`` > 0 a ``models.MoE`` in every block)."""
     L, h = positive_int("layers", layers), positive_int("hidden", hidden)
     V, s = positive_int("vocab", vocab), positive_int("seq", seq)
-    return L * layer_params(h) + (V + s) * h + 2 * h + V * h
+    block = sum(moe_layer_params(h, experts)) if experts else layer_params(h)
+    return L * block + (V + s) * h + 2 * h + V * h
+
+
+def active_param_count(model: memory.ModelConfig) -> int:
+    """Parameters of ``models.GPT`` one token passes through: its ``top_k`` experts in place of all
+    E (Fedus et al. 2021, "Switch Transformers", section 2); ``param_count`` for a dense model."""
+    m = model
+    if not m.experts:
+        return param_count(m.layers, m.hidden, m.vocab, m.seq)
+    dense, expert = moe_layer_params(m.hidden, m.experts)
+    block = dense + m.top_k * expert // m.experts
+    return m.layers * block + (m.vocab + m.seq) * m.hidden + 2 * m.hidden + m.vocab * m.hidden
+
+
+def stage_params(model: memory.ModelConfig, pp: int = 1, tp: int = 1, stage: int = 0, ep: int = 1) -> int:
+    """Parameters held by one device of pipeline stage ``stage`` (of ``pp``) with tensor parallel ``tp``
+    (and expert parallel ``ep``): its ``layers/pp`` blocks, plus the embeddings on stage 0 and the
+    head on the last stage. ``stage_param_split`` separates the experts' share."""
+    return sum(stage_param_split(model, pp, tp, stage, ep))
 
 
 @functools.lru_cache(maxsize=65536)
-def stage_params(model: memory.ModelConfig, pp: int = 1, tp: int = 1, stage: int = 0) -> int:
-    """Parameters held by one device of pipeline stage ``stage`` (of ``pp``) with tensor parallel ``tp``:
-    its ``layers/pp`` blocks, plus the embeddings on stage 0 and the head on the last stage."""
-    pp, tp = positive_int("pp", pp), positive_int("tp", tp)
+def stage_param_split(model: memory.ModelConfig, pp: int = 1, tp: int = 1, stage: int = 0,
+                      ep: int = 1) -> tuple[int, int]:
+    """``(dense, expert)``: ``stage_params`` split into what is replicated over the data-parallel
+    group and the E/ep experts per block, replicated only over the expert-data-parallel group
+    (dp/ep ranks; DeepSpeed-MoE, Rajbhandari et al. 2022, section 5). ``expert`` is 0 for a dense model."""
+    pp, tp, ep = positive_int("pp", pp), positive_int("tp", tp), positive_int("ep", ep)
+    if ep > 1 and not model.experts:
+        raise ValueError(f"ep {ep} needs a model with experts, got experts {model.experts}")
     if model.layers % pp:
         raise ValueError(f"layers {model.layers} % pp {pp} != 0: stages would hold unequal numbers of blocks")
     if not 0 <= stage < pp:
@@ -96,12 +157,16 @@ def stage_params(model: memory.ModelConfig, pp: int = 1, tp: int = 1, stage: int
     else:
         vocab_rows = model.vocab // tp
     h = model.hidden
-    count = model.layers // pp * layer_params(h, tp)
+    if model.experts:
+        dense, expert = moe_layer_params(h, model.experts, tp, ep)
+        count, experts = model.layers // pp * dense, model.layers // pp * expert
+    else:
+        count, experts = model.layers // pp * layer_params(h, tp), 0
     if stage == 0:
         count += vocab_rows * h + model.seq * h  # token embedding split by vocabulary rows; positions replicated
     if stage == pp - 1:
         count += 2 * h + vocab_rows * h  # final LayerNorm (replicated) + output projection
-    return count
+    return count, experts
 
 
 # ----------------------------------------------------------------------------------------------
@@ -110,13 +175,22 @@ def stage_params(model: memory.ModelConfig, pp: int = 1, tp: int = 1, stage: int
 
 def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: int, tp: int = 1,
                                sequence_parallel: bool = False, recompute: str = "none",
-                               value_bytes: int = 2, dropout: bool = True) -> float:
+                               value_bytes: int = 2, dropout: bool = True, top_k: int = 0,
+                               cp: int = 1) -> float:
     """Bytes one transformer layer keeps for backward, per micro-batch, on one device (Korthikanti
     et al. 2022; see the module doc). ``value_bytes`` 2 and ``dropout`` True give the paper's
-    formulas; the course GPT in fp32 without dropout is ``value_bytes=4, dropout=False``."""
+    formulas; the course GPT in fp32 without dropout is ``value_bytes=4, dropout=False``.
+    ``top_k`` > 0: a mixture-of-experts block whose tokens each pass ``top_k`` experts (the MLP's
+    8v per token becomes 10v·top_k: the dispatched input, fc1 and GELU outputs, the expert output).
+    ``cp`` > 1: ring attention over ``cp`` ranks, ``seq/cp`` positions here and no scores kept
+    (the transient block is ``context.cost``'s ``score_peak_bytes``, counted once per device)."""
     s, b, h, a = (positive_int(n, v) for n, v in (("seq", seq), ("micro_batch", micro_batch),
                                                     ("hidden", hidden), ("heads", heads)))
     t, v, mask = positive_int("tp", tp), value_bytes, 1 if dropout else 0
+    cp = positive_int("cp", cp)
+    if s % cp:
+        raise ValueError(f"seq {s} % cp {cp} != 0: context parallel ranks would hold unequal numbers of positions")
+    s //= cp
     check_recompute(recompute)
     if sequence_parallel and t == 1:
         sequence_parallel = False  # nothing to split
@@ -125,8 +199,11 @@ def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: i
         return v * sbh / t if sequence_parallel else v * sbh
     replicated = 4 * v + 2 * mask  # LN inputs, QKV input, MLP input (+ two dropout masks)
     split = 12 * v                 # Q, K, V, attention output, MLP 4h output and GELU output
+    if top_k:  # per assignment: the dispatched input, fc1 out (4h), GELU out (4h), the expert's output
+        split += 10 * v * positive_int("top_k", top_k) - 8 * v
     per_sbh = (replicated + split) / t if sequence_parallel else replicated + split / t
-    scores = 0.0 if recompute == "selective" else a * s * s * b * (2 * v + mask if dropout else v) / t
+    no_scores = recompute == "selective" or cp > 1  # ring attention recomputes its blocks
+    scores = 0.0 if no_scores else a * s * s * b * (2 * v + mask if dropout else v) / t
     return sbh * per_sbh + scores
 
 
@@ -172,48 +249,94 @@ def in_flight(schedule: str, pp: int, microbatches: int, virtual: int = 1, w_sha
 # Per device.
 
 
+def check_ep_cp(model: memory.ModelConfig, dp: int = 1, ep: int = 1, cp: int = 1) -> None:
+    """The invariants of expert and context parallelism, or a ValueError naming the broken one with
+    its values: EP groups are carved out of the data-parallel group (ep | dp) and hold equal numbers
+    of experts (ep | E; GShard, DeepSpeed-MoE), CP ranks equal numbers of positions (cp | seq)."""
+    dp, ep, cp = positive_int("dp", dp), positive_int("ep", ep), positive_int("cp", cp)
+    if ep > 1 and not model.experts:
+        raise ValueError(f"ep {ep} needs a model with experts, got experts {model.experts}")
+    if model.experts and model.experts % ep:
+        raise ValueError(f"experts {model.experts} % ep {ep} != 0: expert parallel ranks would hold "
+                         f"unequal numbers of experts")
+    if dp % ep:
+        raise ValueError(f"dp {dp} % ep {ep} != 0: expert parallel groups are carved out of the "
+                         f"data-parallel group")
+    if model.seq % cp:
+        raise ValueError(f"seq {model.seq} % cp {cp} != 0: context parallel ranks would hold unequal "
+                         f"numbers of positions")
+
+
+def ring_score_bytes(model: memory.ModelConfig, micro_batch: int, tp: int, cp: int, value_bytes: int = 2) -> int:
+    """The one score block ring attention holds at a time on a (tp, cp) rank: ``b·(a/tp)·(s/cp)^2``
+    values, ``context.cost``'s ``score_peak_bytes`` for the rank's ``heads/tp`` heads; 0 for cp 1
+    (the scores are then per layer, in ``activation_bytes_per_layer``)."""
+    if cp == 1:
+        return 0
+    return context_cost("ring", batch=micro_batch, seq=model.seq, hidden=model.hidden // tp,
+                        heads=model.heads // tp, cp=cp, link=Link("any", 1.0, 0.0),
+                        dtype_bytes=value_bytes).score_peak_bytes
+
+
 def device_memory(model: memory.ModelConfig, micro_batch: int = 1, dp: int = 1, pp: int = 1, tp: int = 1,
                   sequence_parallel: bool = False, schedule: str = "1f1b", microbatches: int = 1,
                   virtual: int = 1, recompute: str = "none", zero1: bool = False,
-                  precision: str = "mixed", dropout: bool = True, stages=None, zero: int = 0) -> list[dict]:
+                  precision: str = "mixed", dropout: bool = True, stages=None, zero: int = 0,
+                  ep: int = 1, cp: int = 1) -> list[dict]:
     """Bytes on one device of every pipeline stage (a list, stage 0 first; only ``stages`` if given):
     ``stage``, ``params``, ``weights``, ``gradients``, ``optimizer`` (sharded over ``dp`` by ZeRO
     stage ``zero``, 0-3; ``zero1`` means ``zero=1``), ``buffers`` (ZeRO 2-3's transient full units),
     ``activations`` (``in_flight`` chunks of ``layers_per_chunk`` layers in units of a chunk's M_B,
-    ``w_share`` = M_W / M_B, plus the head's on the last stage), ``zero`` and ``total``."""
+    ``w_share`` = M_W / M_B, plus the head's on the last stage), ``scores`` (ring attention's one
+    block, cp > 1), ``zero``, ``ep``, ``cp`` and ``total``. ``ep``: experts over ep ranks of the dp
+    group; ``cp``: positions over cp ranks (see the module doc); the dense state is sharded over
+    dp·cp, the experts' over dp·cp/ep."""
     dp = positive_int("dp", dp)
+    check_ep_cp(model, dp, ep, cp)
     zero = max(zero_memory.check_stage(zero), 1 if zero1 else 0)
     prec = memory.PRECISIONS[precision] if isinstance(precision, str) else precision
     if model.layers % (pp * virtual):
         raise ValueError(f"layers {model.layers} % (pp {pp} x virtual {virtual}) != 0")
     if model.heads % tp:
         raise ValueError(f"heads {model.heads} % tp {tp} != 0")
+    top_k = model.top_k if model.experts else 0
     per_layer = activation_bytes_per_layer(model.seq, micro_batch, model.hidden, model.heads, tp,
-                                           sequence_parallel, recompute, prec.activation, dropout)
-    share = weight_grad_bytes_per_layer(model.seq, micro_batch, model.hidden, tp, sequence_parallel,
+                                           sequence_parallel, recompute, prec.activation, dropout, top_k, cp)
+    share = weight_grad_bytes_per_layer(model.seq // cp, micro_batch, model.hidden, tp, sequence_parallel,
                                         prec.activation) / per_layer
     chunk_layers = model.layers // (pp * virtual)
     peaks = in_flight(schedule, pp, microbatches, virtual, share)
     if prec.weights != prec.gradients:
         raise ValueError(f"ZeRO's formula counts one value size for weights and gradients, got "
                          f"{prec.weights} and {prec.gradients} bytes")
-    unit = layer_params(model.hidden, tp)  # ZeRO 2-3's transient full unit: one layer on this TP rank
+    if model.experts:  # ZeRO 2-3's transient full unit: one block on this TP rank, its experts apart
+        unit, expert_unit = moe_layer_params(model.hidden, model.experts, tp, ep)
+    else:
+        unit, expert_unit = layer_params(model.hidden, tp), 0
+    scores = ring_score_bytes(model, micro_batch, tp, cp, prec.activation)
     rows = []
     for stage in range(pp) if stages is None else sorted(set(stages)):
-        params = stage_params(model, pp, tp, stage)
-        state = zero_memory.per_rank(params, dp, zero, prec.weights, unit=min(unit, params) if zero >= 2 else 0,
+        params, experts = stage_param_split(model, pp, tp, stage, ep)
+        state = zero_memory.per_rank(params, dp * cp, zero, prec.weights,
+                                     unit=min(unit, params) if zero >= 2 else 0,
                                      adam_bytes=prec.optimizer, overlap=True)
+        if experts:  # the experts' state, replicated over the expert-data-parallel group only
+            more = zero_memory.per_rank(experts, dp * cp // ep, zero, prec.weights,
+                                        unit=min(expert_unit, experts) if zero >= 2 else 0,
+                                        adam_bytes=prec.optimizer, overlap=True)
+            state = {k: state[k] + more[k] for k in ("parameters", "gradients", "optimizer", "buffers")}
         acts = peaks[stage] * chunk_layers * per_layer
         if stage == pp - 1:
             # the head's tensors live from the last forward to its backward: one micro-batch at a time
             # in 1F1B-like schedules, all m in GPipe
             acts += (microbatches if schedule == "gpipe" else 1) * head_activation_bytes(
-                model.seq, micro_batch, model.hidden, model.vocab, tp, prec.activation)
-        row = {"stage": stage, "params": params, "weights": state["parameters"],
+                model.seq // cp, micro_batch, model.hidden, model.vocab, tp, prec.activation)
+        row = {"stage": stage, "params": params + experts, "weights": state["parameters"],
                "gradients": state["gradients"], "optimizer": state["optimizer"], "buffers": state["buffers"],
                "activations": acts, "in_flight": peaks[stage], "layers_per_chunk": chunk_layers,
-               "w_share": share, "zero": zero}
-        row["total"] = row["weights"] + row["gradients"] + row["optimizer"] + row["buffers"] + row["activations"]
+               "w_share": share, "zero": zero, "scores": scores, "ep": ep, "cp": cp}
+        row["total"] = (row["weights"] + row["gradients"] + row["optimizer"] + row["buffers"] + row["activations"]
+                        + scores)
         rows.append(row)
     return rows
 

@@ -24,6 +24,12 @@ schedule, Narayanan et al.) TP 8 comes first, as in the paper: an H100 computes 
 A100 but its NVLink is only 1.5x faster, so each all-reduce costs more compute time and a deeper
 pipeline with less TP pays off, the more so with ZB-H1, whose bubble is a third of 1F1B's.
 
+Mixtures of experts and long sequences: a model with ``experts`` searches the expert-parallel
+degree ``ep`` too (every divisor of E that divides dp: EP groups are carved out of the
+data-parallel group, Rajbhandari et al. 2022, "DeepSpeed-MoE"), and ``cp`` (context parallelism,
+ring attention) is searched when asked (``cp=(1, 2, 4, 8)``) or by default for sequences longer
+than ``LONG_SEQ``; then dp·pp·cp·tp = the world. Plans carry ``ep`` and ``cp`` (1 when unused).
+
 The time of each plan is ``parallel_lab.planning.cost.step_time`` (every term is printed in its
 ``breakdown``); memory comes from ``parallel_lab.planning.memory_model`` (Korthikanti et al.
 activations, in-flight micro-batches from the simulator, model state sharded by the ZeRO stage).
@@ -37,14 +43,18 @@ from parallel_lab.checks import positive_int
 from parallel_lab.hardware import Cluster
 from parallel_lab.pipeline.schedules import MAX_STAGES
 from parallel_lab.planning import memory, memory_model
-from parallel_lab.planning.cost import CLOSED_FORMS, OVERLAP_SHARE, ZERO_STAGES, _step_base, with_dp
+from parallel_lab.planning.cost import CLOSED_FORMS, OVERLAP_SHARE, _step_base, with_dp
 from parallel_lab.runtime.mesh import ParallelDims
+from parallel_lab.zero.memory import STAGES as ZERO_STAGES
 from parallel_lab.zero.memory import check_stage
 
 SCHEDULES = CLOSED_FORMS  # the schedules the planner searches: those with a closed-form makespan
 RECOMPUTE = memory_model.RECOMPUTE
 VIRTUAL = (2, 3, 4)  # model chunks per rank tried for interleaved 1F1B
 GPT3_TOKENS = 300e9  # tokens GPT-3 was trained on (Brown et al. 2020), the default for costs
+# Longer sequences search context parallelism by default (the powers of two up to a node that divide
+# seq): 32k is where Llama 3 turned context parallelism on (Dubey et al. 2024, section 3.3.2).
+LONG_SEQ = 32768
 GB = memory.GB
 
 
@@ -56,10 +66,10 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _structural_reason(model, cluster, batch, dp, pp, tp) -> str | None:
-    """Why (dp, pp, tp) cannot work at all, whatever the schedule (None if it can)."""
+def _structural_reason(model, cluster, batch, dp, pp, tp, cp=1) -> str | None:
+    """Why (dp, pp, tp, cp) cannot work at all, whatever the schedule (None if it can)."""
     try:
-        ParallelDims(dp, pp, tp, cluster.nodes, cluster.gpus_per_node)
+        ParallelDims(dp * cp, pp, tp, cluster.nodes, cluster.gpus_per_node)
     except ValueError as exc:
         return str(exc)
     if model.heads % tp:
@@ -95,12 +105,13 @@ def _choose_microbatches(model, cluster, batch, layout: dict, zeros, sp: bool, o
     row with the number of micro-batches that is fastest and fits, or a rejection ``{"plan",
     "reason"}``. The terms that do not depend on the stage are computed once per micro-batching."""
     dp, pp, tp = layout["dp"], layout["pp"], layout["tp"]
+    ep, cp = layout.get("ep", 1), layout.get("cp", 1)
     schedule, virtual, rc = layout["schedule"], layout["virtual"], layout["recompute"]
     counts = [m for m in _divisors(batch // dp) if schedule != "interleaved-1f1b" or m % pp == 0]
     if not counts:
         return [{"plan": layout, "reason": f"interleaved-1f1b needs microbatches % pp {pp} == 0; "
                                            f"batch / dp = {batch // dp} has no such divisor"}]
-    bases = {m: _step_base(model, cluster, batch, dp, pp, tp, m, schedule, virtual, rc) for m in counts}
+    bases = {m: _step_base(model, cluster, batch, dp, pp, tp, m, schedule, virtual, rc, ep, cp) for m in counts}
     rows = []
     for zero in zeros:
         times = {m: with_dp(bases[m], zero, overlap) for m in counts}
@@ -109,16 +120,16 @@ def _choose_microbatches(model, cluster, batch, layout: dict, zeros, sp: bool, o
             b = batch // (dp * m)
             mem = memory_model.max_device_memory(model, micro_batch=b, dp=dp, pp=pp, tp=tp, sequence_parallel=sp,
                                                   schedule=schedule, microbatches=m, virtual=virtual,
-                                                  recompute=rc, zero=zero)
+                                                  recompute=rc, zero=zero, ep=ep, cp=cp)
             if mem["total"] <= cluster.gpu_mem_gb * GB:
                 t = times[m]
+                parts = ("weights", "gradients", "optimizer", "buffers", "activations") + ("scores",) * (cp > 1)
                 rows.append(layout | {
                     "zero": zero, "microbatches": m, "micro_batch": b, "sequence_parallel": sp,
                     "step_s": t["step_s"], "memory_gb": mem["total"] / GB,
                     "breakdown": {k: v for k, v in t.items() if k != "step_s"},
-                    "memory": {k: mem[k] / GB for k in ("weights", "gradients", "optimizer", "buffers", "activations")}
-                    | {"stage": mem["stage"], "in_flight": mem["in_flight"]},
-                    "global_batch": batch, "seq": model.seq, "world_size": dp * pp * tp})
+                    "memory": {k: mem[k] / GB for k in parts} | {"stage": mem["stage"], "in_flight": mem["in_flight"]},
+                    "global_batch": batch, "seq": model.seq, "world_size": dp * pp * tp * cp, "ep": ep, "cp": cp})
                 break
             if lightest is None or mem["total"] < lightest[0]["total"]:
                 lightest = (mem, m, b)
@@ -131,9 +142,35 @@ def _choose_microbatches(model, cluster, batch, layout: dict, zeros, sp: bool, o
     return rows
 
 
+def _degrees(model, cluster, ep, cp) -> tuple[tuple, tuple]:
+    """The ep and cp degrees to search (defaults: every divisor of E that divides the world; cp 1,
+    or the powers of two up to a node that divide seq for sequences over ``LONG_SEQ``), each checked
+    against the model and the world: a ValueError naming the broken invariant, before any search."""
+    world = cluster.world_size
+    if ep is None:
+        ep = tuple(e for e in _divisors(model.experts) if world % e == 0) if model.experts else (1,)
+    if cp is None:
+        cp = (1,) if model.seq <= LONG_SEQ else tuple(
+            c for c in (2**i for i in range(world.bit_length())) if c <= cluster.gpus_per_node
+            and world % c == 0 and model.seq % c == 0)
+    eps, cps = tuple(positive_int("ep", e) for e in ep), tuple(positive_int("cp", c) for c in cp)
+    if not eps or not cps:
+        raise ValueError(f"ep and cp must each name at least one degree, got ep {eps}, cp {cps}")
+    for e in eps:
+        memory_model.check_ep_cp(model, e, e, 1)  # ep | E, and a dense model only ep 1
+        if world % e:
+            raise ValueError(f"world_size {world} % ep {e} != 0: expert parallel groups are carved out "
+                             f"of the data-parallel group, so ep must divide dp")
+    for c in cps:
+        memory_model.check_ep_cp(model, 1, 1, c)  # cp | seq
+        if world % c:
+            raise ValueError(f"world_size {world} % cp {c} != 0: dp x pp x cp x tp must be the world")
+    return eps, cps
+
+
 def plan(model: memory.ModelConfig, cluster: Cluster, batch: int, *, schedules=SCHEDULES,
          recompute=RECOMPUTE, zero=ZERO_STAGES, zero1: bool = False, overlap: float = OVERLAP_SHARE,
-         sequence_parallel: bool = True, top: int | None = None) -> dict:
+         sequence_parallel: bool = True, top: int | None = None, ep=None, cp=None) -> dict:
     """Rank every plan that fits; say why the others do not.
 
     For each (dp, pp, tp) with ``dp * pp * tp`` = all devices, each schedule (and chunk count for
@@ -143,10 +180,15 @@ def plan(model: memory.ModelConfig, cluster: Cluster, batch: int, *, schedules=S
     fits in memory is kept. ``overlap``: the share of a backward that DP/ZeRO communication can hide
     behind (``cost.OVERLAP_SHARE``; 0: none). Returns ``{"plans": [...fastest first...],
     "rejected": [{"plan": {...}, "reason": "..."}], "feasible", "considered"}``; a plan has ``dp,
-    pp, tp, zero, microbatches, micro_batch, schedule, virtual, recompute, sequence_parallel,
+    pp, tp, ep, cp, zero, microbatches, micro_batch, schedule, virtual, recompute, sequence_parallel,
     step_s, memory_gb, breakdown, memory``. A layout that cannot work at all is rejected once,
     without schedule; a memory rejection (per ZeRO stage) quotes the lightest micro-batching tried.
     Sequence parallelism is used whenever tp > 1 (same traffic, less memory).
+
+    ``ep``: expert-parallel degrees to try (default: every divisor of ``model.experts`` that divides
+    the world; 1 for a dense model), each within dp; ``cp``: context-parallel degrees (default 1, or powers of two up to
+    a node for ``model.seq`` > ``LONG_SEQ``), with dp·pp·cp·tp the world. Layouts then carry ``ep``
+    and ``cp`` in their rejections too.
     """
     positive_int("batch", batch)  # sequences per step
     for name in schedules:
@@ -157,24 +199,35 @@ def plan(model: memory.ModelConfig, cluster: Cluster, batch: int, *, schedules=S
     zeros = (1,) if zero1 else tuple(check_stage(z) for z in zero)
     if not zeros:
         raise ValueError("zero must name at least one ZeRO stage (0-3)")
+    eps, cps = _degrees(model, cluster, ep, cp)
+    tagged = bool(model.experts) or cps != (1,)  # layouts name ep and cp when either is searched
     world = cluster.world_size
     plans, rejected, considered = [], [], 0
-    for tp in _divisors(world):
-        for pp in _divisors(world // tp):
-            dp = world // (tp * pp)
-            considered += 1
-            reason = _structural_reason(model, cluster, batch, dp, pp, tp)
-            if reason:
-                rejected.append({"plan": {"dp": dp, "pp": pp, "tp": tp}, "reason": reason})
-                continue
-            stages = zeros if dp > 1 else (min(zeros),)
-            for schedule, virtual in _variants(model, pp, schedules):
-                for rc in recompute:
-                    considered += len(stages)
-                    layout = {"dp": dp, "pp": pp, "tp": tp, "schedule": schedule, "virtual": virtual, "recompute": rc}
-                    for row in _choose_microbatches(model, cluster, batch, layout, stages,
-                                                    sequence_parallel and tp > 1, overlap):
-                        (rejected if "reason" in row else plans).append(row)
+    for c in cps:
+        for tp in _divisors(world // c):
+            for pp in _divisors(world // (c * tp)):
+                dp = world // (c * tp * pp)
+                considered += 1
+                shape = {"dp": dp, "pp": pp, "tp": tp} | ({"ep": 1, "cp": c} if tagged else {})
+                reason = _structural_reason(model, cluster, batch, dp, pp, tp, c)
+                if reason:
+                    rejected.append({"plan": shape, "reason": reason})
+                    continue
+                stages = zeros if dp * c > 1 else (min(zeros),)
+                for e in eps:
+                    if dp % e:
+                        rejected.append({"plan": shape | {"ep": e},
+                                         "reason": f"dp {dp} % ep {e} != 0: expert parallel groups are "
+                                                   f"carved out of the data-parallel group"})
+                        continue
+                    for schedule, virtual in _variants(model, pp, schedules):
+                        for rc in recompute:
+                            considered += len(stages)
+                            layout = {"dp": dp, "pp": pp, "tp": tp} | ({"ep": e, "cp": c} if tagged else {}) | {
+                                "schedule": schedule, "virtual": virtual, "recompute": rc}
+                            for row in _choose_microbatches(model, cluster, batch, layout, stages,
+                                                            sequence_parallel and tp > 1, overlap):
+                                (rejected if "reason" in row else plans).append(row)
     plans.sort(key=lambda p: (p["step_s"], p["memory_gb"]))
     return {"plans": plans if top is None else plans[:top], "feasible": len(plans),
             "rejected": rejected, "considered": considered}
@@ -196,17 +249,23 @@ def plan_from_args(layers: int, hidden: int, heads: int, vocab: int, seq: int, b
                    gpus_per_node: int, gpu_mem_gb: float, intra_gbps: float = 450.0, inter_gbps: float = 50.0,
                    tflops: float = 395.6, latency_us: float = 5.0, price: float | None = None,
                    tokens: float = GPT3_TOKENS, top: int = 10, zero1: bool = False, zero=ZERO_STAGES,
-                   overlap: float = OVERLAP_SHARE) -> dict:
+                   overlap: float = OVERLAP_SHARE, experts: int = 0, top_k: int = 2, ep=None,
+                   cp=None) -> dict:
     """The ``parallel-lab plan --json`` object: ``plan()`` for these sizes, the ``top`` fastest plans,
-    each with ``cost`` (``training_cost`` for ``tokens``) when ``price`` ($ per GPU-hour) is given."""
-    model = memory.ModelConfig("custom", layers, hidden, heads, vocab, seq)
+    each with ``cost`` (``training_cost`` for ``tokens``) when ``price`` ($ per GPU-hour) is given.
+    ``experts`` E > 0 with ``top_k``: a mixture of experts in every block; ``ep``, ``cp``: the
+    degrees to search (``plan``'s defaults when None)."""
+    model = memory.ModelConfig("custom", layers, hidden, heads, vocab, seq, experts, top_k)
     cluster = Cluster(nodes, gpus_per_node, gpu_mem_gb, intra_gbps, inter_gbps, tflops, latency_us)
-    result = plan(model, cluster, batch, zero=zero, zero1=zero1, overlap=overlap, top=top)
+    result = plan(model, cluster, batch, zero=zero, zero1=zero1, overlap=overlap, top=top, ep=ep, cp=cp)
     if price is not None:
         for row in result["plans"]:
             row["cost"] = training_cost(row, tokens, price)
     result["model"] = {"layers": layers, "hidden": hidden, "heads": heads, "vocab": vocab, "seq": seq,
-                       "params": memory_model.param_count(layers, hidden, vocab, seq)}
+                       "params": memory_model.param_count(layers, hidden, vocab, seq, experts)}
+    if experts:
+        result["model"] |= {"experts": experts, "top_k": top_k,
+                            "active_params": memory_model.active_param_count(model)}
     result["cluster"] = asdict(cluster)
     result["batch"] = batch
     return result
@@ -214,13 +273,15 @@ def plan_from_args(layers: int, hidden: int, heads: int, vocab: int, seq: int, b
 
 def format_plans(result: dict, top: int = 5, rejected: int = 5) -> str:
     """A text table of the fastest plans and a few rejections (the CLI's output without --json)."""
+    wide = any(p.get("ep", 1) > 1 or p.get("cp", 1) > 1 for p in result["plans"][:top])  # EP/CP columns
     lines = [f"{'dp':>4} {'pp':>3} {'tp':>3} {'zero':>4} {'m':>5} {'b':>3} {'schedule':<18} {'recompute':<9} "
-             f"{'step s':>8} {'DP exp.':>8} {'hidden':>7} {'GB':>6}"]
+             f"{'step s':>8} {'DP exp.':>8} {'hidden':>7} {'GB':>6}" + (f" {'ep':>3} {'cp':>3}" if wide else "")]
     for p in result["plans"][:top]:
         name = p["schedule"] + (f" (v={p['virtual']})" if p["virtual"] > 1 else "")
         lines.append(f"{p['dp']:>4} {p['pp']:>3} {p['tp']:>3} {p['zero']:>4} {p['microbatches']:>5} "
                      f"{p['micro_batch']:>3} {name:<18} {p['recompute']:<9} {p['step_s']:>8.2f} "
-                     f"{p['breakdown']['dp_comm_s']:>8.2f} {p['breakdown']['dp_hidden_s']:>7.2f} {p['memory_gb']:>6.1f}")
+                     f"{p['breakdown']['dp_comm_s']:>8.2f} {p['breakdown']['dp_hidden_s']:>7.2f} {p['memory_gb']:>6.1f}"
+                     + (f" {p['ep']:>3} {p['cp']:>3}" if wide else ""))
     lines.append(f"{result['feasible']} plans fit; {len(result['rejected'])} rejected, e.g.:")
     for r in result["rejected"][:rejected]:
         lines.append(f"  {r['plan']}: {r['reason']}")
