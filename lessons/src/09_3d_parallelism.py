@@ -226,7 +226,10 @@ for what, changes, world in bad_plans:
 # 2 × 2 × 2 mesh — one per (replica, tensor shard) — talk only to their own ranks. After the
 # schedule, a bucketed all-reduce (`data_parallel.allreduce_gradients`, as in PyTorch DDP) averages
 # gradients over `groups.dp_group`, then the
-# optimizer steps on every shard.
+# optimizer steps on every shard. With `zero=1` (`run 3d --zero 1`) the replicas instead shard Adam's
+# moments: `zero.sharded_adam.ShardedAdam` reduce-scatters the gradients, each replica updates its
+# 1/dp slice and all-gathers the parameters — the same 2Ψ of traffic, 1/dp of the optimizer state
+# (ZeRO-1, Rajbhandari et al. 2020; lesson 13 takes it to stages 2 and 3).
 
 # %%
 import inspect
