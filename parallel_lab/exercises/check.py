@@ -272,3 +272,16 @@ def run_answer(harness, source: str, name: str, world_size: int, label: str, arg
                 f"recv, or a collective some rank skipped?): {blocked}")
     except launcher.RankDied as err:
         return f"{where}: FAILED: {str(err).splitlines()[0]}"
+
+
+
+def judge_worlds(harness, source: str, name: str, label: str, worlds, judge_world) -> tuple[bool, list]:
+    """An exercise checked on each world size of ``worlds`` in turn: ``run_answer`` on fresh ranks,
+    then ``judge_world(world, per_rank) -> (passed, line)``; a run that failed gives its FAILED line."""
+    lines, passed = [], True
+    for world in worlds:
+        per_rank = run_answer(harness, source, name, world, label)
+        ok, line = (False, per_rank) if isinstance(per_rank, str) else judge_world(world, per_rank)
+        passed &= ok
+        lines.append(line)
+    return passed, lines

@@ -17,10 +17,10 @@ from parallel_lab.exercises.check import (
     Verdict,
     compile_answer,
     integers,
+    judge_worlds,
     plain,
     register,
     row_problem,
-    run_answer,
     short,
     tensor_of,
     tp_group_labels,
@@ -98,23 +98,17 @@ def judge_layout(world: int, where: str, tp: int, groups: int, answers: list[dic
     return None
 
 
+def judge_world(world: int, per_rank: list) -> tuple[bool, str]:
+    layouts = tp_group_labels(world)
+    wrong = next((w for i, (where, tp, groups) in enumerate(layouts)
+                  if (w := judge_layout(world, where, tp, groups, [answers[i] for answers in per_rank]))), None)
+    if wrong:
+        return False, f"g operator on {world} ranks: FAILED: {wrong}"
+    return True, f"g operator on {world} ranks: PASSED ({2 * len(layouts)}/{2 * len(layouts)} cases)"
+
+
 def judge(source: str) -> tuple[bool, list]:
-    lines, passed = [], True
-    for world in WORLD_SIZES:
-        per_rank = run_answer(harness, source, POLICY.name, world, "g operator")
-        if isinstance(per_rank, str):
-            passed = False
-            lines.append(per_rank)
-            continue
-        layouts = tp_group_labels(world)
-        wrong = next((w for i, (where, tp, groups) in enumerate(layouts)
-                      if (w := judge_layout(world, where, tp, groups, [answers[i] for answers in per_rank]))), None)
-        if wrong:
-            passed = False
-            lines.append(f"g operator on {world} ranks: FAILED: {wrong}")
-        else:
-            lines.append(f"g operator on {world} ranks: PASSED ({2 * len(layouts)}/{2 * len(layouts)} cases)")
-    return passed, lines
+    return judge_worlds(harness, source, POLICY.name, "g operator", WORLD_SIZES, judge_world)
 
 
 EXERCISE = register(Exercise(

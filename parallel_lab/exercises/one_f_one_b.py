@@ -74,21 +74,30 @@ def _indent(text: str) -> list[str]:
     return ["    " + line for line in text.splitlines()]
 
 
+def validated_order(answer: dict, p: int, m: int, name: str, label: str, show_grid: bool) -> tuple:
+    """The answer's order for one case as a validated Schedule: ``(schedule, None)``, or ``(None,
+    FAILED lines)`` when it raised or does not validate (with the grid, marked, if ``show_grid``).
+    Raises NotYet for a stub."""
+    if answer.get("not_yet"):
+        raise NotYet()
+    if "error" in answer:
+        return None, [f"{label}: FAILED: {name}({p}, {m}) raised {answer['error']}"]
+    try:
+        return validate(as_schedule(answer["ranks"], p, m, name)), None
+    except ScheduleError as err:
+        first, *grid = str(err).splitlines()
+        return None, [f"{label}: FAILED: {first}"] + (_indent("\n".join(grid)) if show_grid else [])
+
+
 def one_f_one_b_case(answer: dict, p: int, m: int, name: str, show_grid: bool = True) -> tuple[bool, list[str]]:
     """Judge the answer's schedule for one case against 1F1B; ``(passed, lines)``. In order: it is
     readable; it validates; simulated (F=1, B=2, free links) no stage stashes more than min(m, p−r)
     micro-batches and the step is as short as 1F1B's; on p real ranks the gradients equal the
     single-process model's and the measured stash peaks equal the simulated ones."""
     label = f"1F1B p={p}, m={m}"
-    if answer.get("not_yet"):
-        raise NotYet()
-    if "error" in answer:
-        return False, [f"{label}: FAILED: {name}({p}, {m}) raised {answer['error']}"]
-    try:
-        sched = validate(as_schedule(answer["ranks"], p, m, name))
-    except ScheduleError as err:
-        first, *grid = str(err).splitlines()
-        return False, [f"{label}: FAILED: {first}"] + (_indent("\n".join(grid)) if show_grid else [])
+    sched, failed = validated_order(answer, p, m, name, label, show_grid)
+    if failed:
+        return False, failed
 
     costs = Costs(F=1.0, B=2.0)
     mine, ref = simulate(sched, costs), simulate(one_f_one_b(p, m), costs)
@@ -123,17 +132,24 @@ def one_f_one_b_case(answer: dict, p: int, m: int, name: str, show_grid: bool = 
                   f"measured stash {result['peak_activations']}"]
 
 
-def judge(source: str) -> tuple[bool, list]:
-    answers = run_answer(harness, source, POLICY.name, 1, "1F1B")
+def judge_orders(source: str, name: str, label: str, cases, judge_case) -> tuple[bool, list]:
+    """A schedule-order exercise's verdict: the answer ``name`` run on one untrusted rank for every
+    ``(p, m)`` of ``cases`` (``harness``), then ``judge_case(answer, p, m, name, show_grid)`` per case;
+    only the first case that fails with a grid shows it."""
+    answers = run_answer(harness, source, name, 1, label, args=(cases,))
     if isinstance(answers, str):
         return False, [answers]
     lines, passed, grid_shown = [], True, False
-    for (p, m), answer in zip(CASES, answers[0]):
-        ok, case_lines = one_f_one_b_case(answer, p, m, POLICY.name, show_grid=not grid_shown)
+    for (p, m), answer in zip(cases, answers[0]):
+        ok, case_lines = judge_case(answer, p, m, name, show_grid=not grid_shown)
         grid_shown |= len(case_lines) > 1
         passed &= ok
         lines += case_lines
     return passed, lines
+
+
+def judge(source: str) -> tuple[bool, list]:
+    return judge_orders(source, POLICY.name, "1F1B", CASES, one_f_one_b_case)
 
 
 EXERCISE = register(Exercise(

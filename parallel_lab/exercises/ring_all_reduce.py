@@ -21,9 +21,9 @@ from parallel_lab.exercises.check import (
     Exercise,
     Verdict,
     compile_answer,
+    judge_worlds,
     plain,
     register,
-    run_answer,
     short,
     tensor_of,
 )
@@ -78,25 +78,18 @@ def judge_case(numel: int, world: int, answers: list[dict]) -> str | None:
     return None
 
 
+def judge_world(world: int, per_rank: list) -> tuple[bool, str]:
+    for numel, *answers in zip(CASES, *per_rank):
+        wrong = judge_case(numel, world, answers)
+        if wrong:
+            return False, (f"ring all-reduce on {world} ranks: FAILED: tensor of {numel} element"
+                           f"{'s' * (numel != 1)}: {wrong}")
+    return True, (f"ring all-reduce on {world} ranks: PASSED ({len(CASES)}/{len(CASES)} cases; send/recv "
+                  f"only, 2(p−1)/p of the tensor per rank)")
+
+
 def judge(source: str) -> tuple[bool, list]:
-    lines, passed = [], True
-    for world in WORLD_SIZES:
-        per_rank = run_answer(harness, source, POLICY.name, world, "ring all-reduce")
-        if isinstance(per_rank, str):
-            passed = False
-            lines.append(per_rank)
-            continue
-        for numel, *answers in zip(CASES, *per_rank):
-            wrong = judge_case(numel, world, answers)
-            if wrong:
-                passed = False
-                lines.append(f"ring all-reduce on {world} ranks: FAILED: tensor of {numel} element"
-                             f"{'s' * (numel != 1)}: {wrong}")
-                break
-        else:
-            lines.append(f"ring all-reduce on {world} ranks: PASSED ({len(CASES)}/{len(CASES)} cases; send/recv "
-                         f"only, 2(p−1)/p of the tensor per rank)")
-    return passed, lines
+    return judge_worlds(harness, source, POLICY.name, "ring all-reduce", WORLD_SIZES, judge_world)
 
 
 EXERCISE = register(Exercise(

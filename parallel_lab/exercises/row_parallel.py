@@ -17,10 +17,10 @@ from parallel_lab.exercises.check import (
     Exercise,
     Verdict,
     compile_answer,
+    judge_worlds,
     plain,
     register,
     row_problem,
-    run_answer,
     short,
     tensor_of,
     tp_group_labels,
@@ -70,38 +70,26 @@ def hint(got, expected, partial, bias, tp, where) -> str:
     return f"got {short(got)}, expected {short(expected)}"
 
 
+def judge_world(world: int, per_rank: list) -> tuple[bool, str]:
+    cases = [(where, tp, groups, shape) for where, tp, groups in tp_group_labels(world) for shape in SHAPES]
+    for i, (where, tp, groups, (leading, n_in, n_out)) in enumerate(cases):
+        for rank in range(world):
+            index, r = (rank // tp if groups > 1 else 0), rank % tp
+            x, w, bias, x_shard, w_shard = shards(leading, n_in, n_out, index, r, tp)
+            expected, got = x @ w + bias, tensor_of(per_rank[rank][i])
+            if got is None:
+                detail = f"returned {per_rank[rank][i]['type']}, expected a tensor of shape {tuple(expected.shape)}"
+            elif got.shape != expected.shape or not torch.equal(got, expected):
+                detail = hint(got, expected, x_shard @ w_shard, bias, tp, where)
+            else:
+                continue
+            return False, (f"row-parallel forward on {world} ranks: FAILED: x {tuple(x.shape)}, W {tuple(w.shape)}, "
+                           f"{where}: rank {rank}: {detail}")
+    return True, f"row-parallel forward on {world} ranks: PASSED ({len(cases)}/{len(cases)} cases)"
+
+
 def judge(source: str) -> tuple[bool, list]:
-    lines, passed = [], True
-    for world in WORLD_SIZES:
-        per_rank = run_answer(harness, source, POLICY.name, world, "row-parallel forward")
-        if isinstance(per_rank, str):
-            passed = False
-            lines.append(per_rank)
-            continue
-        cases = [(where, tp, groups, shape) for where, tp, groups in tp_group_labels(world) for shape in SHAPES]
-        wrong = None
-        for i, (where, tp, groups, (leading, n_in, n_out)) in enumerate(cases):
-            for rank in range(world):
-                index, r = (rank // tp if groups > 1 else 0), rank % tp
-                x, w, bias, x_shard, w_shard = shards(leading, n_in, n_out, index, r, tp)
-                expected, got = x @ w + bias, tensor_of(per_rank[rank][i])
-                if got is None:
-                    wrong = (f"x {tuple(x.shape)}, W {tuple(w.shape)}, {where}", rank,
-                             f"returned {per_rank[rank][i]['type']}, expected a tensor of shape {tuple(expected.shape)}")
-                elif got.shape != expected.shape or not torch.equal(got, expected):
-                    wrong = (f"x {tuple(x.shape)}, W {tuple(w.shape)}, {where}", rank,
-                             hint(got, expected, x_shard @ w_shard, bias, tp, where))
-                if wrong:
-                    break
-            if wrong:
-                break
-        if wrong:
-            passed = False
-            case, rank, detail = wrong
-            lines.append(f"row-parallel forward on {world} ranks: FAILED: {case}: rank {rank}: {detail}")
-        else:
-            lines.append(f"row-parallel forward on {world} ranks: PASSED ({len(cases)}/{len(cases)} cases)")
-    return passed, lines
+    return judge_worlds(harness, source, POLICY.name, "row-parallel forward", WORLD_SIZES, judge_world)
 
 
 EXERCISE = register(Exercise(

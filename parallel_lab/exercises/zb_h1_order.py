@@ -28,13 +28,12 @@ the source). Every verdict line is deterministic (no timings), so nbval compares
 
 from __future__ import annotations
 
-from parallel_lab.exercises.check import Exercise, NotYet, Verdict, register, run_answer
-from parallel_lab.exercises.one_f_one_b import harness
+from parallel_lab.exercises.check import Exercise, Verdict, register
+from parallel_lab.exercises.one_f_one_b import judge_orders, validated_order
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.pipeline.run import run_pipeline
-from parallel_lab.pipeline.schedules import Action, Schedule, ScheduleError, as_schedule, one_f_one_b, zb_h1
+from parallel_lab.pipeline.schedules import Action, Schedule, one_f_one_b, zb_h1
 from parallel_lab.pipeline.simulate import Costs, simulate
-from parallel_lab.pipeline.validate import validate
 from parallel_lab.runtime import launcher
 
 # (p, m): a full pipeline on 2 and 4 ranks, and fewer micro-batches than stages (no steady state)
@@ -48,10 +47,6 @@ POLICY = Policy("my_zb_h1", imports=("math", "itertools"), dist=())
 
 # ----------------------------------------------------------------------------------------------
 # In the checking process.
-
-
-def _indent(text: str) -> list[str]:
-    return ["    " + line for line in text.splitlines()]
 
 
 def _numbers(values) -> str:
@@ -128,15 +123,9 @@ def zb_h1_case(answer: dict, p: int, m: int, name: str, show_grid: bool = True) 
     """Judge the answer's schedule for one case against ``schedules.zb_h1(p, m)``; ``(passed, lines)``
     (see the module doc for the four conditions, checked in that order)."""
     label = f"ZB-H1 p={p}, m={m}"
-    if answer.get("not_yet"):
-        raise NotYet()
-    if "error" in answer:
-        return False, [f"{label}: FAILED: {name}({p}, {m}) raised {answer['error']}"]
-    try:
-        sched = validate(as_schedule(answer["ranks"], p, m, name))
-    except ScheduleError as err:
-        first, *grid = str(err).splitlines()
-        return False, [f"{label}: FAILED: {first}"] + (_indent("\n".join(grid)) if show_grid else [])
+    sched, failed = validated_order(answer, p, m, name, label, show_grid)
+    if failed:
+        return False, failed
     full = next(((r, a) for r, _, a in sched.actions() if a.kind == "B"), None)
     if full is not None:
         r, a = full
@@ -182,16 +171,7 @@ def zb_h1_case(answer: dict, p: int, m: int, name: str, show_grid: bool = True) 
 
 
 def judge(source: str) -> tuple[bool, list]:
-    answers = run_answer(harness, source, POLICY.name, 1, "ZB-H1", args=(CASES,))
-    if isinstance(answers, str):
-        return False, [answers]
-    lines, passed, grid_shown = [], True, False
-    for (p, m), answer in zip(CASES, answers[0]):
-        ok, case_lines = zb_h1_case(answer, p, m, POLICY.name, show_grid=not grid_shown)
-        grid_shown |= len(case_lines) > 1
-        passed &= ok
-        lines += case_lines
-    return passed, lines
+    return judge_orders(source, POLICY.name, "ZB-H1", CASES, zb_h1_case)
 
 
 EXERCISE = register(Exercise(

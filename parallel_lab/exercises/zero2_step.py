@@ -35,7 +35,7 @@ import ast
 import torch
 import torch.distributed as dist
 
-from parallel_lab.exercises.check import Exercise, Verdict, compile_answer, register, run_answer, short
+from parallel_lab.exercises.check import Exercise, Verdict, compile_answer, judge_worlds, register, short
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.runtime import commlog
 
@@ -177,24 +177,17 @@ def judge(source: str) -> tuple[bool, list]:
     reason = static_reason(source)
     if reason:
         return False, [f"ZeRO-2 step: FAILED: your answer {reason}"]
-    lines, passed = [], True
-    for world in WORLD_SIZES:
-        per_rank = run_answer(harness, source, POLICY.name, world, "ZeRO-2 step")
-        if isinstance(per_rank, str):
-            passed = False
-            lines.append(per_rank)
-            continue
-        for (numel, steps), *answers in zip(CASES, *per_rank):
-            wrong = judge_case(numel, steps, world, answers)
-            if wrong:
-                passed = False
-                lines.append(f"ZeRO-2 step on {world} ranks: FAILED: n = {numel}: {wrong}")
-                break
-        else:
-            lines.append(f"ZeRO-2 step on {world} ranks: PASSED ({len(CASES)}/{len(CASES)} cases, "
-                         f"{CASES[0][1]} Adam steps each: equal to one process; one reduce-scatter of n and one "
-                         f"all-gather of n/N per step; optimizer state 2n/N values per rank)")
-    return passed, lines
+    return judge_worlds(harness, source, POLICY.name, "ZeRO-2 step", WORLD_SIZES, judge_world)
+
+
+def judge_world(world: int, per_rank: list) -> tuple[bool, str]:
+    for (numel, steps), *answers in zip(CASES, *per_rank):
+        wrong = judge_case(numel, steps, world, answers)
+        if wrong:
+            return False, f"ZeRO-2 step on {world} ranks: FAILED: n = {numel}: {wrong}"
+    return True, (f"ZeRO-2 step on {world} ranks: PASSED ({len(CASES)}/{len(CASES)} cases, "
+                  f"{CASES[0][1]} Adam steps each: equal to one process; one reduce-scatter of n and one "
+                  f"all-gather of n/N per step; optimizer state 2n/N values per rank)")
 
 
 EXERCISE = register(Exercise(
