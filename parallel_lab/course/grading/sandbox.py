@@ -162,21 +162,10 @@ class _Cgroup:
     def procs_files(self) -> list[str]:
         return [str(d / "cgroup.procs") for d in self.dirs]
 
-    def count(self) -> int | None:
+    def _read(self, *names: str) -> int | None:
+        """The first of the controller files ``names`` that exists in the job's cgroups, as an int."""
         for d in self.dirs:
-            f = d / "pids.current"
-            if f.exists():
-                try:
-                    return int(f.read_text())
-                except (OSError, ValueError):
-                    return None
-        return None
-
-    def memory(self) -> int | None:
-        """Bytes the job's processes use, counted once (shared pages of forked copies are not
-        multiplied, as a sum of RSS would); None without a memory controller."""
-        for d in self.dirs:
-            for name in ("memory.current", "memory.usage_in_bytes"):
+            for name in names:
                 f = d / name
                 if f.exists():
                     try:
@@ -184,6 +173,14 @@ class _Cgroup:
                     except (OSError, ValueError):
                         return None
         return None
+
+    def count(self) -> int | None:
+        return self._read("pids.current")
+
+    def memory(self) -> int | None:
+        """Bytes the job's processes use, counted once (shared pages of forked copies are not
+        multiplied, as a sum of RSS would); None without a memory controller."""
+        return self._read("memory.current", "memory.usage_in_bytes")
 
     def kill(self) -> None:
         for d in self.dirs:
