@@ -127,11 +127,16 @@ def _run_3d(args):
     return result, text, ""
 
 
+def _collectives_text(collectives: dict) -> str:
+    """``{op: {"count", "bytes"}}`` as one line: ``all_reduce x4 (1024 B), ...``."""
+    return ", ".join(f"{op} x{c['count']} ({c['bytes']} B)" for op, c in collectives.items())
+
+
 def _run_moe(args):
     from parallel_lab.moe.run import run_moe
 
     report = run_moe(args.ep, args.experts, args.top_k, args.capacity_factor)
-    counts = ", ".join(f"{op} x{c['count']} ({c['bytes']} B)" for op, c in report["collectives"].items())
+    counts = _collectives_text(report["collectives"])
     text = (f"expert parallel MoE, {report['experts']} experts on ep {args.ep}, top-{report['top_k']}, "
             f"capacity {report['capacity']} per expert: max output diff {report['max_output_diff']:.1e}, max "
             f"grad diff {report['max_grad_diff']:.1e}, loss diff {report['loss_diff']:.1e} (fp64, against "
@@ -150,7 +155,7 @@ def _run_zero(args):
     report = run_zero(args.stage, args.dp, args.model, args.steps, args.batch, overlap=args.overlap)
     mem = report["memory_per_rank"]
     rows = ", ".join(f"{k} {v['measured'] / 1e3:.1f}/{v['predicted'] / 1e3:.1f} kB" for k, v in mem.items())
-    counts = ", ".join(f"{op} x{c['count']} ({c['bytes']} B)" for op, c in report["collectives"].items())
+    counts = _collectives_text(report["collectives"])
     t = report["traffic_per_step"]
     text = (f"ZeRO stage {args.stage} on dp {args.dp}, {report['steps']} Adam steps of the GPT "
             f"({report['params']} parameters): max param diff {report['max_param_diff']:.1e}, loss diff "
@@ -167,7 +172,7 @@ def _run_context(args):
 
     report = run_context(args.cp, args.variant, args.causal, args.seq, args.heads, args.batch)
     scores, sent = report["score_bytes_per_rank"], report["bytes_sent_per_rank"]
-    counts = ", ".join(f"{op} x{c['count']} ({c['bytes']} B)" for op, c in report["collectives"].items())
+    counts = _collectives_text(report["collectives"])
     text = (f"context parallel attention, {args.variant} on cp {args.cp} ({'causal' if args.causal else 'not causal'}, "
             f"seq {report['config']['seq']}, {report['config']['heads']} heads): max output diff "
             f"{report['max_output_diff']:.1e}, max grad diff {report['max_grad_diff']:.1e} (fp64, against the dense "
