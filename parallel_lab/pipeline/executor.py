@@ -141,8 +141,7 @@ class Inbox:
 
     A gloo receive that is posted only when its action comes up costs a round trip: the sender's
     data waits until the receiver says it is ready. So the first ``depth`` needs are posted when the
-    step starts (``post_ahead``) and ``take`` keeps the next ``depth`` posted (``depth=None``: all of
-    the step's receives at the start). A need is posted together with every message its sender sends
+    step starts (``post_ahead``) and ``take`` keeps the next ``depth`` posted. A need is posted together with every message its sender sends
     to this rank before it (NCCL matches a pair's messages in order), each into its own buffer until
     it is taken. With ``stamps`` every tensor has a one-number virtual timestamp beside it.
 
@@ -153,9 +152,8 @@ class Inbox:
     """
 
     def __init__(self, needs: list, arrive: dict, tag, peers, shape, dtype, device, stamps: bool,
-                 depth: int | None):
-        self.needs, self.tag, self.peers = needs, tag, peers
-        self.depth = len(needs) if depth is None else depth
+                 depth: int):
+        self.needs, self.tag, self.peers, self.depth = needs, tag, peers, depth
         self.shape, self.stamps = shape, stamps
         self.like = dict(dtype=dtype, device=device)
         self.arrive = {peer: iter(messages) for peer, messages in arrive.items()}
@@ -208,7 +206,7 @@ class Executor:
     link:    the modelled link for the virtual clock
     check:   validate the schedule first (False only to demonstrate a hang)
     prefetch: receives posted ahead, from the start of the step (each holds one boundary-sized buffer
-              until its action runs); None: all of the step's receives
+              until its action runs)
     fuse:    accumulate Linear weight gradients with one addmm_ (see StageWorker; a chain of Linear and
              GELU then runs by hand, ``worker.make_worker``)
     peers:   global rank of each pipeline rank (default: the same number). Inside a device mesh the
@@ -219,7 +217,7 @@ class Executor:
     """
 
     def __init__(self, schedule: Schedule, stages: dict, spec: StageSpec, rank: int, *, recompute: bool = False,
-                 record: bool = False, link: Link = PCIE4, check: bool = True, prefetch: int | None = 4,
+                 record: bool = False, link: Link = PCIE4, check: bool = True, prefetch: int = 4,
                  fuse: bool = True, peers=None, tags: bool | None = None):
         self.schedule, self.spec, self.rank = schedule, spec, rank
         self.m, self.n_stages = schedule.n_microbatches, schedule.n_stages
