@@ -104,3 +104,10 @@ def test_chain_worker_computes_and_counts_what_autograd_does(stage_index, varian
     assert fast_bytes == plain_bytes  # the same tensors kept: the memory figures do not change
     for a, b in zip(plain, fast):
         assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+
+
+def test_all_reduce_timing_names_its_algorithms():
+    from parallel_lab.planning.calibration import time_all_reduce
+
+    with pytest.raises(ValueError, match="unknown all-reduce algorithm 'tree'; choose one of gloo, ring, one-shot"):
+        time_all_reduce([1024], algorithm="tree")

@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from parallel_lab.runtime import commlog, demos, launcher
+from parallel_lab.runtime import collectives, commlog, demos, launcher
 
 
 @pytest.mark.ranks
@@ -47,3 +47,25 @@ def test_unwrapped_gives_torch_functions_back_and_restores_the_wrappers(monkeypa
     with commlog.unwrapped():
         assert dist.isend is original and c10d.isend is original
     assert dist.isend is wrapper and c10d.isend is wrapper
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world, groups_of", [(2, None), (4, None), (4, 2)])
+@pytest.mark.parametrize("numel", [1000, 128 * 2**10])  # 8 KB: one shot; 1 MB: gloo's ring
+def test_one_shot_all_reduce_sums_like_gloo_and_is_counted_as_one_all_reduce(world, groups_of, numel):
+    ranks = launcher.run(demos.one_shot_against_gloo, world, args=(numel, groups_of))
+    size = groups_of or world
+    for start in range(0, world, size):
+        group = ranks[start:start + size]
+        expected = sum(torch.randn(numel, dtype=torch.float64, generator=torch.Generator().manual_seed(r))
+                       for r in range(start, start + size))
+        for r in group:
+            assert torch.allclose(r["ours"], r["gloo"], rtol=0, atol=1e-12)
+            assert torch.allclose(r["ours"], expected, rtol=0, atol=1e-12)
+            assert torch.equal(r["ours"], group[0]["ours"])  # the same bits on every rank of the group
+            assert torch.equal(r["async"], r["ours"])
+            assert torch.allclose(r["one_shot"], expected, rtol=0, atol=1e-12)
+            assert torch.equal(r["one_shot"], group[0]["one_shot"])
+            assert r["used_one_shot"] == (numel * 8 <= collectives.ONE_SHOT_MAX_BYTES)
+            assert r["calls"] == {"all_reduce": {"count": 1, "bytes": numel * 8}}  # not its sends and receives

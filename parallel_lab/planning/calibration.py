@@ -30,7 +30,7 @@ from parallel_lab.hardware import Link
 from parallel_lab.pipeline.profile import one_thread
 from parallel_lab.planning import memory_model
 from parallel_lab.runtime import launcher
-from parallel_lab.runtime.collectives import ring_all_reduce
+from parallel_lab.runtime.collectives import one_shot_all_reduce, ring_all_reduce
 
 
 def cores() -> int:
@@ -47,9 +47,12 @@ def cores() -> int:
 
 def time_all_reduce(sizes_bytes, repeats: int = 5, algorithm: str = "gloo") -> list[float]:
     """Rank function: median seconds of one all-reduce of each size (float32) on this rank's world,
-    each after a barrier; ``algorithm`` is ``"gloo"`` (dist.all_reduce) or ``"ring"`` (lesson 01's
-    ``runtime.collectives.ring_all_reduce``)."""
-    op = dist.all_reduce if algorithm == "gloo" else ring_all_reduce
+    each after a barrier; ``algorithm`` is ``"gloo"`` (dist.all_reduce), ``"ring"`` (lesson 01's
+    ``runtime.collectives.ring_all_reduce``) or ``"one-shot"`` (``one_shot_all_reduce``)."""
+    ops = {"gloo": dist.all_reduce, "ring": ring_all_reduce, "one-shot": one_shot_all_reduce}
+    if algorithm not in ops:
+        raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; choose one of {', '.join(ops)}")
+    op = ops[algorithm]
     medians = []
     for size in sizes_bytes:
         tensor = torch.ones(max(1, size // 4))

@@ -122,6 +122,27 @@ def _wrap(name, original):
     return wrapper
 
 
+@contextmanager
+def speaking_for(op: str, tensor, group=None):
+    """Record one ``op`` call on ``tensor`` (its bytes, its group) and run the block as its inside:
+    for a collective built from other calls (``collectives.all_reduce``'s one-shot algorithm is
+    sends and receives), so that logs and hang reports name what the caller asked for."""
+    if getattr(_local, "depth", 0):  # already inside a recorded call: that one speaks for us
+        yield
+        return
+    bound = {"tensor": tensor, "group": group}
+    text = describe(op, bound)
+    for log in _logs:
+        log.add(op, _group_name(group), _nbytes(op, bound))
+    _local.depth = 1
+    _set_status(text)
+    try:
+        yield
+    finally:
+        _local.depth = 0
+        _set_status(None)
+
+
 def _traced(result, text):
     """Async calls return Work handles; wrap them so that ``wait()`` reports where it blocks."""
     if isinstance(result, list):

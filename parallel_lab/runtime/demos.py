@@ -13,7 +13,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from parallel_lab.runtime import commlog
+from parallel_lab.runtime import collectives, commlog
 from parallel_lab.runtime.collectives import ring_all_reduce
 
 
@@ -114,6 +114,28 @@ def count_collectives():
         elif rank == 1:
             dist.recv(torch.empty(3, dtype=torch.float64), src=0)
     return log.as_dict()
+
+
+def one_shot_against_gloo(numel: int = 1000, groups_of: int | None = None):
+    """``collectives.all_reduce`` (one shot when small) beside ``dist.all_reduce`` on the same random
+    fp64 tensor, in the world or in consecutive groups of ``groups_of`` ranks (each group its own
+    data), plain and ``async_op``, and ``one_shot_all_reduce`` itself. Returns what the test compares:
+    the sums (to check the ranks agree bit for bit), which algorithm ``all_reduce`` chose and the
+    calls commlog recorded."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = None
+    if groups_of:
+        groups = [dist.new_group(list(range(s, s + groups_of))) for s in range(0, world, groups_of)]
+        group = groups[rank // groups_of]
+    x = torch.randn(numel, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
+    ours, peer, later, direct = x.clone(), x.clone(), x.clone(), x.clone()
+    with commlog.recording() as log:
+        collectives.all_reduce(ours, group)
+    dist.all_reduce(peer, group=group)
+    pending = collectives.all_reduce(later, group, async_op=True)
+    collectives.one_shot_all_reduce(direct, group)  # the algorithm itself, at any size
+    return {"ours": ours, "gloo": peer, "async": pending.wait(), "one_shot": direct,
+            "used_one_shot": collectives.uses_one_shot(x, group), "calls": log.as_dict()}
 
 
 def fail_on_all(message="the same bug on every rank"):

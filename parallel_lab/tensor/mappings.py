@@ -19,7 +19,9 @@ Each op has three layers, as in Megatron-LM's ``core/tensor_parallel/mappings.py
 helper doing one collective, a tiny ``torch.autograd.Function`` and a snake_case wrapper. Every op
 takes an explicit ``group`` (a ProcessGroup, or None for the whole world) and is free when the group
 has one rank. Collectives are called as ``dist.<name>`` at call time, so ``parallel_lab.runtime.commlog``
-can count them. Sequence ops take the sequence dimension ``dim`` (1 in ``models``' ``(B, T, H)``
+can count them; the all-reduce goes through ``parallel_lab.runtime.collectives.all_reduce``, which
+sends a small tensor one shot on gloo (one step instead of a ring's 2(p-1)) and is counted as the
+one all_reduce it is. Sequence ops take the sequence dimension ``dim`` (1 in ``models``' ``(B, T, H)``
 layout; Megatron's ``(T, B, H)`` uses 0, which needs no reordering copy around the collective).
 """
 
@@ -28,15 +30,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from parallel_lab.runtime import collectives
+
 # ----------------------------------------------------------------------------------------------
 # Helpers: one collective (or none) each.
 
 
 def _all_reduce(x, group):
-    """Sum ``x`` over the group, in place; returns ``x``."""
-    if dist.get_world_size(group) > 1:
-        dist.all_reduce(x, group=group)
-    return x
+    """Sum ``x`` over the group, in place; returns ``x`` (one shot when small: ``collectives.all_reduce``)."""
+    return collectives.all_reduce(x, group)
 
 
 def _split(x, dim, group):
