@@ -105,11 +105,13 @@ def ring_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
 # "Optimization of Collective Communication Operations in MPICH": recursive doubling for short
 # messages, Rabenseifner's reduce-scatter + all-gather for long ones); TensorRT-LLM's ONESHOT
 # all-reduce is this algorithm for tensor parallelism's small activations. gloo's ``all_reduce``
-# runs its ring at every size: measured with 2 and 4 ranks on 2 cores, 32-128 KB take half the time
-# one shot, 1 MB about the same (``parallel-lab bench collectives``). NCCL picks its own algorithm
-# by size, so on NCCL the call is left to it.
+# runs its ring at every size. Measured on 2 cores (``parallel-lab bench collectives``): with 4
+# ranks, 32-128 KB take about half the time one shot (6 steps become 1), 1 MB about the same; with
+# 2 ranks the ring is only 2 steps, and one shot was faster in most runs but up to 1.4x slower in
+# others, and the TP benchmark's small 2-rank rows with it, so 2 ranks keep gloo's. NCCL picks its
+# own algorithm by size, so on NCCL the call is left to it.
 
-ONE_SHOT_MAX_BYTES = 256 * 2**10  # gloo, at most this many bytes: one shot (measured, see above)
+ONE_SHOT_MAX_BYTES = 256 * 2**10  # gloo, more than 2 ranks, at most this many bytes: one shot
 
 
 def one_shot_all_reduce(tensor: torch.Tensor, group=None, async_op: bool = False):
@@ -151,14 +153,16 @@ class _Pending:
 
 
 def uses_one_shot(tensor: torch.Tensor, group=None) -> bool:
-    """Whether ``all_reduce`` sends ``tensor`` one shot: gloo, contiguous, at most ``ONE_SHOT_MAX_BYTES``."""
+    """Whether ``all_reduce`` sends ``tensor`` one shot: gloo, more than 2 ranks, contiguous, at most
+    ``ONE_SHOT_MAX_BYTES`` (see above)."""
     small = tensor.numel() * tensor.element_size() <= ONE_SHOT_MAX_BYTES
-    return small and tensor.is_contiguous() and dist.get_backend(group) == "gloo"
+    return (small and tensor.is_contiguous() and dist.get_world_size(group) > 2
+            and dist.get_backend(group) == "gloo")
 
 
 def all_reduce(tensor: torch.Tensor, group=None, async_op: bool = False):
-    """``dist.all_reduce(tensor, group=group)`` (a sum, in place), one shot where that is faster: on
-    gloo, for a contiguous tensor of at most ``ONE_SHOT_MAX_BYTES``. Recorded by ``commlog`` as the
+    """``dist.all_reduce(tensor, group=group)`` (a sum, in place), one shot where that is faster
+    (``uses_one_shot``). Recorded by ``commlog`` as the
     one all_reduce it is. Returns ``tensor``, or with ``async_op`` a handle: ``wait()`` returns it summed."""
     if dist.get_world_size(group) == 1:
         return _Pending(tensor) if async_op else tensor
