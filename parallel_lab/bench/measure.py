@@ -4,9 +4,10 @@ on several ranks (``limit_columns``: its CPU work over the cores the ranks get).
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
+
+from parallel_lab.runtime import launcher
 
 
 def row(name, ours_s, peer, peer_s, **extra) -> dict:
@@ -26,8 +27,7 @@ def median_time(fn, repeats: int) -> float:
 def cores(ranks: int) -> int:
     """Cores ``ranks`` rank processes really get: at most one each, at most those this process may
     run on (its CPU affinity, which a container or ``taskset`` narrows below ``os.cpu_count()``)."""
-    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(ranks, available))
+    return max(1, min(ranks, launcher.cores()))
 
 
 def limit_columns(ours_s: float, compute_s: float, ranks: int) -> dict:

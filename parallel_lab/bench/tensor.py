@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from parallel_lab import models
 from parallel_lab.bench.measure import limit_columns
-from parallel_lab.runtime import launcher
+from parallel_lab.runtime import launcher, shared_memory
 from parallel_lab.tensor.dtensor import dtensor_parallelize
 from parallel_lab.tensor.plan import parallelize
 
@@ -37,14 +37,15 @@ BLOCK_SHAPE = (8, 32, 256, 8)  # (batch, seq, hidden, heads)
 
 
 def _step(model, x, grad):
-    """One forward + backward: ``(wall seconds, this thread's CPU seconds)``."""
+    """One forward + backward: ``(wall seconds, this thread's CPU seconds)``, less the CPU seconds
+    it spun waiting for the other ranks in shared-memory all-reduces (waiting, not work)."""
     for p in model.parameters():
         p.grad = None
     x.grad = None
     dist.barrier()
-    start, cpu = time.perf_counter(), time.thread_time()
+    start, cpu, spun = time.perf_counter(), time.thread_time(), shared_memory.waited_seconds()
     model(x).backward(grad)
-    return time.perf_counter() - start, time.thread_time() - cpu
+    return time.perf_counter() - start, time.thread_time() - cpu - (shared_memory.waited_seconds() - spun)
 
 
 def bench_rank(repeats: int = 20, warmup: int = 3, mlp_shapes=MLP_SHAPES, block_shape=BLOCK_SHAPE) -> list[dict]:

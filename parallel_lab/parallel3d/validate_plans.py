@@ -89,7 +89,7 @@ def predict(cfg: train3d.Config, cluster: Cluster, n_cores: float | None = None)
     share ``n_cores`` cores: all ranks' compute divided by the cores, plus the communication (whose
     constants were measured on the same shared cores). ``step_s`` is the larger; also returned:
     the planner's parts, ``planner_s`` and ``shared_s`` (0 with a core per rank)."""
-    n_cores = calib.cores() if n_cores is None else n_cores
+    n_cores = launcher.cores() if n_cores is None else n_cores
     model = memory.ModelConfig("tiny GPT", cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, cfg.seq)
     # train3d all-reduces its gradients after the backward (parallel3d.data_parallel): no overlap
     parts = step_time(model, cluster, cfg.batch, cfg.dp, cfg.pp, cfg.tp, cfg.microbatches,
@@ -135,7 +135,7 @@ def validate(grid=GRID_4, sizes=None, steps: int = 6, world_size: int = 4, calib
     if calibration is None:
         say(f"calibrating on {world_size} ranks ...")
         calibration = calibrate(world_size)
-    n_cores = min(calib.cores(), calibration.get("effective_cores", calib.cores()))
+    n_cores = min(launcher.cores(), calibration.get("effective_cores", launcher.cores()))
     rows = []
     for size, shape in sizes.items():
         for dp, pp, tp in grid:

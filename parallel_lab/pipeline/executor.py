@@ -32,7 +32,8 @@ input; B or I first runs the forward again.
 Recording (``record=True``), see ARCHITECTURE.md, "Honest timelines on few cores":
     wall clock     time.perf_counter from a common start (a barrier): what this machine did, with
                    ranks sharing few cores
-    virtual clock  an action lasts its thread CPU time (time.thread_time) and starts no earlier than
+    virtual clock  an action lasts its thread CPU time (time.thread_time; less what it spun waiting
+                   for tensor-parallel peers, ``runtime.shared_memory``) and starts no earlier than
                    its inputs arrived: every message carries the sender's virtual clock (a one-number
                    tensor sent beside it) plus a modelled link cost (``Link``). This is the timeline
                    p dedicated devices would show.
@@ -52,7 +53,7 @@ from parallel_lab.hardware import PCIE4, Link
 from parallel_lab.pipeline.communication import Comm, communication
 from parallel_lab.pipeline.schedules import Action, Schedule
 from parallel_lab.pipeline.worker import StageWorker, make_worker
-from parallel_lab.runtime import commlog
+from parallel_lab.runtime import commlog, shared_memory
 
 
 class StageSpec(Protocol):
@@ -330,9 +331,9 @@ class Executor:
             elif kind != "W" and (kind == "F" or s != last):  # handed over in memory by this rank
                 data, produced = local.pop((s, j))
                 ready = max(vclock, produced)
-            wall0, cpu0 = time.perf_counter(), time.thread_time()
+            wall0, cpu0, spun0 = time.perf_counter(), time.thread_time(), shared_memory.waited_seconds()
             out = self._compute(w, kind, j, data, targets)
-            cpu = time.thread_time() - cpu0
+            cpu = time.thread_time() - cpu0 - (shared_memory.waited_seconds() - spun0)  # not spinning for TP peers
             wall1 = time.perf_counter()
             vclock = ready + cpu
             self._remember(action, w, wall0 - origin, wall1 - origin, ready, vclock, cpu)

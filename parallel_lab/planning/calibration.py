@@ -17,7 +17,6 @@ to run; tests check the machinery, never the numbers.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 
@@ -29,17 +28,8 @@ from parallel_lab import models
 from parallel_lab.hardware import Link
 from parallel_lab.pipeline.profile import one_thread
 from parallel_lab.planning import memory_model
-from parallel_lab.runtime import launcher
+from parallel_lab.runtime import launcher, shared_memory
 from parallel_lab.runtime.collectives import one_shot_all_reduce, ring_all_reduce
-
-
-def cores() -> int:
-    """CPU cores this process may run on (the ranks share them)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
 
 # ----------------------------------------------------------------------------------------------
 # All-reduce: timed, and the α–β fit.
@@ -48,8 +38,10 @@ def cores() -> int:
 def time_all_reduce(sizes_bytes, repeats: int = 5, algorithm: str = "gloo") -> list[float]:
     """Rank function: median seconds of one all-reduce of each size (float32) on this rank's world,
     each after a barrier; ``algorithm`` is ``"gloo"`` (dist.all_reduce), ``"ring"`` (lesson 01's
-    ``runtime.collectives.ring_all_reduce``) or ``"one-shot"`` (``one_shot_all_reduce``)."""
-    ops = {"gloo": dist.all_reduce, "ring": ring_all_reduce, "one-shot": one_shot_all_reduce}
+    ``runtime.collectives.ring_all_reduce``), ``"one-shot"`` (``one_shot_all_reduce``) or
+    ``"shared-memory"`` (``runtime.shared_memory``; a RuntimeError where these ranks cannot share)."""
+    ops = {"gloo": dist.all_reduce, "ring": ring_all_reduce, "one-shot": one_shot_all_reduce,
+           "shared-memory": _shared_memory_all_reduce}
     if algorithm not in ops:
         raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; choose one of {', '.join(ops)}")
     op = ops[algorithm]
@@ -65,6 +57,13 @@ def time_all_reduce(sizes_bytes, repeats: int = 5, algorithm: str = "gloo") -> l
             samples.append(time.perf_counter() - start)
         medians.append(statistics.median(samples))
     return medians
+
+
+def _shared_memory_all_reduce(tensor):
+    channel = shared_memory.channel()
+    if channel is None:
+        raise RuntimeError(f"these ranks cannot share memory: {shared_memory.why_not_here() or 'not all on one host'}")
+    return channel.all_reduce(tensor)
 
 
 def all_reduce_in_situ(sizes_bytes, repeats: int = 5, calls: int = 10, group=None) -> list[float]:

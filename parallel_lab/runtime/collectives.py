@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from parallel_lab.runtime import commlog
+from parallel_lab.runtime import commlog, shared_memory
 
 COLLECTIVES = ("send/recv", "broadcast", "all_reduce", "all_gather", "reduce_scatter")
 
@@ -160,11 +160,25 @@ def uses_one_shot(tensor: torch.Tensor, group=None) -> bool:
             and dist.get_backend(group) == "gloo")
 
 
+def uses_shared_memory(tensor: torch.Tensor, group=None) -> bool:
+    """Whether ``all_reduce`` sums ``tensor`` through shared memory (``runtime.shared_memory``): a CPU
+    tensor of at most ``shared_memory.MAX_BYTES`` on a group whose channel is open. Collective the
+    first time for a group (its ranks agree whether they can share memory)."""
+    small = tensor.numel() * tensor.element_size() <= shared_memory.MAX_BYTES
+    return small and tensor.device.type == "cpu" and shared_memory.channel(group) is not None
+
+
 def all_reduce(tensor: torch.Tensor, group=None, async_op: bool = False):
-    """``dist.all_reduce(tensor, group=group)`` (a sum, in place), one shot where that is faster
-    (``uses_one_shot``). Recorded by ``commlog`` as the
-    one all_reduce it is. Returns ``tensor``, or with ``async_op`` a handle: ``wait()`` returns it summed."""
+    """``dist.all_reduce(tensor, group=group)`` (a sum, in place), through shared memory where the
+    ranks can (``uses_shared_memory``: one host, a core each), else one shot where that is faster
+    (``uses_one_shot``), else gloo's or NCCL's own. Recorded by ``commlog`` as the one all_reduce it
+    is. Returns ``tensor``, or with ``async_op`` a handle whose ``wait()`` returns it summed (the
+    shared-memory sum is done before it returns)."""
     if dist.get_world_size(group) == 1:
+        return _Pending(tensor) if async_op else tensor
+    if uses_shared_memory(tensor, group):
+        with commlog.speaking_for("all_reduce", tensor, group):
+            shared_memory.channel(group).all_reduce(tensor)
         return _Pending(tensor) if async_op else tensor
     if uses_one_shot(tensor, group):
         with commlog.speaking_for("all_reduce", tensor, group):

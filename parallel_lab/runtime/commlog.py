@@ -102,20 +102,12 @@ def _wrap(name, original):
 
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
-        depth = getattr(_local, "depth", 0)
-        if depth:  # called from inside another wrapped call: the outer one speaks for it
+        if getattr(_local, "depth", 0):  # called from inside another wrapped call: the outer one speaks for it
             return original(*args, **kwargs)
         bound = signature.bind_partial(*args, **kwargs).arguments
         text = describe(name, bound)
-        for log in _logs:
-            log.add(name, _group_name(bound.get("group")), _nbytes(name, bound))
-        _local.depth = 1
-        _set_status(text)
-        try:
+        with _inside(text, name, bound):
             result = original(*args, **kwargs)
-        finally:
-            _local.depth = 0
-            _set_status(None)
         return _traced(result, text)
 
     wrapper._parallel_lab_original = original
@@ -127,13 +119,30 @@ def speaking_for(op: str, tensor, group=None):
     """Record one ``op`` call on ``tensor`` (its bytes, its group) and run the block as its inside:
     for a collective built from other calls (``collectives.all_reduce``'s one-shot algorithm is
     sends and receives), so that logs and hang reports name what the caller asked for."""
-    if getattr(_local, "depth", 0):  # already inside a recorded call: that one speaks for us
+    bound = {"tensor": tensor, "group": group}
+    with _inside(describe(op, bound) if not getattr(_local, "depth", 0) else "", op, bound):
+        yield
+
+
+@contextmanager
+def aside(text: str):
+    """Run the block as the library's own bookkeeping, not the program's communication: the calls
+    inside are not recorded (a shared-memory channel's one-time setup), and a hang report reads
+    ``text``."""
+    with _inside(text, None, None):
+        yield
+
+
+@contextmanager
+def _inside(text: str, op: str | None, bound: dict | None):
+    """The block is one call: recorded as ``op`` (unless None), the status says ``text``, and the
+    calls made inside are not recorded (nor inside a block that is already one call)."""
+    if getattr(_local, "depth", 0):
         yield
         return
-    bound = {"tensor": tensor, "group": group}
-    text = describe(op, bound)
-    for log in _logs:
-        log.add(op, _group_name(group), _nbytes(op, bound))
+    if op is not None:
+        for log in _logs:
+            log.add(op, _group_name(bound.get("group")), _nbytes(op, bound))
     _local.depth = 1
     _set_status(text)
     try:

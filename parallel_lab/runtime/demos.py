@@ -13,7 +13,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from parallel_lab.runtime import collectives, commlog
+from parallel_lab.runtime import collectives, commlog, shared_memory
 from parallel_lab.runtime.collectives import ring_all_reduce
 
 
@@ -135,7 +135,46 @@ def one_shot_against_gloo(numel: int = 1000, groups_of: int | None = None):
     pending = collectives.all_reduce(later, group, async_op=True)
     collectives.one_shot_all_reduce(direct, group)  # the algorithm itself, at any size
     return {"ours": ours, "gloo": peer, "async": pending.wait(), "one_shot": direct,
-            "used_one_shot": collectives.uses_one_shot(x, group), "calls": log.as_dict()}
+            "used_one_shot": collectives.uses_one_shot(x, group),
+            "used_shared_memory": collectives.uses_shared_memory(x, group), "calls": log.as_dict()}
+
+
+def shared_memory_sums(calls: int = 40, seed: int = 0):
+    """``calls`` all-reduces of fresh integer-valued tensors (exact sums) through
+    ``collectives.all_reduce``, alternating between the world and a second group of the same ranks
+    (two channels), each rank sleeping a random few milliseconds before some calls so that ranks
+    run ahead of each other. Returns the sums, each rank's inputs' seed, whether shared memory was
+    used and this rank's spun CPU seconds."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    other = dist.new_group(list(range(world)))
+    gen = torch.Generator().manual_seed(seed * 1000 + rank)
+    waited, sums = shared_memory.waited_seconds(), []
+    for i in range(calls):
+        group = None if i % 2 else other
+        x = torch.randint(-1000, 1000, (1 + 97 * i % 4000,), generator=gen).double()
+        if torch.rand((), generator=gen) < 0.3:
+            time.sleep(0.004 * torch.rand((), generator=gen).item())
+        sums.append(collectives.all_reduce(x, group))
+    if rank == 1:
+        time.sleep(0.05)  # rank 0 waits 50 ms in the next call: spun time, kept apart
+    collectives.all_reduce(torch.ones(8))
+    dist.destroy_process_group(other)
+    return {"sums": sums, "used": collectives.uses_shared_memory(torch.ones(8)),
+            "waited": shared_memory.waited_seconds() - waited}
+
+
+def shared_memory_missing_rank(timeout: float = 0.5):
+    """Rank 0 all-reduces through shared memory, rank 1 never does: rank 0's wait ends in a
+    TimeoutError after ``timeout`` seconds naming rank 1."""
+    shared_memory.TIMEOUT_S = timeout
+    try:
+        collectives.all_reduce(torch.ones(4))  # both: the channel opens
+        if dist.get_rank() == 0:
+            collectives.all_reduce(torch.ones(4))
+        else:
+            time.sleep(timeout + 2)
+    finally:
+        shared_memory.TIMEOUT_S = None
 
 
 def fail_on_all(message="the same bug on every rank"):

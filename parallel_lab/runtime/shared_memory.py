@@ -1,0 +1,217 @@
+"""All-reduce through shared memory, for ranks on one host that each have a core.
+
+gloo moves every message over loopback TCP, even between two processes of one machine: a send
+wakes gloo's network thread on the other side, which wakes the waiting rank. On the course's 2-core
+machine one such step costs about 0.6 ms, so a 128 KB all-reduce of two ranks (a ring of 2 steps)
+takes about 1.3 ms, where copying 128 KB takes microseconds; tensor parallelism pays it twice per
+layer (``parallel-lab bench collectives`` measures both). Ranks on one host can instead read each
+other's memory. DeepSpeed does this for tensor parallelism on CPUs ("if all ranks are on the same
+physical machine, use an SHM based low latency allreduce": ``csrc/cpu/comm/shm.cpp``), and NCCL's
+SHM transport does it between GPUs of one node without NVLink.
+
+The algorithm is one shot (``collectives.one_shot_all_reduce``) with memory in place of messages.
+A group shares one file in ``/dev/shm``, mapped by every rank: a slot per rank and a flag per rank.
+Call ``s`` on a group:
+
+1. copy the tensor into this rank's slot (parity ``s % 2``), then set this rank's flag to ``s``;
+2. wait until every rank's flag is at least ``s``;
+3. add the p slots in group-rank order into the tensor -- the same order everywhere, so every rank
+   ends with the same bits (for 2 ranks, the same bits as gloo's ring: a + b = b + a).
+
+Two parities suffice: a rank can write parity ``s % 2`` again only at call ``s + 2``, which needs
+every flag at ``s + 1``, which every rank sets only after it has read call ``s``. Ordering relies
+on x86's memory model (stores become visible in program order, loads are not reordered with loads:
+Intel SDM vol. 3A, 8.2.2), so the data is in a slot before its flag is seen; other processors
+keep gloo. Waiting is a spin (``os.sched_yield`` between looks), so it is used only where every
+rank of the world has a core of its own (a spinning rank would otherwise hold the core the rank it
+waits for needs): the thread CPU time it spins is kept apart (``waited_seconds``), so the pipeline's
+virtual clock and the benchmarks' compute do not count waiting as work.
+
+``channel(group)`` decides once per group, on all its ranks together (a collective the first time):
+gloo, Linux with ``/dev/shm``, x86-64, at most as many ranks in the world as cores, every rank of
+the group on this host. ``collectives.all_reduce`` then sends tensors of at most ``MAX_BYTES``
+through it; everything else goes to gloo as before.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import platform
+import socket
+import time
+import uuid
+
+import torch
+import torch.distributed as dist
+
+from parallel_lab.runtime import commlog, launcher
+
+MAX_BYTES = 256 * 2**10  # per slot: tensor parallelism's activations (128 KB in the bench's MLP)
+SHM_DIR = "/dev/shm"
+_FLAGS_BYTES = 64  # per rank: one int64 flag, the rest of a cache line unshared
+_X86 = ("x86_64", "amd64")
+TIMEOUT_S: float | None = None  # how long a rank waits for the others; None: the process group default
+
+_channels: dict = {}  # ProcessGroup -> _Channel | None (None: this group uses gloo)
+_waited = [0.0]  # thread CPU seconds this process has spent waiting for other ranks' flags
+
+
+def why_not(world_size: int, cores: int, machine: str, shm_dir: bool, backend: str = "gloo") -> str | None:
+    """Why ranks of a world of ``world_size`` cannot share memory for their all-reduces on this
+    machine (``cores`` this process may run on, ``platform.machine()``, whether ``/dev/shm``
+    exists), or None when they can (every rank of a group also has to be on this host)."""
+    if backend != "gloo":
+        return f"the backend is {backend}, which has its own transports"
+    if not shm_dir:
+        return f"there is no {SHM_DIR} (not Linux)"
+    if machine.lower() not in _X86:
+        return f"the processor is {machine}, not x86-64 (the flags rely on x86's store order)"
+    if world_size > cores:
+        return f"{world_size} ranks share {cores} cores, and a waiting rank spins"
+    return None
+
+
+def why_not_here(group=None) -> str | None:
+    """``why_not`` for this rank's world and ``group``'s backend on this machine (this rank alone:
+    ``channel`` also needs every rank of the group on this host)."""
+    return why_not(dist.get_world_size(), launcher.cores(), platform.machine(), os.path.isdir(SHM_DIR),
+                   dist.get_backend(group))
+
+
+def waited_seconds() -> float:
+    """Thread CPU seconds this process has spun waiting for other ranks (a running total)."""
+    return _waited[0]
+
+
+class _Channel:
+    """One group's shared file: ``flags`` (an int64 per rank) and ``slots[parity, rank]``."""
+
+    def __init__(self, group, path: str, p: int, rank: int):
+        size = _FLAGS_BYTES * p + 2 * p * MAX_BYTES
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self.map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.group, self.p, self.rank, self.calls = group, p, rank, 0
+        self.flags = memoryview(self.map)[: _FLAGS_BYTES * p].cast("q")  # flag of rank q at q * 8
+        self.stride = _FLAGS_BYTES // 8
+        self.bytes = torch.frombuffer(self.map, dtype=torch.uint8, offset=_FLAGS_BYTES * p,
+                                      count=2 * p * MAX_BYTES).view(2, p, MAX_BYTES)
+        self._views: dict = {}
+
+    def slots(self, parity: int, tensor: torch.Tensor) -> list:
+        key = (parity, tensor.dtype, tuple(tensor.shape))
+        if key not in self._views:
+            n = tensor.numel() * tensor.element_size()
+            self._views[key] = [self.bytes[parity, q, :n].view(tensor.dtype).view(tensor.shape)
+                                for q in range(self.p)]
+        return self._views[key]
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over the group in place (steps 1-3 of the module doc)."""
+        s, slots = self.post(tensor)
+        self.wait(s)
+        return self.add(slots, tensor)
+
+    def post(self, tensor: torch.Tensor) -> tuple[int, list]:
+        """Step 1: this rank's part of its next call, in its slot, then its flag. Returns the call's
+        number and its slots."""
+        self.calls += 1
+        s = self.calls
+        slots = self.slots(s % 2, tensor)
+        slots[self.rank].copy_(tensor)
+        self.flags[self.rank * self.stride] = s  # after the copy: x86 shows stores in order
+        return s, slots
+
+    @staticmethod
+    def add(slots: list, tensor: torch.Tensor) -> torch.Tensor:
+        """Step 3: the slots summed in group-rank order, into ``tensor``."""
+        torch.add(slots[0], slots[1], out=tensor)
+        for slot in slots[2:]:
+            tensor.add_(slot)
+        return tensor
+
+    def wait(self, s: int) -> None:
+        """Step 2: until every rank's flag is at least ``s`` (spinning; the spun time is counted)."""
+        flags, stride = self.flags, self.stride
+        late = [q for q in range(self.p) if flags[q * stride] < s]
+        if not late:
+            return
+        limit = dist.default_pg_timeout.total_seconds() if TIMEOUT_S is None else TIMEOUT_S
+        cpu, deadline, looks = time.thread_time(), time.monotonic() + limit, 0
+        try:
+            for q in late:
+                while flags[q * stride] < s:
+                    os.sched_yield()
+                    looks += 1
+                    if looks % 1024 == 0 and time.monotonic() > deadline:
+                        missing = [r for r in range(self.p) if flags[r * stride] < s]
+                        raise TimeoutError(
+                            f"shared-memory all_reduce call {s} of group {_name(self.group)}: group ranks "
+                            f"{missing} did not arrive within {limit:g} s (a rank died, or called "
+                            f"another collective or none)")
+        finally:
+            _waited[0] += time.thread_time() - cpu
+
+
+def channel(group=None) -> _Channel | None:
+    """This group's shared-memory channel, or None where it uses gloo (see ``why_not``). Collective
+    on the group's ranks the first time it is asked for a group."""
+    key = dist.group.WORLD if group is None else group
+    if key in _channels:
+        return _channels[key]
+    _forget_destroyed()
+    with commlog.aside(f"opening a shared-memory channel for group {_name(group)}"):
+        _channels[key] = _open(group)
+    return _channels[key]
+
+
+def _open(group) -> _Channel | None:
+    rank, p = dist.get_rank(group), dist.get_world_size(group)
+    mine = (why_not_here(group), _host())
+    every = [None] * p
+    dist.all_gather_object(every, mine, group=group)
+    if any(r is not None for r, _ in every) or len({h for _, h in every}) > 1:
+        return None
+    first = 0 if group is None else dist.get_global_rank(group, 0)
+    path = [None]
+    if rank == 0:
+        path = [os.path.join(SHM_DIR, f"parallel_lab-{os.getpid()}-{uuid.uuid4().hex[:12]}")]
+        fd = os.open(path[0], os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, _FLAGS_BYTES * p + 2 * p * MAX_BYTES)  # zero-filled: every flag at 0
+        finally:
+            os.close(fd)
+    try:
+        dist.broadcast_object_list(path, src=first, group=group)
+        opened = _Channel(group, path[0], p, rank)
+        dist.barrier(group=group)  # everyone has it mapped: the name can go
+    finally:
+        if rank == 0:
+            os.unlink(path[0])  # the memory lives on until the last rank unmaps it; nothing is left behind
+    return opened
+
+
+def _name(group) -> str:
+    return "world" if group is None else str(dist.get_process_group_ranks(group))
+
+
+def _host() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _forget_destroyed() -> None:
+    """Drop the channels of groups that ``destroy_process_group`` has removed (meshes make and
+    destroy groups run after run in one rank process)."""
+    live = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_map", None)
+    if live is None:
+        return
+    for key in [k for k in _channels if k not in live]:
+        del _channels[key]

@@ -1,0 +1,77 @@
+"""The shared-memory all-reduce: exact sums on every call, the same bits on every rank, one
+channel per group, nothing left in /dev/shm, spun time kept apart, a missing rank named."""
+
+import glob
+import os
+import platform
+
+import pytest
+import torch
+
+from parallel_lab.runtime import demos, launcher, shared_memory
+
+WHY_NOT = shared_memory.why_not(2, launcher.cores(), platform.machine(), os.path.isdir(shared_memory.SHM_DIR))
+
+
+@pytest.mark.parametrize("args, reason", [
+    ((2, 2, "x86_64", True), None),
+    ((2, 8, "AMD64", True), None),
+    ((4, 2, "x86_64", True), "4 ranks share 2 cores"),
+    ((2, 2, "arm64", True), "not x86-64"),
+    ((2, 2, "x86_64", False), "no /dev/shm"),
+    ((2, 2, "x86_64", True, "nccl"), "backend is nccl"),
+])
+def test_why_not_names_what_stops_sharing(args, reason):
+    said = shared_memory.why_not(*args)
+    assert said is None if reason is None else reason in said
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(WHY_NOT is not None, reason=f"2 ranks cannot share memory here: {WHY_NOT}")
+def test_every_call_sums_exactly_on_every_rank_and_leaves_no_file():
+    before = set(glob.glob(os.path.join(shared_memory.SHM_DIR, "parallel_lab-*")))
+    ranks = launcher.run(demos.shared_memory_sums, 2, kwargs={"calls": 60, "seed": 3})
+    assert all(r["used"] for r in ranks)
+    for i, (a, b) in enumerate(zip(ranks[0]["sums"], ranks[1]["sums"])):
+        assert torch.equal(a, b), f"call {i}: ranks disagree"
+    # Each rank's inputs again from its seed: the sum of call i is exact (integers in float64).
+    inputs = []
+    for r in range(2):
+        gen, mine = torch.Generator().manual_seed(3000 + r), []
+        for i in range(60):
+            mine.append(torch.randint(-1000, 1000, (1 + 97 * i % 4000,), generator=gen).double())
+            if torch.rand((), generator=gen) < 0.3:
+                torch.rand((), generator=gen)
+        inputs.append(mine)
+    for i, got in enumerate(ranks[0]["sums"]):
+        assert torch.equal(got, inputs[0][i] + inputs[1][i]), f"call {i}: wrong sum"
+    assert ranks[0]["waited"] > 0.02  # rank 0 spun while rank 1 slept 50 ms
+    assert set(glob.glob(os.path.join(shared_memory.SHM_DIR, "parallel_lab-*"))) == before
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(WHY_NOT is not None, reason=f"2 ranks cannot share memory here: {WHY_NOT}")
+def test_a_rank_that_never_arrives_is_named():
+    with pytest.raises(launcher.RankError) as info:
+        launcher.run(demos.shared_memory_missing_rank, 2, kwargs={"timeout": 0.5}, timeout=60)
+    assert "group ranks [1] did not arrive within 0.5 s" in str(info.value)
+
+
+def test_a_rank_one_call_ahead_does_not_overwrite_what_the_other_still_reads(tmp_path):
+    # Two ranks' channels on one file, stepped by hand: rank 0 finishes call 1 and posts call 2
+    # before rank 1 adds call 1. Call 1's parts must still be there (the two parities).
+    path = tmp_path / "channel"
+    path.write_bytes(bytes(shared_memory._FLAGS_BYTES * 2 + 2 * 2 * shared_memory.MAX_BYTES))
+    zero, one = (shared_memory._Channel(None, str(path), 2, r) for r in (0, 1))
+    x1, y1, x2, y2 = (torch.full((4,), v) for v in (1.0, 10.0, 100.0, 1000.0))
+    s, slots0 = zero.post(x1.clone())
+    _, slots1 = one.post(y1.clone())
+    zero.wait(s)
+    assert torch.equal(zero.add(slots0, torch.empty(4)), x1 + y1)
+    zero.post(x2.clone())  # rank 0 runs ahead into call 2
+    one.wait(s)
+    assert torch.equal(one.add(slots1, torch.empty(4)), x1 + y1)
+    one.post(y2.clone())
+    assert zero.calls == one.calls == 2
