@@ -1,11 +1,16 @@
 """commlog: every torch.distributed call a rank makes is described, counted, and can be switched off."""
 
+import os
+import platform
+
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from parallel_lab.runtime import collectives, commlog, demos, launcher
+from parallel_lab.runtime import collectives, commlog, demos, launcher, shared_memory
+
+SHARES = shared_memory.why_not(platform.machine(), os.path.isdir(shared_memory.SHM_DIR)) is None
 
 
 @pytest.mark.ranks
@@ -52,7 +57,7 @@ def test_unwrapped_gives_torch_functions_back_and_restores_the_wrappers(monkeypa
 @pytest.mark.ranks
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world, groups_of", [(2, None), (4, None), (4, 2)])
-@pytest.mark.parametrize("numel", [1000, 128 * 2**10])  # 8 KB: one shot; 1 MB: gloo's ring
+@pytest.mark.parametrize("numel", [1000, 128 * 2**10])  # 8 KB: shared memory or one shot; 1 MB: gloo's ring
 def test_one_shot_all_reduce_sums_like_gloo_and_is_counted_as_one_all_reduce(world, groups_of, numel):
     ranks = launcher.run(demos.one_shot_against_gloo, world, args=(numel, groups_of))
     size = groups_of or world
@@ -67,5 +72,7 @@ def test_one_shot_all_reduce_sums_like_gloo_and_is_counted_as_one_all_reduce(wor
             assert torch.equal(r["async"], r["ours"])
             assert torch.allclose(r["one_shot"], expected, rtol=0, atol=1e-12)
             assert torch.equal(r["one_shot"], group[0]["one_shot"])
-            assert r["used_one_shot"] == (numel * 8 <= collectives.ONE_SHOT_MAX_BYTES and size > 2)
+            assert r["used_shared_memory"] == (numel * 8 <= shared_memory.MAX_BYTES and SHARES)
+            assert r["used_one_shot"] == (numel * 8 <= collectives.ONE_SHOT_MAX_BYTES and size > 2
+                                          and not r["used_shared_memory"])
             assert r["calls"] == {"all_reduce": {"count": 1, "bytes": numel * 8}}  # not its sends and receives

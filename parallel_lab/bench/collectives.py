@@ -29,8 +29,7 @@ def bench_collectives(world_size: int = 4, n_bytes: int = 4 * 2**20, repeats: in
         for size, ours, peer in zip(ONE_SHOT_SIZES, one_shot, gloo):
             rows.append(row(f"one-shot all-reduce (tensor parallelism), {ranks} ranks, {size // 2**10} KB",
                             ours, "gloo all_reduce", peer))
-        if shared_memory.why_not(ranks, launcher.cores(), platform.machine(),
-                                 os.path.isdir(shared_memory.SHM_DIR)) is None:
+        if shared_memory.why_not(platform.machine(), os.path.isdir(shared_memory.SHM_DIR)) is None:
             shared = launcher.run(time_all_reduce, ranks, args=(ONE_SHOT_SIZES, repeats),
                                   kwargs={"algorithm": "shared-memory"})[0]
             for size, ours, peer in zip(ONE_SHOT_SIZES, shared, gloo):
