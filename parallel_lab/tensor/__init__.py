@@ -5,7 +5,9 @@ parallelism (Korthikanti et al. 2022), on real ranks.
 - ``layers``: parallel layers cut from dense modules, and the vocabulary-parallel loss
 - ``plan``: ``parallelize(model, plan, group)`` and ``check_tensor_parallel`` (no processes)
 - ``run``: rank functions and ``run_tensor``, the ``parallel-lab run tensor`` command
-- ``bench``: ``bench_tensor``, side by side with PyTorch's DTensor tensor parallelism
+- ``dtensor``: the same plans with PyTorch's DTensor ``parallelize_module`` (the peer that
+  ``parallel_lab.bench.tensor`` times ours against)
+- ``demos``: lesson 02's rank functions
 """
 
 from parallel_lab.tensor.layers import (
