@@ -1,7 +1,5 @@
 """commlog: every torch.distributed call a rank makes is described, counted, and can be switched off."""
 
-import os
-import platform
 
 import pytest
 import torch
@@ -10,7 +8,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from parallel_lab.runtime import collectives, commlog, demos, launcher, shared_memory
 
-SHARES = shared_memory.why_not(platform.machine(), os.path.isdir(shared_memory.SHM_DIR)) is None
+SHARES = shared_memory.why_not_here() is None
 
 
 @pytest.mark.ranks

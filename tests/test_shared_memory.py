@@ -3,14 +3,13 @@ channel per group, nothing left in /dev/shm, spun time kept apart, a missing ran
 
 import glob
 import os
-import platform
 
 import pytest
 import torch
 
 from parallel_lab.runtime import demos, launcher, shared_memory
 
-WHY_NOT = shared_memory.why_not(platform.machine(), os.path.isdir(shared_memory.SHM_DIR))
+WHY_NOT = shared_memory.why_not_here()
 
 
 @pytest.mark.parametrize("args, reason", [

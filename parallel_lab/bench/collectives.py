@@ -1,11 +1,8 @@
 """The lesson's ring all-reduce against gloo's own, and the all-reduces tensor parallelism sends its
-small sums with (``runtime.collectives.all_reduce``: one shot, and through shared memory where the
-ranks have a core each) against gloo's (``parallel-lab bench collectives``)."""
+small sums with (``runtime.collectives.all_reduce``: one shot, and through shared memory on one x86
+host) against gloo's (``parallel-lab bench collectives``)."""
 
 from __future__ import annotations
-
-import os
-import platform
 
 from parallel_lab.bench.measure import row
 from parallel_lab.planning.calibration import time_all_reduce
@@ -29,7 +26,7 @@ def bench_collectives(world_size: int = 4, n_bytes: int = 4 * 2**20, repeats: in
         for size, ours, peer in zip(ONE_SHOT_SIZES, one_shot, gloo):
             rows.append(row(f"one-shot all-reduce (tensor parallelism), {ranks} ranks, {size // 2**10} KB",
                             ours, "gloo all_reduce", peer))
-        if shared_memory.why_not(platform.machine(), os.path.isdir(shared_memory.SHM_DIR)) is None:
+        if shared_memory.why_not_here() is None:
             shared = launcher.run(time_all_reduce, ranks, args=(ONE_SHOT_SIZES, repeats),
                                   kwargs={"algorithm": "shared-memory"})[0]
             for size, ours, peer in zip(ONE_SHOT_SIZES, shared, gloo):

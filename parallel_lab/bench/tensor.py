@@ -15,8 +15,9 @@ and ``cpu_ratio`` compare the work each side does, unaffected by that.
 How close to the machine: ``compute_s`` is our iteration's thread CPU time summed over the ranks
 (the least over the repeats: sharing cores and caches only adds CPU time; measured around the same
 timed iterations, which two clock reads do not slow; time spun waiting in shared-memory all-reduces
-is not work and is left out). No implementation of that work can take less wall time than ``limit_s = compute_s / cores``,
-``cores = min(tp, cores this process may run on)``; ``limit_ratio = ours_s / limit_s``.
+is not work and is left out). No implementation of that work can take less wall time than
+``limit_s = compute_s / cores``, ``cores = min(tp, cores this process may run on)``;
+``limit_ratio = ours_s / limit_s``.
 """
 
 from __future__ import annotations

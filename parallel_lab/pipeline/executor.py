@@ -142,9 +142,9 @@ class Inbox:
 
     A gloo receive that is posted only when its action comes up costs a round trip: the sender's
     data waits until the receiver says it is ready. So the first ``depth`` needs are posted when the
-    step starts (``post_ahead``) and ``take`` keeps the next ``depth`` posted. A need is posted together with every message its sender sends
-    to this rank before it (NCCL matches a pair's messages in order), each into its own buffer until
-    it is taken. With ``stamps`` every tensor has a one-number virtual timestamp beside it.
+    step starts (``post_ahead``) and ``take`` keeps the next ``depth`` posted. A need is posted
+    together with every message its sender sends to this rank before it (NCCL matches a pair's
+    messages in order), each into its own buffer until it is taken. With ``stamps`` every tensor has a one-number virtual timestamp beside it.
 
     needs:   ``(peer, message)`` per receive, in program order (peer: pipeline rank)
     arrive:  peer -> its messages to this rank in send order (``send_order``)

@@ -62,7 +62,8 @@ def time_all_reduce(sizes_bytes, repeats: int = 5, algorithm: str = "gloo") -> l
 def _shared_memory_all_reduce(tensor):
     channel = shared_memory.channel()
     if channel is None:
-        raise RuntimeError(f"these ranks cannot share memory: {shared_memory.why_not_here() or 'not all on one host'}")
+        reason = shared_memory.why_not_here(dist.get_backend()) or "they are not all on one host"
+        raise RuntimeError(f"these ranks cannot share memory: {reason}")
     return channel.all_reduce(tensor)
 
 

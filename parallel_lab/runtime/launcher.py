@@ -46,11 +46,6 @@ _STATUS_BYTES = 240
 _IDLE = "idle"
 
 
-# ----------------------------------------------------------------------------------------------
-# Errors: each names the rank and says what happened there.
-
-
-
 def cores() -> int:
     """CPU cores this process may run on (its affinity, which a container or ``taskset`` narrows
     below ``os.cpu_count()``): the cores its rank processes share."""
@@ -58,6 +53,11 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Errors: each names the rank and says what happened there.
+
 
 class RankError(RuntimeError):
     """An exception raised by the function on one rank (``rank``, ``exc_type``, ``remote_traceback``)."""

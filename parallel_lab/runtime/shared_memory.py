@@ -1,4 +1,4 @@
-"""All-reduce through shared memory, for ranks on one host that each have a core.
+"""All-reduce through shared memory, for the ranks of a group on one host.
 
 gloo moves every message over loopback TCP, even between two processes of one machine: a send
 wakes gloo's network thread on the other side, which wakes the waiting rank. On the course's 2-core
@@ -30,8 +30,9 @@ it spins is kept apart (``waited_seconds``), so the pipeline's virtual clock and
 compute do not count waiting as work.
 
 ``channel(group)`` decides once per group, on all its ranks together (a collective the first time):
-gloo, Linux with ``/dev/shm``, x86-64, every rank of the group on this host. ``collectives.all_reduce`` then sends tensors of at most ``MAX_BYTES``
-through it; everything else goes to gloo as before.
+gloo, Linux with ``/dev/shm``, x86-64, every rank of the group on this host.
+``collectives.all_reduce`` then sends tensors of at most ``MAX_BYTES`` through it; everything else
+goes to gloo as before.
 """
 
 from __future__ import annotations
@@ -71,10 +72,10 @@ def why_not(machine: str, shm_dir: bool, backend: str = "gloo") -> str | None:
     return None
 
 
-def why_not_here(group=None) -> str | None:
-    """``why_not`` for ``group``'s backend on this machine (this rank alone:
-    ``channel`` also needs every rank of the group on this host)."""
-    return why_not(platform.machine(), os.path.isdir(SHM_DIR), dist.get_backend(group))
+def why_not_here(backend: str = "gloo") -> str | None:
+    """``why_not`` on this machine (no process group needed; ``channel`` also needs every rank of
+    the group on this host)."""
+    return why_not(platform.machine(), os.path.isdir(SHM_DIR), backend)
 
 
 def waited_seconds() -> float:
@@ -86,15 +87,14 @@ class _Channel:
     """One group's shared file: ``flags`` (an int64 per rank) and ``slots[parity, rank]``."""
 
     def __init__(self, group, path: str, p: int, rank: int):
-        size = _FLAGS_BYTES * p + 2 * p * MAX_BYTES
         fd = os.open(path, os.O_RDWR)
         try:
-            self.map = mmap.mmap(fd, size)
+            self.map = mmap.mmap(fd, _file_bytes(p))
         finally:
             os.close(fd)
         self.group, self.p, self.rank, self.calls = group, p, rank, 0
-        self.flags = memoryview(self.map)[: _FLAGS_BYTES * p].cast("q")  # flag of rank q at q * 8
-        self.stride = _FLAGS_BYTES // 8
+        self.flags = memoryview(self.map)[: _FLAGS_BYTES * p].cast("q")
+        self.stride = _FLAGS_BYTES // 8  # rank q's flag is flags[q * stride]
         self.bytes = torch.frombuffer(self.map, dtype=torch.uint8, offset=_FLAGS_BYTES * p,
                                       count=2 * p * MAX_BYTES).view(2, p, MAX_BYTES)
         self._views: dict = {}
@@ -168,7 +168,7 @@ def channel(group=None) -> _Channel | None:
 
 def _open(group) -> _Channel | None:
     rank, p = dist.get_rank(group), dist.get_world_size(group)
-    mine = (why_not_here(group), _host())
+    mine = (why_not_here(dist.get_backend(group)), _host())
     every = [None] * p
     dist.all_gather_object(every, mine, group=group)
     if any(r is not None for r, _ in every) or len({h for _, h in every}) > 1:
@@ -179,7 +179,7 @@ def _open(group) -> _Channel | None:
         path = [os.path.join(SHM_DIR, f"parallel_lab-{os.getpid()}-{uuid.uuid4().hex[:12]}")]
         fd = os.open(path[0], os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, _FLAGS_BYTES * p + 2 * p * MAX_BYTES)  # zero-filled: every flag at 0
+            os.ftruncate(fd, _file_bytes(p))  # zero-filled: every flag at 0
         finally:
             os.close(fd)
     try:
@@ -190,6 +190,10 @@ def _open(group) -> _Channel | None:
         if rank == 0:
             os.unlink(path[0])  # the memory lives on until the last rank unmaps it; nothing is left behind
     return opened
+
+
+def _file_bytes(p: int) -> int:
+    return _FLAGS_BYTES * p + 2 * p * MAX_BYTES  # p flags, then slots[parity, rank]
 
 
 def _name(group) -> str:
