@@ -73,3 +73,77 @@ def test_a_rank_one_call_ahead_does_not_overwrite_what_the_other_still_reads(tmp
     assert torch.equal(one.add(slots1, torch.empty(4)), x1 + y1)
     one.post(y2.clone())
     assert zero.calls == one.calls == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# Point to point: the pipeline's links.
+
+
+def _pair_file(tmp_path, nbytes: int, depth: int):
+    size = 2 * shared_memory._direction_bytes(nbytes, depth)
+    path = tmp_path / "pair"
+    path.write_bytes(bytes(size))
+    low = shared_memory._pair(str(path), size, nbytes, depth, peer=1, first=True)
+    high = shared_memory._pair(str(path), size, nbytes, depth, peer=0, first=False)
+    return low, high  # each (sending Link, receiving Link)
+
+
+def test_a_link_keeps_order_and_stamps_and_says_when_its_slots_are_full(tmp_path):
+    (send, back), (back_send, receive) = _pair_file(tmp_path, nbytes=64, depth=2)
+    msgs = [torch.full((4, 4), float(i)) for i in range(4)]  # 64 bytes each
+    assert send.send(msgs[0], 0.5) and send.send(msgs[1], 1.5)
+    assert not send.send(msgs[2], 2.5)  # both slots unread: the caller keeps it
+    first, stamp = receive.receive((4, 4), torch.float32)
+    assert torch.equal(first, msgs[0]) and stamp == 0.5
+    assert send.send(msgs[2], 2.5)  # slot 0 is free again
+    for i in (1, 2):
+        got, stamp = receive.receive((4, 4), torch.float32)
+        assert torch.equal(got, msgs[i]) and stamp == i + 0.5
+    assert not receive.ready()
+    assert send.send(msgs[3], 3.5)  # into slot 1 again: what was received is a copy
+    assert torch.equal(first, msgs[0])
+    assert back_send.send(msgs[1], 9.0)  # the other direction has its own slots
+    got, stamp = back.receive((4, 4), torch.float32)
+    assert torch.equal(got, msgs[1]) and stamp == 9.0
+    with pytest.raises(ValueError, match="does not fit"):
+        send.send(torch.zeros(17))
+
+
+def test_a_receive_from_a_silent_peer_times_out_naming_it(tmp_path, monkeypatch):
+    _, (_, receive) = _pair_file(tmp_path, nbytes=64, depth=2)
+    monkeypatch.setattr(shared_memory, "TIMEOUT_S", 0.05)
+    looked = []
+    with pytest.raises(TimeoutError, match="rank 0 sent nothing through shared memory within 0.05 s"):
+        receive.receive((4,), torch.float32, progress=lambda: looked.append(1), text="irecv(src=0)")
+    assert looked  # the caller's queued sends were tried while it waited
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(WHY_NOT is not None, reason=f"ranks cannot share memory here: {WHY_NOT}")
+@pytest.mark.parametrize("name, virtual", [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-v", 2)])
+def test_pipeline_messages_through_shared_memory_are_those_of_torch_distributed(name, virtual):
+    from parallel_lab.pipeline.communication import messages
+    from parallel_lab.pipeline.run import messages_rank
+    from parallel_lab.pipeline.schedules import build
+    from parallel_lab.pipeline.stages import ModelSpec
+
+    before = set(glob.glob(os.path.join(shared_memory.SHM_DIR, "parallel_lab-*")))
+    spec = ModelSpec("mlp", hidden=16, layers=8, batch=16, dtype="float64")
+    schedule = build(name, 4, 8, virtual)
+    # one slot per direction: a sender is often a message ahead, so its queue is used too
+    shared = launcher.run(messages_rank, 4, kwargs=dict(spec=spec, schedule=schedule, depth=1))
+    plain = launcher.run(messages_rank, 4, kwargs=dict(spec=spec, schedule=schedule, share_memory=False))
+    for r in range(4):
+        assert shared[r]["shared"] == shared[r]["neighbours"] != []  # every neighbour is on this host
+        assert plain[r]["shared"] == []
+        assert shared[r]["loss"] == plain[r]["loss"]
+        assert shared[r]["grads"].keys() == plain[r]["grads"].keys()
+        for key, g in shared[r]["grads"].items():
+            assert torch.equal(g, plain[r]["grads"][key]), f"rank {r} {key}"
+    steps, message_bytes = 2, 16 // 8 * 16 * 8  # rows of a microbatch x hidden x float64
+    for op in ("isend", "irecv"):
+        counted = [r["counts"].get(op, {"count": 0, "bytes": 0}) for r in shared]
+        assert sum(c["count"] for c in counted) == steps * messages(schedule)
+        assert sum(c["bytes"] for c in counted) == steps * messages(schedule) * message_bytes
+    assert set(glob.glob(os.path.join(shared_memory.SHM_DIR, "parallel_lab-*"))) == before

@@ -6,7 +6,11 @@
 
 The rank runs exactly the op list that ``communication.communication(schedule)[rank]`` prints: before an
 action it waits for the receive the action needs (as the validator assumes), then runs the action,
-then sends (``isend``: sends never block, again as validated). Receives are posted a few ops ahead
+then sends (sends never block, again as validated). A neighbour on the same host is reached
+through shared memory (``runtime.shared_memory.links``: a ring of slots per direction; a message
+that finds its ring full waits in this rank's queue and moves while the rank waits), any other by
+``isend``/``irecv``: gloo would carry even a same-host message over loopback TCP, about 0.6 ms
+here, where the copy takes microseconds. Receives from the others are posted a few ops ahead
 (``Inbox``) so the data can land while the rank computes, and from each peer in the order that peer
 sends: NCCL ignores tags and matches a pair's sends and receives in the order they are issued (ZB-V
 receives in another order than its neighbours send). Under gloo messages also carry a unique tag
@@ -35,8 +39,8 @@ Recording (``record=True``), see ARCHITECTURE.md, "Honest timelines on few cores
     virtual clock  an action lasts its thread CPU time (time.thread_time; less what it spun waiting
                    for tensor-parallel peers, ``runtime.shared_memory``) and starts no earlier than
                    its inputs arrived: every message carries the sender's virtual clock (a one-number
-                   tensor sent beside it) plus a modelled link cost (``Link``). This is the timeline
-                   p dedicated devices would show.
+                   tensor sent beside it, or the slot's stamp in shared memory) plus a modelled link
+                   cost (``Link``). This is the timeline p dedicated devices would show.
 """
 
 from __future__ import annotations
@@ -139,6 +143,9 @@ def _tag(message: tuple[int, str, int], m: int) -> tuple[int, int]:
 
 class Inbox:
     """This rank's receives of one step: handed out in program order, posted in each sender's order.
+    From a peer with a shared-memory link (``links``) nothing is posted: ``take`` copies that peer's
+    messages out of its slots in the order it sent them, through the one needed, running
+    ``progress`` (this rank's queued sends) while it waits.
 
     A gloo receive that is posted only when its action comes up costs a round trip: the sender's
     data waits until the receiver says it is ready. So the first ``depth`` needs are posted when the
@@ -153,8 +160,9 @@ class Inbox:
     """
 
     def __init__(self, needs: list, arrive: dict, tag, peers, shape, dtype, device, stamps: bool,
-                 depth: int):
+                 depth: int, links=None, progress=None):
         self.needs, self.tag, self.peers, self.depth = needs, tag, peers, depth
+        self.links, self.progress = links or {}, progress  # peer -> (send, receive) Links, or None
         self.shape, self.stamps = shape, stamps
         self.like = dict(dtype=dtype, device=device)
         self.arrive = {peer: iter(messages) for peer, messages in arrive.items()}
@@ -176,8 +184,22 @@ class Inbox:
     def _post_until(self, end: int) -> None:
         end = min(end, len(self.needs))
         while self.ahead < end:
-            self._post_through(*self.needs[self.ahead])
+            peer, message = self.needs[self.ahead]
+            if self.links.get(peer) is None:  # through shared memory nothing is posted: it is just there
+                self._post_through(peer, message)
             self.ahead += 1
+
+    def _take_through(self, peer: int, message) -> None:
+        """Copy the peer's messages out of shared memory, in its send order, through ``message``."""
+        link = self.links[peer][1]
+        while (peer, message) not in self.posted:
+            sent = next(self.arrive[peer])
+            text = "" if link.ready() else commlog.describe("irecv", {
+                "src": self.peers[peer], "tag": self.tag(sent)[0],
+                "tensor": torch.empty(self.shape, dtype=self.like["dtype"], device="meta")})
+            data, stamp = link.receive(self.shape, self.like["dtype"], self.progress, text)
+            commlog.count("irecv", tensor=data, src=self.peers[peer])
+            self.posted[peer, sent] = ((), data, stamp)
 
     def post_ahead(self) -> None:
         """Post the first ``depth`` needs (at the start of a step, before any action)."""
@@ -188,10 +210,14 @@ class Inbox:
         self._post_until(self.next + self.depth)
         need = self.needs[self.next]
         self.next += 1
+        if need not in self.posted:  # a shared-memory peer's (the others are posted by now)
+            self._take_through(*need)
         works, data, stamp = self.posted.pop(need)
         for work in works:
             work.wait()
-        return data, (None if stamp is None else stamp.item())
+        if not self.stamps or stamp is None:
+            return data, None
+        return data, (stamp if isinstance(stamp, float) else stamp.item())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -215,11 +241,14 @@ class Executor:
              pipeline rank
     tags:    give every message its own tag (default: yes, except under NCCL, which ignores tags);
              without tags the messages of a pair match in order, as on NCCL
+    share_memory: send to a neighbour on this host through shared memory where gloo would go over
+             loopback TCP (``runtime.shared_memory.links``; opened on the first step, with every
+             neighbour); False keeps every message on torch.distributed
     """
 
     def __init__(self, schedule: Schedule, stages: dict, spec: StageSpec, rank: int, *, recompute: bool = False,
                  record: bool = False, link: Link = PCIE4, check: bool = True, prefetch: int = 4,
-                 fuse: bool = True, peers=None, tags: bool | None = None):
+                 fuse: bool = True, peers=None, tags: bool | None = None, share_memory: bool = True):
         self.schedule, self.spec, self.rank = schedule, spec, rank
         self.m, self.n_stages = schedule.n_microbatches, schedule.n_stages
         comms = communication(schedule, check=check)
@@ -239,6 +268,10 @@ class Executor:
         if len(self.peers) != schedule.n_ranks:
             raise ValueError(f"peers lists {len(self.peers)} global ranks for {schedule.n_ranks} pipeline ranks")
         self.needs = [(op.recv.peer, message(op.recv)) for op in self.program if op.recv]
+        self.neighbours = sorted({op.recv.peer for op in self.program if op.recv}
+                                 | {op.send.peer for op in self.program if op.send})
+        self.share_memory, self.links, self.links_bytes = share_memory, {}, None
+        self.outbox: dict = {}  # sending Link -> messages waiting for a free slot, oldest first
         self.record, self.link, self.prefetch = record, link, prefetch
         self.records: list[dict] = []
         self.loss = 0.0
@@ -263,8 +296,10 @@ class Executor:
         self.message_bytes = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
         self.loss, self.records, self.bytes_sent = 0.0, [], 0
         self.w_bytes = [0, 0]  # over this step's I's: bytes kept for W, bytes of the whole stash before
+        if self.links_bytes != self.message_bytes:  # collective with the neighbours (first step)
+            self._open_links()
         inbox = Inbox(self.needs, self.arrive, self.tag, self.peers, shape, dtype, self.device, self.record,
-                      self.prefetch)
+                      self.prefetch, self.links, self._progress)
         inbox.post_ahead()  # the senders may send as soon as they compute (no round trip on the first)
         # A hang report then names the action: "pipeline action 1B3 (...): wait(irecv(src=2, ...))".
         commlog.set_activity(f"pipeline {self.schedule.name}, starting a step")
@@ -276,6 +311,41 @@ class Executor:
         finally:
             commlog.set_activity(None)
         return self.loss if self.n_stages - 1 in self.workers else None
+
+    def _open_links(self) -> None:
+        self.links_bytes, self.links = self.message_bytes, {q: None for q in self.neighbours}
+        if self.share_memory and self.device.type == "cpu":
+            opened = shared_memory.links([self.peers[q] for q in self.neighbours], self.message_bytes)
+            self.links = {q: opened[self.peers[q]] for q in self.neighbours}
+
+    def _send(self, send: Comm, out: torch.Tensor, tags: tuple, stamp: float, sends: list) -> None:
+        """Send ``out`` (and, when recording, its virtual-clock ``stamp``) to ``send``'s peer without
+        blocking: into shared memory (queued while the peer's slots are full) or by ``isend``."""
+        peer, link = self.peers[send.peer], self.links.get(send.peer)
+        if link is None:
+            sends.append((dist.isend(out, peer, tag=tags[0]), out))  # the list keeps `out` alive until sent
+            if self.record:
+                t = torch.tensor([stamp], dtype=torch.float64, device=self.device)
+                sends.append((dist.isend(t, peer, tag=tags[1]), t))
+            return
+        commlog.count("isend", tensor=out, dst=peer)
+        queue = self.outbox.setdefault(link[0], [])
+        if queue or not link[0].send(out, stamp):  # a pair's messages keep their order
+            queue.append((out, stamp))
+
+    def _progress(self) -> None:
+        """Move queued shared-memory sends into slots their receivers have freed (run while waiting)."""
+        for link, queue in self.outbox.items():
+            while queue and link.room():
+                link.send(*queue.pop(0))
+
+    def _finish_sends(self, sends: list) -> None:
+        for work, _ in sends:
+            work.wait()
+        for link, queue in self.outbox.items():
+            while queue:
+                out, stamp = queue.pop(0)
+                link.send_waiting(out, stamp, self._progress, f"isend(dst={link.peer}) at the end of the step")
 
     # The two loops are the same schedule walk; the plain one is the benchmark's hot path and does
     # nothing per action beyond the work itself and its messages.
@@ -306,12 +376,11 @@ class Executor:
                 if s == 0:
                     continue
                 key = (s - 1, j)
-            if send is not None:  # the list keeps `out` alive until the send completes
-                sends.append((dist.isend(out, self.peers[send.peer], tag=tags[0]), out))
+            if send is not None:
+                self._send(send, out, tags, 0.0, sends)
             else:
                 local[key] = out.detach()
-        for work, _ in sends:
-            work.wait()
+        self._finish_sends(sends)
 
     def _run_recorded(self, inputs, targets, inbox) -> None:
         local, sends, last = {}, [], self.n_stages - 1
@@ -340,14 +409,11 @@ class Executor:
             if out is None:
                 continue
             if send is not None:
-                stamp = torch.tensor([vclock], dtype=torch.float64, device=self.device)
-                sends.append((dist.isend(out, self.peers[send.peer], tag=tags[0]), out))
-                sends.append((dist.isend(stamp, self.peers[send.peer], tag=tags[1]), stamp))
+                self._send(send, out, tags, vclock, sends)
                 self.bytes_sent += self.message_bytes
             else:
                 local[(s + 1, j) if kind == "F" else (s - 1, j)] = (out.detach(), vclock)
-        for work, _ in sends:
-            work.wait()
+        self._finish_sends(sends)
 
     def _compute(self, w: StageWorker, kind: str, j: int, data, targets):
         """Run one action; return what goes to the neighbour stage (None when nothing does)."""

@@ -37,7 +37,7 @@ from parallel_lab.pipeline.simulate import M_W_SHARE, Costs, simulate, units
 from parallel_lab.pipeline.stages import DTYPES, ModelSpec, check_stages, cut, reference
 from parallel_lab.pipeline.trace import write_trace
 from parallel_lab.pipeline.validate import validate
-from parallel_lab.runtime import launcher
+from parallel_lab.runtime import commlog, launcher, shared_memory
 
 DEFAULTS = {"mlp": dict(hidden=32, layers=8), "gpt": dict(hidden=32, layers=4, heads=2, seq=8, vocab=32)}
 ROWS_PER_MICROBATCH = {"mlp": 4, "gpt": 2}
@@ -60,19 +60,44 @@ STEPS = 5  # recorded steps per run: the one with the median makespan is reporte
 
 def pipeline_rank(spec: ModelSpec, schedule: Schedule, recompute: bool = False, link: Link = PCIE4,
                   warmup: int = 1, check: bool = True, grads: bool = True, fuse: bool = True,
-                  tags: bool | None = None, steps: int = STEPS) -> dict:
+                  tags: bool | None = None, steps: int = STEPS, share_memory: bool = True) -> dict:
     """Rank function: ``warmup`` unrecorded steps, then ``steps`` recorded ones (``recorded_steps``).
     Returns this rank's ``loss`` (last stage only), ``records`` (per action, both clocks, of the
     median step), ``samples`` (every recorded step's records), ``bytes_sent`` and, with ``grads``,
     this rank's parameter gradients by global name. ``tags=False`` sends messages without tags,
-    matched in order per pair of ranks as on NCCL (see ``Executor``)."""
+    matched in order per pair of ranks as on NCCL (see ``Executor``); ``share_memory=False`` keeps
+    every message on torch.distributed."""
     rank = dist.get_rank()
     ex = build_executor(spec, schedule, rank, recompute=recompute, link=link, check=check, fuse=fuse,
-                        tags=tags)
+                        tags=tags, share_memory=share_memory)
     out = {"rank": rank, **recorded_steps(ex, *spec.data(), warmup=warmup, steps=steps)}
     if grads:
         out["grads"] = {name: p.grad for w in ex.workers.values() for name, p in zip(w.names, w.params)}
     return out
+
+
+def messages_rank(spec: ModelSpec, schedule: Schedule, share_memory: bool = True, depth: int | None = None,
+                  steps: int = 2) -> dict:
+    """Rank function: ``steps`` training steps (the last one recorded) inside ``commlog.recording``.
+    Returns this rank's ``counts`` (``{op: {"count", "bytes"}}``), its pipeline ``neighbours``, those
+    it reached through shared memory (``shared``), ``loss`` and ``grads``. ``depth``: slots per direction of a
+    shared-memory link (small: the sender's queue for a full ring is used)."""
+    rank, was = dist.get_rank(), shared_memory.LINK_DEPTH
+    shared_memory.LINK_DEPTH = was if depth is None else depth
+    try:
+        ex = build_executor(spec, schedule, rank, share_memory=share_memory)
+        x, target = spec.data()
+        with commlog.recording() as log:
+            for i in range(steps):
+                ex.zero_grad()
+                ex.record = i == steps - 1
+                loss = ex.step(x if rank == schedule.stage_to_rank[0] else None,
+                               target if rank == schedule.stage_to_rank[-1] else None)
+    finally:
+        shared_memory.LINK_DEPTH = was
+    return {"counts": log.as_dict(), "neighbours": ex.neighbours, "loss": loss,
+            "shared": sorted(q for q, link in ex.links.items() if link),
+            "grads": {name: p.grad for w in ex.workers.values() for name, p in zip(w.names, w.params)}}
 
 
 def recorded_steps(ex: Executor, x, target, warmup: int = 1, steps: int = STEPS) -> dict:

@@ -124,6 +124,14 @@ def speaking_for(op: str, tensor, group=None):
         yield
 
 
+def count(op: str, **bound) -> None:
+    """Record one ``op`` call made another way than through torch.distributed (a pipeline message
+    through shared memory: ``count("isend", tensor=t, dst=1)``), as its wrapper would."""
+    if _logs and not getattr(_local, "depth", 0):
+        for log in _logs:
+            log.add(op, _group_name(bound.get("group")), _nbytes(op, bound))
+
+
 @contextmanager
 def aside(text: str):
     """Run the block as the library's own bookkeeping, not the program's communication: the calls
