@@ -254,10 +254,9 @@ class Link:
                                       count=depth * self.slot).view(depth, self.slot)
         self._views: dict = {}
 
-    def _view(self, i: int, tensor_or_shape, dtype=None) -> torch.Tensor:
-        shape = tuple(tensor_or_shape.shape) if dtype is None else tuple(tensor_or_shape)
-        dtype = tensor_or_shape.dtype if dtype is None else dtype
-        key = (i, dtype, shape)
+    def _view(self, i: int, shape, dtype) -> torch.Tensor:
+        """Slot i's message bytes as a tensor of ``shape`` and ``dtype``."""
+        key = (i, dtype, tuple(shape))
         if key not in self._views:
             n = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
             if n > self.nbytes:
@@ -271,7 +270,7 @@ class Link:
         if not self.room():
             return False
         i = self.count % self.depth
-        self._view(i, tensor).copy_(tensor.detach())
+        self._view(i, tensor.shape, tensor.dtype).copy_(tensor.detach())
         self.stamps[i * self.slot // 8] = stamp
         self.count += 1
         self.counters[0] = self.count  # after the data: x86 shows stores in order
@@ -350,17 +349,13 @@ def _open_links(me: int, peers: list, nbytes: int, depth: int) -> dict:
     names = {q: _create(size) if me < q else torch.zeros(_NAME_BYTES, dtype=torch.uint8) for q in shared}
     _exchange([(names[q], q) for q in shared if me < q], [(names[q], q) for q in shared if me > q],
               _LINK_TAG + 1)
-    opened, done = {}, {}
-    for q in shared:
-        path = bytes(names[q].tolist()).rstrip(b"\0").decode()
-        if path:
-            opened[q] = _pair(path, size, nbytes, depth, q, first=me < q)
-        done[q] = torch.zeros(1, dtype=torch.int64)
+    paths = {q: bytes(names[q].tolist()).rstrip(b"\0").decode() for q in shared}
+    opened = {q: _pair(path, size, nbytes, depth, q, first=me < q) for q, path in paths.items() if path}
     # ... and unlinks it once the other end has it mapped (nothing is left behind)
+    done = {q: torch.zeros(1, dtype=torch.int64) for q in shared}
     _exchange([(done[q], q) for q in shared if me > q], [(done[q], q) for q in shared if me < q],
               _LINK_TAG + 2)
-    for q in shared:
-        path = bytes(names[q].tolist()).rstrip(b"\0").decode()
+    for q, path in paths.items():
         if me < q and path:
             os.unlink(path)
     return {q: opened.get(q) for q in peers}
