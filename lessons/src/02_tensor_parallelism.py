@@ -348,7 +348,11 @@ for r in block_runs:
 # | B200 / GB200 | NVLink 5: 900 GB/s (1.8 TB/s both ways) | 900 TFLOP/s (of 2250) |
 #
 # and **this machine**: α and bandwidth fitted to gloo's all-reduce on 4 ranks as in lesson 01, and
-# the FLOP/s of one core here, measured now (so these numbers are yours and change from run to run):
+# the FLOP/s of one core here, measured now (so these numbers are yours and change from run to run).
+# gloo is the honest "network" of this machine; the course's own tensor-parallel layers do better
+# on one host: their small all-reduces copy through shared memory instead of loopback TCP
+# (`parallel_lab.runtime.shared_memory`, as DeepSpeed's CPU backend does): 10-20 × faster than
+# gloo here for 32-128 KB (`parallel-lab bench collectives`).
 
 # %% tags=["nbval-ignore-output"]
 from parallel_lab.planning import calibration
