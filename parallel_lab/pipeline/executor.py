@@ -343,9 +343,9 @@ class Executor:
         for work, _ in sends:
             work.wait()
         for link, queue in self.outbox.items():
-            while queue:
-                out, stamp = queue.pop(0)
-                link.send_waiting(out, stamp, self._progress, f"isend(dst={link.peer}) at the end of the step")
+            while queue:  # only _progress sends what is queued: a pair's messages keep their order
+                link.wait_for_room(self._progress, f"isend(dst={link.peer}) at the end of the step")
+                self._progress()
 
     # The two loops are the same schedule walk; the plain one is the benchmark's hot path and does
     # nothing per action beyond the work itself and its messages.

@@ -284,11 +284,10 @@ class Link:
         """On the sending end: a slot is free."""
         return self.count - self.counters[8] < self.depth
 
-    def send_waiting(self, tensor: torch.Tensor, stamp: float = 0.0, progress=None, text: str = "") -> None:
-        """``send``, waiting for a free slot as ``receive`` waits for a message."""
+    def wait_for_room(self, progress=None, text: str = "") -> None:
+        """On the sending end: wait until a slot is free, as ``receive`` waits for a message."""
         if not self.room():
             self._wait(self.room, progress, text, "took nothing")
-        self.send(tensor, stamp)
 
     def receive(self, shape, dtype, progress=None, text: str = "") -> tuple[torch.Tensor, float]:
         """The next message (a new tensor of ``shape``/``dtype``) and its stamp, waiting until it is
