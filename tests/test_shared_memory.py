@@ -75,6 +75,18 @@ def test_a_rank_one_call_ahead_does_not_overwrite_what_the_other_still_reads(tmp
     assert zero.calls == one.calls == 2
 
 
+def test_the_maximum_is_taken_elementwise_over_the_slots(tmp_path):
+    path = tmp_path / "channel"
+    path.write_bytes(bytes(shared_memory._FLAGS_BYTES * 3 + 2 * 3 * shared_memory.MAX_BYTES))
+    ranks = [shared_memory._Channel(None, str(path), 3, r) for r in range(3)]
+    parts = [torch.tensor([1.0, -5.0, 3.0]), torch.tensor([2.0, -7.0, 0.5]), torch.tensor([-1.0, -6.0, 3.5])]
+    posted = [rank.post(x.clone()) for rank, x in zip(ranks, parts)]
+    ranks[0].wait(posted[0][0])
+    got = shared_memory._Channel.add(posted[0][1], torch.empty(3), "max")
+    assert torch.equal(got, torch.tensor([2.0, -5.0, 3.5]))
+    assert torch.equal(shared_memory._Channel.add(posted[0][1], torch.empty(3)), parts[0] + parts[1] + parts[2])
+
+
 # ----------------------------------------------------------------------------------------------
 # Point to point: the pipeline's links.
 

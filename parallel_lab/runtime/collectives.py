@@ -170,22 +170,23 @@ def uses_shared_memory(tensor: torch.Tensor, group=None) -> bool:
     return small and tensor.device.type == "cpu" and shared_memory.channel(group) is not None
 
 
-def all_reduce(tensor: torch.Tensor, group=None, async_op: bool = False):
-    """``dist.all_reduce(tensor, group=group)`` (a sum, in place), through shared memory where the
-    ranks can (``uses_shared_memory``: one x86 host), else one shot where that is faster
-    (``uses_one_shot``), else gloo's or NCCL's own. Recorded by ``commlog`` as the one all_reduce it
-    is. Returns ``tensor``, or with ``async_op`` a handle whose ``wait()`` returns it summed (the
-    shared-memory sum is done before it returns)."""
+def all_reduce(tensor: torch.Tensor, group=None, async_op: bool = False, op=dist.ReduceOp.SUM):
+    """``dist.all_reduce(tensor, op=op, group=group)`` (in place; a sum, or ``ReduceOp.MAX``),
+    through shared memory where the ranks can (``uses_shared_memory``: one x86 host), else a sum
+    one shot where that is faster (``uses_one_shot``), else gloo's or NCCL's own. Recorded by
+    ``commlog`` as the one all_reduce it is. Returns ``tensor``, or with ``async_op`` a handle whose
+    ``wait()`` returns it reduced (the shared-memory one is done before it returns)."""
     if dist.get_world_size(group) == 1:
         return _Pending(tensor) if async_op else tensor
-    if uses_shared_memory(tensor, group):
+    how = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MAX: "max"}.get(op)
+    if how is not None and uses_shared_memory(tensor, group):
         with commlog.speaking_for("all_reduce", tensor, group):
-            shared_memory.channel(group).all_reduce(tensor)
+            shared_memory.channel(group).all_reduce(tensor, how)
         return _Pending(tensor) if async_op else tensor
-    if uses_one_shot(tensor, group):
+    if op == dist.ReduceOp.SUM and uses_one_shot(tensor, group):
         with commlog.speaking_for("all_reduce", tensor, group):
             return one_shot_all_reduce(tensor, group, async_op)
-    work = dist.all_reduce(tensor, group=group, async_op=async_op)
+    work = dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
     return _Pending(tensor, [work]) if async_op else tensor
 
 

@@ -119,11 +119,12 @@ class _Channel:
                                 for q in range(self.p)]
         return self._views[key]
 
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum ``tensor`` over the group in place (steps 1-3 of the module doc)."""
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Sum ``tensor`` over the group in place (steps 1-3 of the module doc); ``op="max"`` takes
+        the elementwise maximum instead (exact in any order)."""
         s, slots = self.post(tensor)
         self.wait(s)
-        return self.add(slots, tensor)
+        return self.add(slots, tensor, op)
 
     def post(self, tensor: torch.Tensor) -> tuple[int, list]:
         """Step 1: this rank's part of its next call, in its slot, then its flag. Returns the call's
@@ -136,11 +137,12 @@ class _Channel:
         return s, slots
 
     @staticmethod
-    def add(slots: list, tensor: torch.Tensor) -> torch.Tensor:
-        """Step 3: the slots summed in group-rank order, into ``tensor``."""
-        torch.add(slots[0], slots[1], out=tensor)
+    def add(slots: list, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Step 3: the slots summed in group-rank order (or their maximum), into ``tensor``."""
+        combine = torch.maximum if op == "max" else torch.add
+        combine(slots[0], slots[1], out=tensor)
         for slot in slots[2:]:
-            tensor.add_(slot)
+            combine(tensor, slot, out=tensor)
         return tensor
 
     def wait(self, s: int) -> None:
