@@ -208,8 +208,9 @@ def test_cluster_errors():
 
 @pytest.mark.ranks
 @pytest.mark.timeout(120)
-def test_calibrate_on_two_ranks():
-    fit = calibration.calibrate(world_size=2, sizes_bytes=(2**10, 2**14, 2**17), matmul=96, repeats=3)
+@pytest.mark.parametrize("path", ["gloo", "collectives"])  # dist.all_reduce, and the TP layers' call
+def test_calibrate_on_two_ranks(path):
+    fit = calibration.calibrate(world_size=2, sizes_bytes=(2**10, 2**14, 2**17), matmul=96, repeats=3, path=path)
     assert fit["tflops"] > 0 and fit["latency_us"] >= 0 and fit["intra_gbps"] > 0
     assert len(fit["all_reduce_s"]) == 3 and all(t > 0 for t in fit["all_reduce_s"])
     Cluster(nodes=1, gpus_per_node=2, gpu_mem_gb=1, intra_gbps=min(fit["intra_gbps"], 1e6),

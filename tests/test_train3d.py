@@ -177,6 +177,21 @@ def test_cluster_takes_the_all_reduce_constants_of_its_group_size():
     assert validate_plans.cluster_from(cal, 4, group=4).latency_us == 100.0  # none measured: the world's
 
 
+def test_messages_through_shared_memory_are_priced_apart_from_the_data_parallel_buckets():
+    gloo = {"tflops": 0.02, "latency_us": 1000.0, "intra_gbps": 1.0}
+    cal = {**gloo, "near": {"tflops": 0.02, "latency_us": 10.0, "intra_gbps": 8.0}}
+    cluster, near = validate_plans.cluster_from(cal, 4), validate_plans.cluster_from(cal, 4, near=True)
+    assert (near.latency_us, near.intra_gbps, cluster.latency_us) == (10.0, 4.0, 1000.0)
+    assert validate_plans.cluster_from(gloo, 4, near=True).latency_us == 1000.0  # none measured: gloo's
+    cfg = TINY.replace(dp=2, pp=2, tp=1, layers=4)
+    both = validate_plans.predict(cfg, cluster, n_cores=16, near=near)
+    slow, fast = validate_plans.predict(cfg, cluster, n_cores=16), validate_plans.predict(cfg, near, n_cores=16)
+    assert both["dp_comm_s"] == slow["dp_comm_s"] > fast["dp_comm_s"]
+    assert both["pp_comm_s"] == fast["pp_comm_s"] < slow["pp_comm_s"]
+    assert both["bubble_s"] == fast["bubble_s"] and both["compute_s"] == fast["compute_s"]
+    assert both["step_s"] == pytest.approx(fast["step_s"] - fast["dp_comm_s"] + slow["dp_comm_s"])
+
+
 @pytest.mark.ranks
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("pp", (1, 2))

@@ -302,12 +302,18 @@ grid = validate_plans.validate(grid=((1, 2, 2), (2, 2, 1), (1, 4, 1), (4, 1, 1))
 print(validate_plans.format_table(grid))
 
 # %% [markdown]
-# Runs of the full grid on this machine (6 plans × 2 sizes, `validate_plans.validate()`, 6 steps
-# each) gave median relative errors of 10-16 % in three runs on 4 ranks, and 7-8 % on 2 ranks (3 plans
-# × 2 sizes × 2 micro-batch counts), where every rank has a core of its own. Single plans were still
-# off by up to a third. Each constant earned its place: with one lone process's FLOP/s, all-reduces
-# timed one at a time after a barrier, and only the 4 all-reduces per layer counted, the same grid
-# was off by 17-36 %. What the model still does not know:
+# The ranks of this machine send two ways: tensor parallelism's all-reduces and the pipeline's
+# activations through shared memory (`runtime.shared_memory`, microseconds), data-parallel gradient
+# buckets through gloo (about a millisecond per step of its ring), so `calibrate` measures both and
+# each communication is priced by the way it goes. Runs of the full grid on this machine (6 plans
+# × 2 sizes, `validate_plans.validate()`, 6 steps each) gave median relative errors of 21-36 % in
+# five runs on 4 ranks (2026-12-02), nearly every plan predicted too fast: tensor-parallel plans by
+# 22-59 %, the others by 4-41 %. While every message went through gloo the grid was off by
+# 10-18 %: the faster
+# messages took away an error that had been hiding another (gloo's overpriced all-reduces made up
+# for the overhead below). Each constant earned its place: with one lone process's FLOP/s,
+# all-reduces timed one at a time after a barrier, and only the 4 all-reduces per layer counted,
+# the grid was off by 17-36 % even then. What the model still does not know:
 #
 # - **per-operation overhead**: a CPU (or a GPU with small matrices) pays microseconds per operation
 #   whatever its size; the FLOP count does not see it, and tensor parallelism makes the matrices

@@ -87,7 +87,8 @@ if schedule is not None:
 
 # %% [markdown]
 # The **step time** is the planner's model (lesson 10) with constants measured on this machine now
-# (`validate_plans.calibrate`: all-reduce α–β, and how many ranks really compute at once) and this
+# (`validate_plans.calibrate`: all-reduce α–β through gloo and through shared memory, the two ways
+# the ranks of one machine send here, and how many ranks really compute at once) and this
 # model's own FLOP/s, as in lesson 09 section 6. The tiny GPT runs in fp64 here; its numbers are
 # yours and change from run to run.
 
@@ -98,9 +99,10 @@ if schedule is not None:
     calibration = validate_plans.calibrate(my_plan.world_size) if my_plan.world_size > 1 else None
     if calibration is None:
         calibration = {"tflops": 1.0, "latency_us": 0.0, "intra_gbps": 1.0}  # one rank: no communication
-    cluster = validate_plans.cluster_from(calibration, my_plan.world_size, value_bytes=8,
-                                          tflops=validate_plans.workload_tflops(my_plan))
-    predicted = validate_plans.predict(my_plan, cluster, calibration.get("effective_cores"))
+    tflops = validate_plans.workload_tflops(my_plan)
+    cluster = validate_plans.cluster_from(calibration, my_plan.world_size, value_bytes=8, tflops=tflops)
+    near = validate_plans.cluster_from(calibration, my_plan.world_size, value_bytes=8, tflops=tflops, near=True)
+    predicted = validate_plans.predict(my_plan, cluster, calibration.get("effective_cores"), near)
     print(f"predicted step: {predicted['step_s'] * 1e3:.1f} ms (compute {predicted['compute_s'] * 1e3:.1f} ms, "
           f"TP {predicted['tp_comm_s'] * 1e3:.1f} ms, bubble {predicted['bubble_s'] * 1e3:.1f} ms, "
           f"PP {predicted['pp_comm_s'] * 1e3:.1f} ms, DP {predicted['dp_comm_s'] * 1e3:.1f} ms per device)")

@@ -6,7 +6,8 @@
     result["median_rel_error"]
 
 ``planning.cost.step_time`` predicts a step from a handful of constants: achieved FLOP/s per device and the
-α–β of an all-reduce. ``calibrate`` measures those on this machine's CPU ranks, the way a planner
+α–β of an all-reduce (two here: gloo's, and shared memory's for tensor parallelism's all-reduces and
+the pipeline's messages, ``calibrate``'s ``near``). ``calibrate`` measures those on this machine's CPU ranks, the way a planner
 profiles a cluster before it searches: all-reduces timed between computations, as training issues
 them, on groups of every size a plan uses with all groups at once; and ``workload_tflops``, this
 model's own FLOP/s with every rank computing at once. ``train3d.train_rank`` runs the same plans for
@@ -47,8 +48,8 @@ from parallel_lab.hardware import Cluster, Link
 from parallel_lab.parallel3d import train3d
 from parallel_lab.planning import calibration as calib
 from parallel_lab.planning import memory
-from parallel_lab.planning.cost import OVERLAP_SHARE, dp_communication, step_time
-from parallel_lab.runtime import commlog, launcher
+from parallel_lab.planning.cost import OVERLAP_SHARE, STEP_PARTS, dp_communication, step_time
+from parallel_lab.runtime import commlog, launcher, shared_memory
 from parallel_lab.zero import run as zero_run
 
 GRID_4 = ((1, 2, 2), (2, 2, 1), (2, 1, 2), (1, 4, 1), (1, 1, 4), (4, 1, 1))
@@ -58,14 +59,19 @@ SIZES = {
 }
 RUN = dict(batch=16, microbatches=4, schedule="1f1b", optimizer="sgd", lr=0.01, dtype="float32")
 CALIBRATION_SIZES = (2**10, 2**14, 2**18, 2**22)
+NEAR_SIZES = (2**10, 2**14, 2**16, 2**18)  # what tensor parallelism's all-reduces send through shared memory
 
 
 def cluster_from(calibration: dict, world_size: int, value_bytes: int = 4, tflops: float | None = None,
-                 group: int | None = None) -> Cluster:
+                 group: int | None = None, near: bool = False) -> Cluster:
     """A one-node ``Cluster`` of ``world_size`` devices with the calibrated constants; the
     bandwidth is scaled by ``2 / value_bytes`` because the planner counts 2-byte values. ``tflops``
     replaces the calibrated matmul throughput (e.g. by ``workload_tflops``); ``group`` takes the
-    all-reduce α–β measured on groups of that size (``calibrate``'s ``groups``) where there is one."""
+    all-reduce α–β measured on groups of that size (``calibrate``'s ``groups``) where there is one.
+    ``near``: the constants of what goes through shared memory (``calibrate``'s ``near``), where
+    this machine has them."""
+    if near and calibration.get("near"):
+        return cluster_from(calibration["near"], world_size, value_bytes, tflops or calibration["tflops"], group)
     constants = calibration.get("groups", {}).get(group, calibration)
     gbps = constants["intra_gbps"] * 2 / value_bytes
     return Cluster(nodes=1, gpus_per_node=world_size, gpu_mem_gb=1e6, intra_gbps=gbps, inter_gbps=gbps,
@@ -74,8 +80,17 @@ def cluster_from(calibration: dict, world_size: int, value_bytes: int = 4, tflop
 
 def calibrate(world_size: int = 4, sizes_bytes=CALIBRATION_SIZES, timeout: float = 90.0) -> dict:
     """``planning.calibration.calibrate`` with ``groups`` on ``world_size`` ranks, messages up to 4 MB (so that
-    the bandwidth is well determined even on a noisy machine): what ``validate`` predicts with."""
-    return calib.calibrate(world_size, sizes_bytes=sizes_bytes, groups=True, timeout=timeout)
+    the bandwidth is well determined even on a noisy machine): what ``validate`` predicts with.
+
+    The ranks of one host send two ways here (``runtime.shared_memory``): tensor parallelism's
+    all-reduces and the pipeline's messages through shared memory, data-parallel buckets larger
+    than its slots through gloo. Where this machine can share memory, ``near`` holds the same
+    calibration timed through shared memory (``collectives.all_reduce``, ``NEAR_SIZES``)."""
+    cal = calib.calibrate(world_size, sizes_bytes=sizes_bytes, groups=True, timeout=timeout)
+    if shared_memory.why_not_here() is None:
+        cal["near"] = calib.calibrate(world_size, sizes_bytes=NEAR_SIZES, groups=True, timeout=timeout,
+                                      path="collectives")
+    return cal
 
 
 def workload_tflops(cfg: train3d.Config, world_size: int | None = None) -> float:
@@ -84,16 +99,22 @@ def workload_tflops(cfg: train3d.Config, world_size: int | None = None) -> float
     return calib.workload_tflops(cfg.gpt, rows, cfg.torch_dtype, cfg.seed, world_size=world_size)
 
 
-def predict(cfg: train3d.Config, cluster: Cluster, n_cores: float | None = None) -> dict:
+def predict(cfg: train3d.Config, cluster: Cluster, n_cores: float | None = None,
+            near: Cluster | None = None) -> dict:
     """``planning.cost.step_time`` of ``cfg`` on ``cluster`` (a core per rank), and the bound of ranks that
     share ``n_cores`` cores: all ranks' compute divided by the cores, plus the communication (whose
     constants were measured on the same shared cores). ``step_s`` is the larger; also returned:
-    the planner's parts, ``planner_s`` and ``shared_s`` (0 with a core per rank)."""
+    the planner's parts, ``planner_s`` and ``shared_s`` (0 with a core per rank). ``near``: the
+    cluster of what goes through shared memory (``cluster_from(..., near=True)``): everything but the
+    data-parallel term is then priced by it."""
     n_cores = launcher.cores() if n_cores is None else n_cores
     model = memory.ModelConfig("tiny GPT", cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, cfg.seq)
     # train3d all-reduces its gradients after the backward (parallel3d.data_parallel): no overlap
-    parts = step_time(model, cluster, cfg.batch, cfg.dp, cfg.pp, cfg.tp, cfg.microbatches,
-                      cfg.schedule, cfg.virtual, overlap=0.0)
+    args = (model, cfg.batch, cfg.dp, cfg.pp, cfg.tp, cfg.microbatches, cfg.schedule, cfg.virtual)
+    parts = step_time(args[0], cluster, *args[1:], overlap=0.0)
+    if near is not None:
+        parts = {**step_time(args[0], near, *args[1:], overlap=0.0), "dp_comm_s": parts["dp_comm_s"]}
+        parts["step_s"] = sum(parts[k] for k in STEP_PARTS)
     ranks, shared = cfg.world_size, 0.0
     if ranks > n_cores:  # a rank idle in the bubble leaves its core to the others: no bubble term
         shared = parts["compute_s"] * ranks / n_cores + parts["tp_comm_s"] + parts["pp_comm_s"] + parts["dp_comm_s"]
@@ -147,10 +168,12 @@ def validate(grid=GRID_4, sizes=None, steps: int = 6, world_size: int = 4, calib
             tflops = workload_tflops(cfg, world_size=world_size)
             group = max(dp, tp)  # the all-reduce groups of these plans (where dp and tp are both > 1, equal)
             cluster = cluster_from(calibration, world_size, tflops=tflops, group=group)
-            predicted = predict(cfg, cluster, n_cores)
-            matmul = predict(cfg, cluster_from(calibration, world_size, group=group), n_cores)
+            near = cluster_from(calibration, world_size, tflops=tflops, group=group, near=True)
+            predicted = predict(cfg, cluster, n_cores, near)
+            matmul = predict(cfg, cluster_from(calibration, world_size, group=group), n_cores,
+                             cluster_from(calibration, world_size, group=group, near=True))
             measured = measure(cfg)
-            given_load = predict(cfg, cluster, measured["cores_used"])
+            given_load = predict(cfg, cluster, measured["cores_used"], near)
             rows.append({"size": size, "dp": dp, "pp": pp, "tp": tp, "predicted_s": predicted["step_s"],
                          "measured_s": measured["step_s"], "predicted_matmul_s": matmul["step_s"],
                          "rel_error": abs(predicted["step_s"] - measured["step_s"]) / measured["step_s"],
@@ -227,6 +250,9 @@ def format_table(result: dict) -> str:
                  f"{result['median_rel_error_matmul']:.0%} with the matmul's ({cal['tflops'] * 1e3:.1f} GFLOP/s)")
     lines.append(f"{result['median_rel_error_given_load']:.0%} when told the cores the ranks really got during each run "
                  f"(a diagnostic: it separates the model's error from the machine's other load)")
-    lines.append(f"all-reduce α {cal['latency_us']:.0f} us, {cal['intra_gbps']:.2f} GB/s; {result['world_size']} "
-                 f"ranks on {result['cores']:.1f} effective cores")
+    near = cal.get("near")
+    through = "" if not near else (f" (gloo; through shared memory α {near['latency_us']:.0f} us, "
+                                   f"{near['intra_gbps']:.2f} GB/s)")
+    lines.append(f"all-reduce α {cal['latency_us']:.0f} us, {cal['intra_gbps']:.2f} GB/s{through}; "
+                 f"{result['world_size']} ranks on {result['cores']:.1f} effective cores")
     return "\n".join(lines)

@@ -29,7 +29,7 @@ from parallel_lab.hardware import Link
 from parallel_lab.pipeline.profile import one_thread
 from parallel_lab.planning import memory_model
 from parallel_lab.runtime import launcher, shared_memory
-from parallel_lab.runtime.collectives import one_shot_all_reduce, ring_all_reduce
+from parallel_lab.runtime.collectives import all_reduce, one_shot_all_reduce, ring_all_reduce
 
 # ----------------------------------------------------------------------------------------------
 # All-reduce: timed, and the α–β fit.
@@ -67,13 +67,18 @@ def _shared_memory_all_reduce(tensor):
     return channel.all_reduce(tensor)
 
 
-def all_reduce_in_situ(sizes_bytes, repeats: int = 5, calls: int = 10, group=None) -> list[float]:
+def all_reduce_in_situ(sizes_bytes, repeats: int = 5, calls: int = 10, group=None,
+                       path: str = "gloo") -> list[float]:
     """Rank function: seconds of one all-reduce of each size over ``group`` (default: all ranks),
-    measured as training issues them, between computations. A loop of ``calls`` (a little compute,
+    measured as training issues them, between computations. ``path``: ``"gloo"`` times
+    ``dist.all_reduce`` (what a data-parallel bucket larger than shared memory's slots takes),
+    ``"collectives"`` the call tensor-parallel layers make (``collectives.all_reduce``: through
+    shared memory for small tensors on one host). A loop of ``calls`` (a little compute,
     then an all-reduce) is timed against the same loop without the all-reduces; the difference per
     call, median of ``repeats``. (A lone all-reduce after a barrier also pays for the ranks leaving
     the barrier apart; back-to-back ones find every communication thread already awake.)"""
     small = torch.randn(64, 64)
+    reduce = all_reduce if path == "collectives" else (lambda t, g: dist.all_reduce(t, group=g))
 
     def loop(tensor) -> float:
         dist.barrier()
@@ -83,24 +88,24 @@ def all_reduce_in_situ(sizes_bytes, repeats: int = 5, calls: int = 10, group=Non
             for _ in range(4):  # about a millisecond of work
                 x = torch.tanh(x @ small)
             if tensor is not None:
-                dist.all_reduce(tensor, group=group)
+                reduce(tensor, group)
         return (time.perf_counter() - start) / calls
 
     seconds = []
     for size in sizes_bytes:
         tensor = torch.ones(max(1, size // 4))
-        dist.all_reduce(tensor, group=group)  # warm-up: the first use of a size sets up buffers
+        reduce(tensor, group)  # warm-up: the first use of a size sets up buffers (and a channel)
         seconds.append(statistics.median(max(loop(tensor) - loop(None), 1e-7) for _ in range(repeats)))
     return seconds
 
 
-def group_all_reduce(size: int, sizes_bytes, repeats: int = 5) -> list[float]:
+def group_all_reduce(size: int, sizes_bytes, repeats: int = 5, path: str = "gloo") -> list[float]:
     """Rank function: ``all_reduce_in_situ`` in groups of ``size`` consecutive ranks, every group at
     once (as a plan's tensor- or data-parallel groups run)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     groups = [dist.new_group(list(range(start, start + size))) for start in range(0, world, size)]
     try:
-        return all_reduce_in_situ(sizes_bytes, repeats, group=groups[rank // size])
+        return all_reduce_in_situ(sizes_bytes, repeats, group=groups[rank // size], path=path)
     finally:
         for group in groups:
             dist.destroy_process_group(group)
@@ -151,10 +156,11 @@ def matmul_seconds(n: int = 192, repeats: int = 5) -> float:
     return statistics.median(samples)
 
 
-def measure_rank(sizes_bytes=(2**10, 2**14, 2**17, 2**20), matmul: int = 192, repeats: int = 5) -> dict:
+def measure_rank(sizes_bytes=(2**10, 2**14, 2**17, 2**20), matmul: int = 192, repeats: int = 5,
+                 path: str = "gloo") -> dict:
     """Rank function: ``matmul_seconds`` and all-reduce seconds for each size (``all_reduce_in_situ``)."""
     return {"matmul_s": matmul_seconds(matmul, repeats), "flops": 2 * matmul**3,
-            "all_reduce_s": all_reduce_in_situ(sizes_bytes, repeats)}
+            "all_reduce_s": all_reduce_in_situ(sizes_bytes, repeats, path=path)}
 
 
 def busy_loop(matmul: int = 128, repeats: int = 400) -> tuple[float, float]:
@@ -206,7 +212,7 @@ def workload_tflops(gpt: models.GPTConfig, rows: int, dtype=torch.float32, seed:
 
 
 def calibrate(world_size: int = 2, sizes_bytes=(2**10, 2**14, 2**17, 2**20), matmul: int = 192,
-              repeats: int = 5, groups: bool = False, timeout: float = 60.0) -> dict:
+              repeats: int = 5, groups: bool = False, timeout: float = 60.0, path: str = "gloo") -> dict:
     """Fit the planner's constants on ``world_size`` CPU ranks of this machine: achieved FLOP/s per
     rank (median over ranks of a timed matmul) and the α–β of all-reduce. Returns ``tflops``,
     ``latency_us``, ``intra_gbps`` (the ranks share one machine: that is the "node"), the raw
@@ -216,12 +222,13 @@ def calibrate(world_size: int = 2, sizes_bytes=(2**10, 2**14, 2**17, 2**20), mat
     With ``groups`` also ``groups`` (the all-reduce constants per group size: each divisor >= 2 of
     ``world_size``, measured with all groups of that size at once, as a plan's TP or DP groups
     run) and ``effective_cores`` (how many of the ranks really compute at once here: the sum of
-    their CPU seconds over the wall seconds of a busy loop)."""
+    their CPU seconds over the wall seconds of a busy loop). ``path``: which all-reduce is timed
+    (``all_reduce_in_situ``)."""
     if world_size < 2:
         raise ValueError(f"calibration fits an all-reduce and needs world_size >= 2, got world_size {world_size}")
     sizes_bytes = tuple(sizes_bytes)
     per_rank = launcher.run(measure_rank, world_size, kwargs=dict(sizes_bytes=sizes_bytes, matmul=matmul,
-                                                                   repeats=repeats), timeout=timeout)
+                                                                   repeats=repeats, path=path), timeout=timeout)
     flops = statistics.median(r["flops"] / max(r["matmul_s"], 1e-9) for r in per_rank)
     seconds = [max(r["all_reduce_s"][i] for r in per_rank) for i in range(len(sizes_bytes))]
     cal = {"tflops": flops / 1e12, **all_reduce_constants(sizes_bytes, seconds, world_size),
@@ -231,7 +238,8 @@ def calibrate(world_size: int = 2, sizes_bytes=(2**10, 2**14, 2**17, 2**20), mat
     cal["groups"] = {world_size: {k: cal[k] for k in ("latency_us", "intra_gbps", "all_reduce_s")}}
     for size in range(2, world_size):
         if world_size % size == 0:
-            per_rank = launcher.run(group_all_reduce, world_size, args=(size, sizes_bytes), timeout=timeout)
+            per_rank = launcher.run(group_all_reduce, world_size, args=(size, sizes_bytes),
+                                    kwargs={"path": path}, timeout=timeout)
             seconds = [max(r[i] for r in per_rank) for i in range(len(sizes_bytes))]
             cal["groups"][size] = all_reduce_constants(sizes_bytes, seconds, size)
     busy = launcher.run(busy_loop, world_size, timeout=timeout)
