@@ -97,6 +97,14 @@ def test_a_rank_that_dies_is_reported_with_its_exit_status(how, status):
     assert launcher.run(demos.rank_id, 4) == [0, 1, 2, 3]
 
 
+def test_a_dead_rank_is_the_cause_even_when_its_peers_report_first():
+    # rank 0's "connection reset by peer" arrives 0.6 s before rank 1's death shows
+    with pytest.raises(launcher.RankDied) as info:
+        launcher.run(demos.die_after_peer_noticed, 4, kwargs={"delay": 0.6})
+    assert info.value.rank == 1 and info.value.exitcode == 3
+    assert launcher.run(demos.rank_id, 4) == [0, 1, 2, 3]
+
+
 def test_default_timeout_is_at_most_30_seconds():
     assert launcher.DEFAULT_TIMEOUT <= 30
 

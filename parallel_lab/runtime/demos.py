@@ -69,6 +69,18 @@ def die_on(rank, how="kill"):
     dist.barrier()
 
 
+def die_after_peer_noticed(delay: float = 0.6):
+    """Rank 0 fails at once as gloo does when a peer's process goes away ("Connection reset by
+    peer"); rank 1 really dies ``delay`` seconds later (a process torn down slowly); the others
+    return."""
+    if dist.get_rank() == 0:
+        raise RuntimeError("[gloo/transport/tcp/pair.cc] Read error [127.0.0.1]: Connection reset by peer")
+    if dist.get_rank() == 1:
+        time.sleep(delay)
+        os._exit(3)
+    return dist.get_rank()
+
+
 def sleep(seconds):
     """Sleeps on every rank (used to test interrupting a running call)."""
     time.sleep(seconds)

@@ -42,6 +42,7 @@ from multiprocessing import forkserver, resource_tracker
 
 MAX_WORLD_SIZE = 8
 DEFAULT_TIMEOUT = 30.0
+LOST_PEER_S = 3.0  # how long a failure report waits for a rank whose peers lost their connection to it
 _STATUS_BYTES = 240
 _IDLE = "idle"
 
@@ -320,7 +321,12 @@ class Pool:
                     results[rank] = answer
                 pending.discard(rank)
         _forward_output(results)
-        dead = [r for r in range(self.world_size) if r not in results and not self.procs[r].is_alive()]
+        dead = self._dead(results)
+        if not dead and pending and any(_lost_peer(a) for a in results.values()):
+            # a peer's "connection reset" can arrive before its own death shows (a loaded machine
+            # tears a process down slowly): wait for a pending rank's end a little longer
+            mp.connection.wait([self.procs[r].sentinel for r in pending], timeout=LOST_PEER_S)
+            dead = self._dead(results)
         if dead:
             self.procs[dead[0]].join(1.0)
             return RankDied(dead[0], self.procs[dead[0]].exitcode, doing, self._report(exclude={dead[0]}))
@@ -328,6 +334,10 @@ class Pool:
         answer = results[rank]
         return RankError(rank, answer["type"], answer["message"], answer["traceback"],
                          others=self._report(exclude={rank}))
+
+    def _dead(self, results) -> list:
+        """Ranks without an answer whose process has ended, in rank order."""
+        return [r for r in range(self.world_size) if r not in results and not self.procs[r].is_alive()]
 
     def status(self, rank) -> tuple[str, float]:
         """What ``rank`` is doing now and for how many seconds (from its shared status slot)."""
@@ -577,6 +587,12 @@ def _serve(conn, current, set_status):
                             out=out.getvalue(), err=err.getvalue())
         current[0] = f"finished {getattr(fn, '__qualname__', fn)}"
         set_status(None)
+
+
+def _lost_peer(answer: dict) -> bool:
+    """Whether a rank's error says a peer's connection went away (that peer likely died)."""
+    message = answer.get("message", "") if answer.get("kind") == "error" else ""
+    return any(words in message for words in ("Connection reset by peer", "Connection closed by peer"))
 
 
 def _send_error(conn, exc, prefix="", out="", err=""):
