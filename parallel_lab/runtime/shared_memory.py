@@ -148,24 +148,14 @@ class _Channel:
     def wait(self, s: int) -> None:
         """Step 2: until every rank's flag is at least ``s`` (spinning; the spun time is counted)."""
         flags, stride = self.flags, self.stride
-        late = [q for q in range(self.p) if flags[q * stride] < s]
-        if not late:
-            return
-        limit = dist.default_pg_timeout.total_seconds() if TIMEOUT_S is None else TIMEOUT_S
-        cpu, deadline, looks = time.thread_time(), time.monotonic() + limit, 0
-        try:
-            for q in late:
-                while flags[q * stride] < s:
-                    os.sched_yield()
-                    looks += 1
-                    if looks % 1024 == 0 and time.monotonic() > deadline:
-                        missing = [r for r in range(self.p) if flags[r * stride] < s]
-                        raise TimeoutError(
-                            f"shared-memory all_reduce call {s} of group {_name(self.group)}: group ranks "
-                            f"{missing} did not arrive within {limit:g} s (a rank died, or called "
-                            f"another collective or none)")
-        finally:
-            _waited[0] += time.thread_time() - cpu
+
+        def missing() -> list:
+            return [q for q in range(self.p) if flags[q * stride] < s]
+
+        if missing():
+            _spin(lambda: not missing(), None, lambda limit: (
+                f"shared-memory all_reduce call {s} of group {_name(self.group)}: group ranks {missing()} "
+                f"did not arrive within {limit:g} s (a rank died, or called another collective or none)"))
 
 
 def channel(group=None) -> _Channel | None:
@@ -188,20 +178,15 @@ def _open(group) -> _Channel | None:
     if any(r is not None for r, _ in every) or len({h for _, h in every}) > 1:
         return None
     first = 0 if group is None else dist.get_global_rank(group, 0)
-    path = [None]
-    if rank == 0:
-        path = [os.path.join(SHM_DIR, f"parallel_lab-{os.getpid()}-{uuid.uuid4().hex[:12]}")]
-        fd = os.open(path[0], os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, _file_bytes(p))  # zero-filled: every flag at 0
-        finally:
-            os.close(fd)
+    path = [_new_file(_file_bytes(p)) if rank == 0 else None]  # zero-filled: every flag at 0
     try:
         dist.broadcast_object_list(path, src=first, group=group)
+        if not path[0]:  # /dev/shm is full: gloo, on every rank
+            return None
         opened = _Channel(group, path[0], p, rank)
         dist.barrier(group=group)  # everyone has it mapped: the name can go
     finally:
-        if rank == 0:
+        if rank == 0 and path[0]:
             os.unlink(path[0])  # the memory lives on until the last rank unmaps it; nothing is left behind
     return opened
 
@@ -306,20 +291,27 @@ class Link:
         return data, stamp
 
     def _wait(self, done, progress, text: str, failed: str) -> None:
-        limit = dist.default_pg_timeout.total_seconds() if TIMEOUT_S is None else TIMEOUT_S
-        cpu, deadline, looks = time.thread_time(), time.monotonic() + limit, 0
-        try:
-            with commlog.aside(f"wait({text} through shared memory)"):
-                while not done():
-                    if progress is not None:
-                        progress()
-                    os.sched_yield()
-                    looks += 1
-                    if looks % 1024 == 0 and time.monotonic() > deadline:
-                        raise TimeoutError(f"{text}: rank {self.peer} {failed} through shared memory "
-                                           f"within {limit:g} s (it died, or waits for this rank)")
-        finally:
-            _waited[0] += time.thread_time() - cpu
+        with commlog.aside(f"wait({text} through shared memory)"):
+            _spin(done, progress, lambda limit: f"{text}: rank {self.peer} {failed} through shared memory "
+                                                f"within {limit:g} s (it died, or waits for this rank)")
+
+
+def _spin(done, progress, timed_out) -> None:
+    """Until ``done()``: run ``progress()`` (if any) and give the core away at every look; after
+    ``TIMEOUT_S`` (default: the process group's timeout) raise TimeoutError(``timed_out(limit)``).
+    The thread CPU time spun is counted in ``waited_seconds``."""
+    limit = dist.default_pg_timeout.total_seconds() if TIMEOUT_S is None else TIMEOUT_S
+    cpu, deadline, looks = time.thread_time(), time.monotonic() + limit, 0
+    try:
+        while not done():
+            if progress is not None:
+                progress()
+            os.sched_yield()
+            looks += 1
+            if looks % 1024 == 0 and time.monotonic() > deadline:
+                raise TimeoutError(timed_out(limit))
+    finally:
+        _waited[0] += time.thread_time() - cpu
 
 
 def links(peers, nbytes: int, depth: int | None = None) -> dict:
@@ -368,9 +360,9 @@ def _exchange(sends, recvs, tag: int) -> None:
         work.wait()
 
 
-def _create(size: int) -> torch.Tensor:
+def _new_file(size: int) -> str:
     """A new zero-filled file of ``size`` bytes in /dev/shm, its space reserved (so a full /dev/shm
-    says so now, not with SIGBUS later); its name as bytes, or all zeros when there is no room."""
+    says so now, not with SIGBUS later): its path, or "" when there is no room."""
     path = os.path.join(SHM_DIR, f"parallel_lab-{os.getpid()}-{uuid.uuid4().hex[:12]}")
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
@@ -380,6 +372,12 @@ def _create(size: int) -> torch.Tensor:
         path = ""
     finally:
         os.close(fd)
+    return path
+
+
+def _create(size: int) -> torch.Tensor:
+    """``_new_file``'s path as a fixed-size byte tensor (all zeros when there is no room)."""
+    path = _new_file(size)
     name = torch.zeros(_NAME_BYTES, dtype=torch.uint8)
     name[: len(path)] = torch.tensor(list(path.encode()), dtype=torch.uint8)
     return name
