@@ -336,7 +336,6 @@ def _train(cfg, schedule, groups, reference_state, timed, verbose) -> dict:
         ex.zero_grad()
         loss = ex.step(idx, targets)  # the pipeline, with TP collectives inside every action
         if sp:  # replicated parameters used on a sequence shard: sum their partial gradients
-
             for st in stages.values():
                 allreduce_sequence_parallel_grads(st.module, groups.tp_group)
         if cfg.zero:  # ZeRO-1: the step reduce-scatters, updates this replica's slice, all-gathers
