@@ -45,6 +45,17 @@ def test_tensor_rows_carry_the_limit():
         assert r["compute_s"] > 0 and 1 <= r["cores"] <= 2
         assert r["limit_s"] == pytest.approx(r["compute_s"] / r["cores"])
         assert r["limit_ratio"] == pytest.approx(r["ours_s"] / r["limit_s"])
+    mlp, block = rows
+    assert mlp["kernels_s"] > 0 and mlp["kernels_ratio"] == pytest.approx(mlp["kernels_s"] / mlp["peer_s"])
+    assert "kernels_s" not in block  # the floor is the MLP's arithmetic only
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(120)
+def test_the_kernels_floor_computes_what_our_layers_compute():
+    # bench tensor's kernels_ratio is a floor only if its arithmetic is ours: outputs and every
+    # gradient, once its partial sums are all-reduced, equal our layers' forward and backward.
+    assert max(launcher.run(bench_tensor.kernels_match, 2, timeout=120)) < 1e-12
 
 
 # ----------------------------------------------------------------------------------------------

@@ -18,6 +18,13 @@ timed iterations, which two clock reads do not slow; time spun waiting in shared
 is not work and is left out). No implementation of that work can take less wall time than
 ``limit_s = compute_s / cores``, ``cores = min(tp, cores this process may run on)``;
 ``limit_ratio = ours_s / limit_s``.
+
+How close to the kernels (MLP rows): ``kernels_s`` times ``kernels(ours)``, this rank's shard of the
+MLP's own arithmetic (the same matmuls, GELU and bias sums, in the layouts autograd uses) with no
+communication and no autograd, in the same alternation; ``kernels_ratio = kernels_s / peer_s`` is
+the lowest ratio any implementation built on these kernels could reach on this run. Where it is
+close to ``ratio`` (hidden 1024: matrix products are most of our step), what is left is the
+cost of parallelism itself: the two all-reduces, waiting at them for the other rank, autograd.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from parallel_lab import models
 from parallel_lab.bench.measure import limit_columns
@@ -38,20 +46,66 @@ MLP_SHAPES = ((32, 256), (32, 1024))  # (batch, hidden) of a (batch, hidden) inp
 BLOCK_SHAPE = (8, 32, 256, 8)  # (batch, seq, hidden, heads)
 
 
-def _step(model, x, grad):
-    """One forward + backward: ``(wall seconds, this thread's CPU seconds)``, less the CPU seconds
+def _timed(call):
+    """``call()`` after a barrier: ``(wall seconds, this thread's CPU seconds)``, less the CPU seconds
     it spun waiting for the other ranks in shared-memory all-reduces (waiting, not work)."""
-    for p in model.parameters():
-        p.grad = None
-    x.grad = None
     dist.barrier()
     start, cpu, spun = time.perf_counter(), time.thread_time(), shared_memory.waited_seconds()
-    model(x).backward(grad)
+    call()
     return time.perf_counter() - start, time.thread_time() - cpu - (shared_memory.waited_seconds() - spun)
 
 
+def _training_step(model, x, grad):
+    """One forward + backward of ``model``, its gradients and the input's cleared first."""
+    def call():
+        for p in model.parameters():
+            p.grad = None
+        x.grad = None
+        model(x).backward(grad)
+    return call
+
+
+def kernels(mlp):
+    """``step(x, grad) -> (y, grad_x, [grad of fc1.weight, fc1.bias, fc2.weight, fc2.bias])``: the
+    arithmetic of one forward and backward of this rank's shard of a ``ParallelMLP``, without its
+    two all-reduces (``y`` and ``grad_x`` are this rank's partial sums) and without autograd, in
+    the layouts autograd uses (a product's weight gradient is ``grad.t() @ input``)."""
+    w1, b1, w2, b2 = (p.detach() for p in (mlp.fc1.weight, mlp.fc1.bias, mlp.fc2.weight, mlp.fc2.bias))
+
+    def step(x, grad):
+        x = x.detach()
+        h = F.linear(x, w1, b1)  # column-parallel: this rank's (B, 4H/p)
+        a = F.gelu(h)
+        y = F.linear(a, w2) + b2  # row-parallel partial sum (g's all-reduce would come before the bias)
+        grad_h = torch.ops.aten.gelu_backward(grad @ w2, h)
+        grads = [grad_h.t() @ x, grad_h.sum(0), grad.t() @ a, grad.sum(0)]
+        return y, grad_h @ w1, grads  # partial input gradient (f's backward all-reduce would follow)
+    return step
+
+
+def kernels_match(hidden: int = 16, batch: int = 4) -> float:
+    """Rank function: the largest difference, in float64, between our layers' forward and backward
+    and ``kernels`` with its partial sums all-reduced as the layers do: 0 up to rounding when the
+    floor computes what ours computes."""
+    ours = parallelize(models.MLP(hidden, seed=0).double())
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, hidden, generator=gen, dtype=torch.float64).requires_grad_()
+    grad = torch.randn(batch, hidden, generator=gen, dtype=torch.float64)
+    y = ours(x)
+    y.backward(grad)
+    y_partial, grad_x, grads = kernels(ours)(x, grad)
+    bias = ours.fc2.bias.detach()
+    summed = y_partial - bias
+    dist.all_reduce(summed)
+    dist.all_reduce(grad_x)
+    params = (ours.fc1.weight, ours.fc1.bias, ours.fc2.weight, ours.fc2.bias)
+    pairs = [(y.detach(), summed + bias), (x.grad, grad_x), *((p.grad, g) for p, g in zip(params, grads))]
+    return max((a - b).abs().max().item() for a, b in pairs)
+
+
 def bench_rank(repeats: int = 20, warmup: int = 3, mlp_shapes=MLP_SHAPES, block_shape=BLOCK_SHAPE) -> list[dict]:
-    """Rank function: time ours and the peer on every shape, alternating; rows (same on all ranks)."""
+    """Rank function: time ours and the peer (and, on the MLP, ``kernels``) on every shape,
+    alternating; rows (same on all ranks)."""
     tp = dist.get_world_size()
     cases = [(f"mlp h{h} b{b} tp{tp}", models.MLP(h, seed=0), (b, h)) for b, h in mlp_shapes]
     b, t, h, heads = block_shape
@@ -63,22 +117,29 @@ def bench_rank(repeats: int = 20, warmup: int = 3, mlp_shapes=MLP_SHAPES, block_
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(shape, generator=gen).requires_grad_()
         grad = torch.randn(shape, generator=gen)
-        times = torch.zeros(2, 2, repeats, dtype=torch.float64)  # (ours|peer, wall|cpu, repeat)
+        sides = [_training_step(ours, x, grad), _training_step(peer, x, grad)]
+        if isinstance(dense, models.MLP):
+            step = kernels(ours)
+            sides.append(lambda: step(x, grad))
+        times = torch.zeros(len(sides), 2, repeats, dtype=torch.float64)  # (side, wall|cpu, repeat)
         for i in range(warmup + repeats):
-            # Alternate which side goes first (ABBA...): neither always runs on a warmer cache.
-            if i % 2:
-                b_, a = _step(peer, x, grad), _step(ours, x, grad)
-            else:
-                a, b_ = _step(ours, x, grad), _step(peer, x, grad)
-            if i >= warmup:
-                times[0, :, i - warmup], times[1, :, i - warmup] = torch.tensor(a), torch.tensor(b_)
+            # Alternate the order (ABBA...): no side always runs first, on a warmer cache.
+            order = range(len(sides)) if i % 2 == 0 else reversed(range(len(sides)))
+            for k in order:
+                wall_cpu = _timed(sides[k])
+                if i >= warmup:
+                    times[k, :, i - warmup] = torch.tensor(wall_cpu)
         work = times[0, 1].clone()
         dist.all_reduce(work)  # our iteration's CPU time on all ranks together
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # an iteration lasts as long as its slowest rank
-        (ours_s, ours_cpu), (peer_s, peer_cpu) = times.median(dim=-1).values.tolist()
-        rows.append({"name": name, "ours_s": ours_s, "peer": PEER, "peer_s": peer_s, "ratio": ours_s / peer_s,
-                     "ours_cpu_s": ours_cpu, "peer_cpu_s": peer_cpu, "cpu_ratio": ours_cpu / peer_cpu,
-                     **limit_columns(ours_s, work.min().item(), tp)})
+        medians = times.median(dim=-1).values.tolist()
+        (ours_s, ours_cpu), (peer_s, peer_cpu) = medians[:2]
+        row = {"name": name, "ours_s": ours_s, "peer": PEER, "peer_s": peer_s, "ratio": ours_s / peer_s,
+               "ours_cpu_s": ours_cpu, "peer_cpu_s": peer_cpu, "cpu_ratio": ours_cpu / peer_cpu,
+               **limit_columns(ours_s, work.min().item(), tp)}
+        if len(sides) > 2:
+            row.update(kernels_s=medians[2][0], kernels_ratio=medians[2][0] / peer_s)
+        rows.append(row)
     return rows
 
 
