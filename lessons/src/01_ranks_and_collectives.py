@@ -70,9 +70,9 @@ except launcher.RanksHung as err:
 # | reduce-scatter | the sum, but each rank keeps only its piece | sequence parallelism, ZeRO |
 
 # %%
-from parallel_lab.show import collectives as collective_figures
 from parallel_lab.planning import calibration
 from parallel_lab.runtime import collectives
+from parallel_lab.show import collectives as collective_figures
 
 for name in collectives.COLLECTIVES:
     per_rank = launcher.run(collectives.holdings, world_size=4, args=(name,))

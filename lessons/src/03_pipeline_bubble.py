@@ -132,8 +132,7 @@ for p in (1, 2, 4, 8):
 # of strings into a schedule): one with rank 2's row in the wrong order, one that forgot an action.
 
 # %%
-from parallel_lab.pipeline.schedules import as_schedule
-from parallel_lab.pipeline.schedules import ScheduleError
+from parallel_lab.pipeline.schedules import ScheduleError, as_schedule
 from parallel_lab.pipeline.validate import validate
 
 attempts = {

@@ -42,8 +42,8 @@ for name in ("gpipe", "1f1b"):
 # **Predict:** which schedule finishes the step first, with a forward of 1 unit and a backward of 2?
 
 # %%
-from parallel_lab.show import pipeline as figures
 from parallel_lab.pipeline.simulate import Costs, simulate
+from parallel_lab.show import pipeline as figures
 
 costs = Costs(F=1, B=2)
 timelines = {name: simulate(build(name, 4, 8), costs) for name in ("gpipe", "1f1b")}

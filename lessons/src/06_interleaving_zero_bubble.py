@@ -44,9 +44,9 @@ setup()
 # gradient. GPU 0 idles only in between, GPU p−1 only at the two ends:
 
 # %%
-from parallel_lab.show import pipeline as figures
 from parallel_lab.pipeline.schedules import build, format_grid
 from parallel_lab.pipeline.simulate import Costs, simulate
+from parallel_lab.show import pipeline as figures
 
 p, m = 4, 8
 ideal = m * (2 + 4)  # m·(F+B): the work of one GPU

@@ -147,9 +147,9 @@ recompute_figures.recompute_tradeoff("GPT-3 175B", micro_batches=(1, 2, 4), pp=8
 # stream of 12 (F = 1, B = 2 time units):
 
 # %%
-from parallel_lab.show import pipeline as figures
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import Costs, simulate
+from parallel_lab.show import pipeline as figures
 
 p, steps, m = 4, 3, 4
 flushed = simulate(build("1f1b", p, m), Costs(F=1, B=2))

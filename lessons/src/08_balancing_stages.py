@@ -59,10 +59,10 @@ guess = predict("uneven-cut-step", my_prediction)
 
 # %%
 from parallel_lab.pipeline import balance, partition
-from parallel_lab.show import balance as balance_figures
-from parallel_lab.show import pipeline as figures
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import simulate
+from parallel_lab.show import balance as balance_figures
+from parallel_lab.show import pipeline as figures
 
 layer_f = [1, 2, 2, 2, 2, 2, 4]  # forward cost of: embed, block 0..4, head + loss
 names = ["embed", *(f"block {i}" for i in range(5)), "head"]
@@ -350,9 +350,9 @@ for name in ("even blocks", "time-balanced"):
 # messages, not hundreds:
 
 # %%
+from parallel_lab import models
 from parallel_lab.parallel3d import data_parallel
 from parallel_lab.runtime import launcher
-from parallel_lab import models
 
 print(inspect.getsource(data_parallel.allreduce_gradients))
 small = models.GPT(data_parallel.SMALL_GPT).double()  # fp64, as in the check below

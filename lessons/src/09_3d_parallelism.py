@@ -192,8 +192,8 @@ print("(PP pays its message once per stage boundary, not per layer: a stage of 1
 
 # %%
 from parallel_lab.parallel3d import train3d
-from parallel_lab.show import train3d as train3d_figures
 from parallel_lab.pipeline.schedules import ScheduleError
+from parallel_lab.show import train3d as train3d_figures
 
 base = train3d.Config(dp=1, pp=2, tp=2, layers=4, hidden=16, heads=4, vocab=32, seq=8, batch=8, microbatches=2)
 bad_plans = [

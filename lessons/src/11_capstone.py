@@ -70,9 +70,9 @@ except (ValueError, ScheduleError) as err:
 # are pure arithmetic: the same on every machine.
 
 # %%
-from parallel_lab.planning import memory
 from parallel_lab.pipeline.schedules import format_grid
 from parallel_lab.pipeline.simulate import summary
+from parallel_lab.planning import memory
 
 if schedule is not None:
     need = train3d.predicted_memory(my_plan)
