@@ -211,7 +211,9 @@ def test_the_planner_counts_every_all_reduce_tensor_parallelism_makes(pp):
 def test_validate_runs_a_grid_and_reports_errors(monkeypatch):
     monkeypatch.setattr(validate_plans, "measure",
                         lambda cfg: {"steps_s": [2.0, 1.0], "step_s": 1.0, "cores_used": 2.0})
-    monkeypatch.setattr(validate_plans, "workload_tflops", lambda cfg, repeats=3, world_size=None: 0.01)
+    monkeypatch.setattr(validate_plans, "tp_efficiency", lambda cfg, world_size=None: 0.5 if cfg.tp > 1 else 1.0)
+    monkeypatch.setattr(validate_plans, "workload_tflops",
+                        lambda cfg, world_size=None, efficiency=None: 0.01 * efficiency)
     cal = {"tflops": 0.02, "latency_us": 100.0, "intra_gbps": 1.0}
     sizes = {"tiny": dict(layers=4, hidden=16, heads=4, vocab=32, seq=8)}
     result = validate_plans.validate(grid=((1, 2, 2), (4, 1, 1)), sizes=sizes, steps=2, calibration=cal,
@@ -219,9 +221,22 @@ def test_validate_runs_a_grid_and_reports_errors(monkeypatch):
     assert [(r["dp"], r["pp"], r["tp"]) for r in result["rows"]] == [(1, 2, 2), (4, 1, 1)]
     for r in result["rows"]:
         assert r["rel_error"] == pytest.approx(abs(r["predicted_s"] - 1.0))
+        assert r["tp_efficiency"] == (0.5 if r["tp"] > 1 else 1.0)
+        assert r["workload_tflops"] == pytest.approx(0.01 * r["tp_efficiency"])  # the shard's FLOP/s
     assert "median relative error" in validate_plans.format_table(result)
     with pytest.raises(ValueError, match="!= world_size 4"):
         validate_plans.validate(grid=((1, 2, 1),), sizes=sizes, calibration=cal, progress=None)
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(120)
+def test_tp_efficiency_profiles_one_block_split_tp_ways_on_every_rank_at_once():
+    cfg = TINY.replace(dp=1, pp=2, tp=2, dtype="float32")
+    assert validate_plans.tp_efficiency(cfg.replace(tp=1)) == 1.0  # nothing split: nothing to profile
+    seconds = launcher.run(validate_plans.block_seconds, 4, args=(cfg.gpt, 2, 2), kwargs={"repeats": 2})
+    assert len(seconds) == 4 and all(t > 0 for t in seconds)
+    efficiency = validate_plans.tp_efficiency(cfg, 4, repeats=2)
+    assert 0 < efficiency < float("inf")
 
 
 @pytest.mark.ranks

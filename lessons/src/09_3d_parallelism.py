@@ -286,8 +286,9 @@ train3d_figures.loss_figure(runs, title="tiny GPT, Adam, fp64: three meshes of 4
 # FLOP/s per device and the α–β of an all-reduce. Here we measure those constants on this machine's
 # ranks the way a planner profiles a cluster before it searches (`validate_plans.calibrate`, which
 # is `planning.calibration.calibrate` with `groups=True`): all-reduces timed between computations, as training issues them, on
-# groups of each size a plan uses, all groups at once; and the FLOP/s this very model reaches with
-# every rank computing at once. Then we predict four real 4-rank plans of a larger GPT (hidden 128,
+# groups of each size a plan uses, all groups at once; the FLOP/s this very model reaches with
+# every rank computing at once; and, for a plan that splits its layers, how fast one block split tp
+# ways runs against the whole block (`validate_plans.tp_efficiency`). Then we predict four real 4-rank plans of a larger GPT (hidden 128,
 # 4 layers, sequences of 32 tokens, fp32, 4 micro-batches, 1F1B) and time each for real. The
 # adjustments are data given to the planner, explained in `validate_plans`: fp32 sends twice the
 # bytes it counts; 4 ranks share fewer cores, so a step takes at least all ranks' compute divided by
@@ -306,18 +307,28 @@ print(validate_plans.format_table(grid))
 # activations through shared memory (`runtime.shared_memory`, microseconds), data-parallel gradient
 # buckets through gloo (about a millisecond per step of its ring), so `calibrate` measures both and
 # each communication is priced by the way it goes. Runs of the full grid on this machine (6 plans
-# × 2 sizes, `validate_plans.validate()`, 6 steps each) gave median relative errors of 21-36 % in
-# five runs on 4 ranks (2026-12-02), nearly every plan predicted too fast: tensor-parallel plans by
-# 22-59 %, the others by 4-41 %. While every message went through gloo the grid was off by
-# 10-18 %: the faster
-# messages took away an error that had been hiding another (gloo's overpriced all-reduces made up
-# for the overhead below). Each constant earned its place: with one lone process's FLOP/s,
-# all-reduces timed one at a time after a barrier, and only the 4 all-reduces per layer counted,
-# the grid was off by 17-36 % even then. What the model still does not know:
+# × 2 sizes, `validate_plans.validate()`, 6 steps each) gave median relative errors of 14-23 % in six
+# runs on 4 ranks (2026-12-02): tensor-parallel plans 0-35 % off (median 11 %), the others 7-49 %
+# (median 25 %), most plans predicted too fast.
 #
-# - **per-operation overhead**: a CPU (or a GPU with small matrices) pays microseconds per operation
-#   whatever its size; the FLOP count does not see it, and tensor parallelism makes the matrices
-#   smaller while keeping the number of operations;
+# The tensor-parallel plans needed the profile of a split block. The FLOP count divides a split
+# layer's work by tp, but every rank still runs every operation of the layer, each with its fixed
+# overhead, on matrices tp times narrower, and keeps the replicated ones (LayerNorms, residuals)
+# whole: here a tp 4 shard of the hidden-128 block takes about as long as the whole block
+# (efficiency about 0.34 of the 1/tp the FLOP count promises; 0.47-0.76 at tp 2). Without that
+# profile the same day's grid was off by 21-36 %, the tensor-parallel plans predicted 22-59 % too
+# fast. Planners that choose a TP degree profile each one for this reason (Alpa, Zheng et al. 2022,
+# profiles every candidate stage on every submesh it could run on). While every message went
+# through gloo the grid was off by only 10-18 %: gloo's overpriced all-reduces had made up for the
+# shards' overhead, one error hiding another. Each constant earned its place: with one lone
+# process's FLOP/s, all-reduces timed one at a time after a barrier, and only the 4 all-reduces per
+# layer counted, the grid was off by 17-36 % even then. What the model still does not know:
+#
+# - **per-operation overhead** outside the split layers: a CPU (or a GPU with small matrices) pays
+#   microseconds per operation whatever its size, and the pipeline's executor adds its own per
+#   action (bookkeeping, messages) that no FLOP count sees;
+# - **unequal stages**: the planner splits the FLOPs evenly over the stages, but the first and the
+#   last also carry the embedding and the LM head with its loss;
 # - **waiting for the slowest**: every all-reduce waits for the last rank to arrive, and a rank that
 #   was slowed down for a moment holds up its whole group;
 # - **the machine's other work**: sharing cores with other programs changes both the constants and
