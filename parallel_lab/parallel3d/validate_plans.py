@@ -124,22 +124,26 @@ def block_seconds(gpt: models.GPTConfig, rows: int, tp: int, dtype=torch.float32
     if world % tp:
         raise ValueError(f"world_size {world} is not divisible by tp {tp}")
     groups = [dist.new_group(list(range(g, g + tp))) for g in range(0, world, tp)] if tp > 1 else []
-    block = models.Block(gpt, seed=seed).to(dtype)
-    if tp > 1:
-        block = parallelize(block, group=groups[rank // tp])
-    gen = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(rows, gpt.seq, gpt.hidden, generator=gen, dtype=dtype).requires_grad_()
-    grad = torch.randn(rows, gpt.seq, gpt.hidden, generator=gen, dtype=dtype)
-    samples = []
-    with one_thread():
-        for _ in range(repeats + 1):  # the first warms up
-            for p in block.parameters():
-                p.grad = None
-            dist.barrier()
-            cpu, spun = time.thread_time(), shared_memory.waited_seconds()
-            block(x).backward(grad)
-            samples.append(time.thread_time() - cpu - (shared_memory.waited_seconds() - spun))
-    return statistics.median(samples[1:])
+    try:
+        block = models.Block(gpt, seed=seed).to(dtype)
+        if tp > 1:
+            block = parallelize(block, group=groups[rank // tp])
+        gen = torch.Generator().manual_seed(seed + 1)
+        x = torch.randn(rows, gpt.seq, gpt.hidden, generator=gen, dtype=dtype).requires_grad_()
+        grad = torch.randn(rows, gpt.seq, gpt.hidden, generator=gen, dtype=dtype)
+        samples = []
+        with one_thread():
+            for _ in range(repeats + 1):  # the first warms up
+                for p in block.parameters():
+                    p.grad = None
+                dist.barrier()
+                cpu, spun = time.thread_time(), shared_memory.waited_seconds()
+                block(x).backward(grad)
+                samples.append(time.thread_time() - cpu - (shared_memory.waited_seconds() - spun))
+        return statistics.median(samples[1:])
+    finally:
+        for group in groups:
+            dist.destroy_process_group(group)
 
 
 def tp_efficiency(cfg: train3d.Config, world_size: int | None = None, repeats: int = 5) -> float:
@@ -150,7 +154,7 @@ def tp_efficiency(cfg: train3d.Config, world_size: int | None = None, repeats: i
     The FLOP count divides by tp, the time does not: every rank of a split layer still runs every
     operation, each with its fixed overhead, on matrices tp times narrower, and keeps the
     replicated ones (LayerNorms, residuals) whole. At hidden 128 and 4 rows on this machine a tp 4
-    shard took about as long as the whole block (efficiency about 0.3). Planners that choose a
+    shard took about as long as the whole block (efficiency about 0.34). Planners that choose a
     TP degree profile each one for this reason (Alpa profiles every candidate stage on every
     submesh it could run on: Zheng et al. 2022)."""
     if cfg.tp == 1:
