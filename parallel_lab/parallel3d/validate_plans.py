@@ -120,14 +120,10 @@ def block_seconds(gpt: models.GPTConfig, rows: int, tp: int, dtype=torch.float32
     ``gpt`` on ``rows`` sequences, split ``tp`` ways over consecutive ranks (``tensor.plan.parallelize``;
     every group at once, so every rank computes, as in a run), without the time spun waiting for
     the group's other ranks; median of ``repeats`` after a warm-up."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if world % tp:
-        raise ValueError(f"world_size {world} is not divisible by tp {tp}")
-    groups = [dist.new_group(list(range(g, g + tp))) for g in range(0, world, tp)] if tp > 1 else []
-    try:
+    with calib.consecutive_groups(tp) as group:
         block = models.Block(gpt, seed=seed).to(dtype)
         if tp > 1:
-            block = parallelize(block, group=groups[rank // tp])
+            block = parallelize(block, group=group)
         gen = torch.Generator().manual_seed(seed + 1)
         x = torch.randn(rows, gpt.seq, gpt.hidden, generator=gen, dtype=dtype).requires_grad_()
         grad = torch.randn(rows, gpt.seq, gpt.hidden, generator=gen, dtype=dtype)
@@ -141,9 +137,6 @@ def block_seconds(gpt: models.GPTConfig, rows: int, tp: int, dtype=torch.float32
                 block(x).backward(grad)
                 samples.append(time.thread_time() - cpu - (shared_memory.waited_seconds() - spun))
         return statistics.median(samples[1:])
-    finally:
-        for group in groups:
-            dist.destroy_process_group(group)
 
 
 def tp_efficiency(cfg: train3d.Config, world_size: int | None = None, repeats: int = 5) -> float:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -99,16 +100,27 @@ def all_reduce_in_situ(sizes_bytes, repeats: int = 5, calls: int = 10, group=Non
     return seconds
 
 
-def group_all_reduce(size: int, sizes_bytes, repeats: int = 5, path: str = "gloo") -> list[float]:
-    """Rank function: ``all_reduce_in_situ`` in groups of ``size`` consecutive ranks, every group at
-    once (as a plan's tensor- or data-parallel groups run)."""
+@contextmanager
+def consecutive_groups(size: int):
+    """On a rank: this rank's group of ``size`` consecutive ranks (every rank is in one, so all groups
+    work at once, as a plan's tensor- or data-parallel groups do), destroyed on exit; ``None`` (the
+    world, nothing made) at size 1. The rank pool persists, so groups must not outlive the call."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    groups = [dist.new_group(list(range(start, start + size))) for start in range(0, world, size)]
+    if world % size:
+        raise ValueError(f"world_size {world} is not divisible by group size {size}")
+    groups = [dist.new_group(list(range(start, start + size))) for start in range(0, world, size)] if size > 1 else []
     try:
-        return all_reduce_in_situ(sizes_bytes, repeats, group=groups[rank // size], path=path)
+        yield groups[rank // size] if groups else None
     finally:
         for group in groups:
             dist.destroy_process_group(group)
+
+
+def group_all_reduce(size: int, sizes_bytes, repeats: int = 5, path: str = "gloo") -> list[float]:
+    """Rank function: ``all_reduce_in_situ`` in groups of ``size`` consecutive ranks, every group at
+    once (as a plan's tensor- or data-parallel groups run)."""
+    with consecutive_groups(size) as group:
+        return all_reduce_in_situ(sizes_bytes, repeats, group=group, path=path)
 
 
 def fit_alpha_beta(sizes_bytes, seconds, world_size: int) -> dict:
