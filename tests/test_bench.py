@@ -23,6 +23,21 @@ def test_limit_is_the_work_over_the_cores_the_ranks_get():
     assert cols["limit_ratio"] == pytest.approx(0.3 / cols["limit_s"])
 
 
+@pytest.mark.parametrize("sides", [2, 3, 4])
+def test_rotation_puts_every_side_in_every_place_and_none_after_itself(sides):
+    orders = [measure.rotation(sides, i) for i in range(2 * sides)]
+    assert all(sorted(order) == list(range(sides)) for order in orders)  # each side once an iteration
+    for place in range(sides):  # each place taken by every side, once per `sides` iterations
+        assert sorted(order[place] for order in orders[:sides]) == list(range(sides))
+    sequence = [k for order in orders for k in order]
+    after_itself = sum(a == b for a, b in zip(sequence, sequence[1:]))
+    if sides >= 3:
+        assert after_itself == 0
+    else:  # two sides: ABBA, each side after itself equally often
+        repeats = [a for a, b in zip(sequence, sequence[1:]) if a == b]
+        assert repeats.count(0) - repeats.count(1) in (-1, 0, 1) and repeats
+
+
 def test_table_has_limit_columns_and_dashes_where_a_row_has_none():
     rows = [{"suite": "pipeline", "name": "x", "ours_s": 0.03, "peer": "p", "peer_s": 0.04, "ratio": 0.75,
              **measure.limit_columns(0.03, 0.02, 1)},

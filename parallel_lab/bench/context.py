@@ -10,8 +10,9 @@ sequence) divided by cp: the time a rank would take if the work split perfectly 
 cost nothing (ratio 1). Without a causal mask, a second row compares with ``context_parallel`` under
 SDPA's MATH kernel, the one configuration where it runs (DTensor all-gathers K and V).
 
-All sides run in the same rank function, alternating iteration by iteration, each after a barrier;
-the single process runs on rank 0 while the others wait. An iteration's time is the slowest rank's,
+All sides run in the same rank function, alternating iteration by iteration in rotation
+(``measure.rotation``), each after a barrier; the single process runs on rank 0 while the others
+wait. An iteration's time is the slowest rank's,
 a row the median over ``repeats``. With more ranks than cores, wall time is mostly waiting for a
 descheduled rank; ``*_cpu_s`` (thread CPU time of the busiest rank) and ``cpu_ratio`` compare the
 work, and ``limit_s`` / ``limit_ratio`` (``bench.measure.limit_columns``) how far our wall time is
@@ -30,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
-from parallel_lab.bench.measure import limit_columns
+from parallel_lab.bench.measure import limit_columns, rotation
 from parallel_lab.context import peer
 from parallel_lab.context.blockwise import zigzag_shard
 from parallel_lab.context.cost import VARIANTS
@@ -86,8 +87,7 @@ def bench_rank(shapes=SHAPES, repeats: int = 5, warmup: int = 2) -> list[dict]:
                     sides.append(torch_cp)
                 times = torch.zeros(len(sides), 2, repeats, dtype=torch.float64)  # (side, wall|cpu, repeat)
                 for i in range(warmup + repeats):
-                    order = range(len(sides)) if i % 2 == 0 else reversed(range(len(sides)))  # ABBA
-                    for s in order:
+                    for s in rotation(len(sides), i):
                         sample = sides[s]()
                         if i >= warmup:
                             times[s, :, i - warmup] = torch.tensor(sample)

@@ -24,6 +24,16 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(samples)
 
 
+def rotation(sides: int, iteration: int) -> list[int]:
+    """The order in which ``sides`` implementations run in one ``iteration`` of an alternating
+    benchmark: the sides rotated by one each iteration (012, 120, 201, ...). Each side runs in every
+    position equally often, and for three or more sides none ever runs right after itself, so none
+    runs more often than another on a cache its own previous iteration warmed. (Reversing the order
+    every other iteration, ABC CBA, gives that to the first and last side and never to the middle
+    one; for two sides the two orders are the same.)"""
+    return [(k + iteration) % sides for k in range(sides)]
+
+
 def cores(ranks: int) -> int:
     """Cores ``ranks`` rank processes really get: at most one each, at most those this process may
     run on (its CPU affinity, which a container or ``taskset`` narrows below ``os.cpu_count()``)."""

@@ -4,7 +4,8 @@
     bench_tensor(repeats=20)  # [{"name": "mlp h256 b32 tp2", "ours_s": ..., "peer_s": ..., "ratio": ...}, ...]
 
 Both implementations are cut from the same dense module and timed inside the same rank function,
-alternating iteration by iteration, so they share the machine's state (cores, caches, other load).
+alternating iteration by iteration in rotation (``measure.rotation``), so they share the machine's
+state (cores, caches, other load) and none runs more often than another right after itself.
 One iteration is a forward and a backward (the input requires grad, as it would inside a model,
 so both sides pay the backward all-reduce of the input gradient). Each rank first waits at a
 barrier; an iteration's time is the slowest rank's; a row reports the median over ``repeats``.
@@ -21,7 +22,8 @@ is not work and is left out). No implementation of that work can take less wall 
 
 How close to the kernels (MLP rows): ``kernels_s`` times ``kernels(ours)``, this rank's shard of the
 MLP's own arithmetic (the same matmuls, GELU and bias sums, in the layouts autograd uses) with no
-communication and no autograd, in the same alternation; ``kernels_ratio = kernels_s / peer_s`` is
+communication and no autograd, on its own copy of the weights (so that it warms no cache for ours),
+in the same alternation; ``kernels_ratio = kernels_s / peer_s`` is
 the lowest ratio any implementation built on these kernels could reach on this run. Where it is
 close to ``ratio`` (hidden 1024: matrix products are most of our step), what is left is the
 cost of parallelism itself: the two all-reduces, waiting at them for the other rank, autograd.
@@ -36,7 +38,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from parallel_lab import models
-from parallel_lab.bench.measure import limit_columns
+from parallel_lab.bench.measure import limit_columns, rotation
 from parallel_lab.runtime import launcher, shared_memory
 from parallel_lab.tensor.dtensor import dtensor_parallelize
 from parallel_lab.tensor.plan import parallelize
@@ -120,13 +122,11 @@ def bench_rank(repeats: int = 20, warmup: int = 3, mlp_shapes=MLP_SHAPES, block_
         sides = [_training_step(ours, x, grad), _training_step(peer, x, grad)]
         floor = isinstance(dense, models.MLP)  # the MLP's arithmetic alone (``kernels``), a third side
         if floor:
-            step = kernels(ours)
+            step = kernels(parallelize(dense))  # its own copy of our weights: no side warms another's cache
             sides.append(lambda: step(x, grad))
         times = torch.zeros(len(sides), 2, repeats, dtype=torch.float64)  # (side, wall|cpu, repeat)
         for i in range(warmup + repeats):
-            # Alternate the order (ABBA...): no side always runs first, on a warmer cache.
-            order = range(len(sides)) if i % 2 == 0 else reversed(range(len(sides)))
-            for k in order:
+            for k in rotation(len(sides), i):  # no side always first, or more often after itself
                 wall_cpu = _timed(sides[k])
                 if i >= warmup:
                     times[k, :, i - warmup] = torch.tensor(wall_cpu)
