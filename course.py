@@ -118,14 +118,16 @@ def _children() -> list[int]:
     return found
 
 
-def _reap() -> None:
+def _reap() -> bool:
+    """Collect the children that have exited; True when none is left, running or not (the kernel's
+    own count: one call, unlike a scan of /proc, which a process can be re-parented to us during)."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return True
         if pid == 0:
-            return
+            return False
 
 
 def _stop_leftovers(grace: float = 5.0, limit: float = 60.0) -> None:
@@ -134,10 +136,11 @@ def _stop_leftovers(grace: float = 5.0, limit: float = 60.0) -> None:
     told: dict[int, float] = {}
     end = time.monotonic() + limit
     while time.monotonic() < end:
-        _reap()
-        pids = _children()
-        if not pids:
+        if _reap():
             return
+        # Not "no pids, so done": a kernel that exits while /proc is read hands its forkserver to us
+        # after the scan passed it and before it reaches the kernel, and the scan finds neither.
+        pids = _children()
         now = time.monotonic()
         fresh = [pid for pid in pids if pid not in told]
         if fresh:
@@ -151,6 +154,8 @@ def _stop_leftovers(grace: float = 5.0, limit: float = 60.0) -> None:
                 except ProcessLookupError:
                     pass
         time.sleep(0.1)
+    if not _reap():
+        say(f"could not stop within {limit:g} s: {' '.join(map(str, _children()))}")
 
 
 def supervise(command: list[str], grace: float = 20.0) -> int:
