@@ -12,11 +12,11 @@ SDPA's MATH kernel, the one configuration where it runs (DTensor all-gathers K a
 
 All sides run in the same rank function, alternating iteration by iteration in rotation
 (``measure.rotation``), each after a barrier; the single process runs on rank 0 while the others
-wait. An iteration's time is the slowest rank's,
-a row the median over ``repeats``. With more ranks than cores, wall time is mostly waiting for a
-descheduled rank; ``*_cpu_s`` (thread CPU time of the busiest rank) and ``cpu_ratio`` compare the
-work, and ``limit_s`` / ``limit_ratio`` (``bench.measure.limit_columns``) how far our wall time is
-from the machine's limit for our CPU work. fp32, q, k and v given (the projections are not timed).
+wait. An iteration's time is the slowest rank's, a row the median over ``repeats``. With more
+ranks than cores, wall time is mostly waiting for a descheduled rank; ``*_cpu_s`` (thread CPU time
+of the busiest rank) and ``cpu_ratio`` compare the work, and ``limit_s`` / ``limit_ratio``
+(``bench.measure.limit_columns``) how far our wall time is from the machine's limit for our CPU
+work. fp32, q, k and v given (the projections are not timed).
 Ours materialises its score blocks with plain matmuls (the course's readable code, and what the
 score meter measures), the single process uses SDPA's fused CPU kernel: that difference, not the
 communication, is most of the first ratio. Quote ratios, not times.

@@ -20,11 +20,11 @@ is not work and is left out). No implementation of that work can take less wall 
 ``limit_s = compute_s / cores``, ``cores = min(tp, cores this process may run on)``;
 ``limit_ratio = ours_s / limit_s``.
 
-How close to the kernels (MLP rows): ``kernels_s`` times ``kernels(ours)``, this rank's shard of the
+How close to the kernels (MLP rows): ``kernels_s`` times ``kernels``, this rank's shard of the
 MLP's own arithmetic (the same matmuls, GELU and bias sums, in the layouts autograd uses) with no
-communication and no autograd, on its own copy of the weights (so that it warms no cache for ours),
-in the same alternation; ``kernels_ratio = kernels_s / peer_s`` is
-the lowest ratio any implementation built on these kernels could reach on this run. Where it is
+communication and no autograd, on its own copy of our weights (so that it warms no cache for ours),
+in the same alternation; ``kernels_ratio = kernels_s / peer_s`` is the lowest ratio any
+implementation built on these kernels could reach on this run. Where it is
 close to ``ratio`` (hidden 1024: matrix products are most of our step), what is left is the
 cost of parallelism itself: the two all-reduces, waiting at them for the other rank, autograd.
 """

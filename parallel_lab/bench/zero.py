@@ -8,7 +8,7 @@ Both sides build the same GPT from the seed (fp32), shard it the same way (one u
 embeddings and the head each a unit: ``fully_shard`` on each and on the root; ``zero.engine.Zero``
 with ``gpt_units``, stage 3) and train with Adam on the same rows (batch / dp per rank). FSDP2 runs
 on the CPU with gloo here (``init_device_mesh("cpu", (dp,))``). A step is forward, backward and the
-optimizer step. The two sides alternate step by step (ABBA...), each rank waits at a barrier first,
+optimizer step. The two sides alternate step by step (ABBA..., ``measure.rotation``), each rank waits at a barrier first,
 a step lasts as long as its slowest rank, and a row reports the median over ``repeats``;
 ``commlog`` is unwrapped for both, so neither pays our bookkeeping. ``*_cpu_s`` is the thread CPU
 time of the busiest rank (unaffected by ranks waiting for a core).
@@ -35,6 +35,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from parallel_lab import models
+from parallel_lab.bench.measure import rotation
 from parallel_lab.runtime import commlog, launcher
 from parallel_lab.zero.engine import Zero, gpt_units
 
@@ -92,12 +93,10 @@ def bench_rank(config: models.GPTConfig = CONFIG, batch: int = BATCH, repeats: i
     times = torch.zeros(2, 2, repeats, dtype=torch.float64)  # (ours|peer, wall|cpu, repeat)
     with commlog.unwrapped():
         for i in range(warmup + repeats):
-            if i % 2:
-                b, a = timed(peer_step), timed(ours_step)
-            else:
-                a, b = timed(ours_step), timed(peer_step)
-            if i >= warmup:
-                times[0, :, i - warmup], times[1, :, i - warmup] = torch.tensor(a), torch.tensor(b)
+            for k in rotation(2, i):  # ABBA
+                sample = timed((ours_step, peer_step)[k])
+                if i >= warmup:
+                    times[k, :, i - warmup] = torch.tensor(sample)
         state = [t for u in ours.units for t in (u.shard, u.adam.exp_avg, u.adam.exp_avg_sq)]
         memory = torch.tensor([_peak_bytes(ours_step, ours_model, *state),
                                _peak_bytes(peer_step, peer_model, peer_opt)], dtype=torch.float64)
