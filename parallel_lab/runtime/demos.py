@@ -4,7 +4,9 @@ Lesson 01 runs them to show what a student sees when a rank fails or hangs; the 
 run them to check that every failure is reported by rank and that no process is left behind.
 """
 
+import ctypes
 import os
+import resource
 import signal
 import sys
 import threading
@@ -85,6 +87,27 @@ def sleep(seconds):
     """Sleeps on every rank (used to test interrupting a running call)."""
     time.sleep(seconds)
     return dist.get_rank()
+
+
+def heap_refaults(blocks: int = 3, megabytes: int = 12, rounds: int = 3) -> list[int]:
+    """This rank's minor page faults in each of ``rounds`` rounds of taking ``blocks`` blocks of
+    ``megabytes`` MB from malloc, writing them and freeing them, as a training step does with its
+    gradients (straight from libc, so that nothing else lands between the blocks). After the first
+    round 0 when freed memory stays in the heap (``launcher.keep_freed_memory``); under glibc's own
+    moving thresholds a fresh process gives the heap's top back at the end of every round."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    size, faults = megabytes * 2**20, []
+    for _ in range(rounds):
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        held = [libc.malloc(size) for _ in range(blocks)]
+        for address in held:
+            ctypes.memset(address, 1, size)
+        for address in held:
+            libc.free(address)
+        faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
+    return faults
 
 
 def exit_early():

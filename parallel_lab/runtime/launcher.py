@@ -25,6 +25,7 @@ CUDA are picked when every rank has a GPU.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import importlib
 import io
 import multiprocessing as mp
@@ -54,6 +55,42 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+# glibc's malloc (mallopt(3)), which serves every CPU tensor: a block above M_MMAP_THRESHOLD is
+# mapped on its own and unmapped when freed; a smaller one comes from the heap, whose top glibc gives
+# back to the kernel once more than M_TRIM_THRESHOLD of it is free. Left alone, glibc starts the first
+# at 128 KB, raises it to the largest mapped block freed so far (at most DEFAULT_MMAP_THRESHOLD_MAX,
+# 32 MB on 64-bit) and keeps the second at twice the first.
+MMAP_THRESHOLD = 32 * 2**20  # the ceiling of glibc's own rule
+TRIM_THRESHOLD = 2 * MMAP_THRESHOLD  # what that rule sets beside it: at most 64 MB of freed heap kept
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
+
+
+def keep_freed_memory() -> bool:
+    """Fix glibc's two thresholds at the ceiling its own rule moves toward (``MMAP_THRESHOLD``,
+    ``TRIM_THRESHOLD``), so that a step's freed tensors stay in the heap for the next step. True
+    where that was set (Linux with glibc); elsewhere nothing changes.
+
+    Why: a training step frees its gradients and allocates them again (``zero_grad`` sets them to
+    None). Under glibc's moving thresholds the heap's top of a rank could end a step above the trim
+    threshold, so glibc gave it back and the next step took it again, faulted in 4 KB at a time: in
+    ``bench tensor``'s hidden-1024 tp 2 MLP (two 8 MB weight gradients a rank and side) the top went
+    down and up by 16 MB with about 4,096 minor faults an iteration, in 12 of 13 fresh pools, on
+    whichever side the heap's layout hit (ours, the peer or the kernels floor), 4-6 ms more CPU time
+    in a 13-15 ms iteration; with the thresholds fixed, none in 15 (2026-12-03; the README's
+    benchmarks section has the ratios before and after). PyTorch's CPU performance tuning guide
+    recommends jemalloc or TCMalloc for the same reuse; neither is in the course's environment,
+    mallopt is in glibc. The cost: a rank keeps up to ``TRIM_THRESHOLD`` of freed heap instead of
+    returning it, as glibc itself would once it had freed one 32 MB block (every lesson's peak
+    memory stayed within 0.01 GB)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -524,6 +561,7 @@ def _rank_main(rank, world_size, conn, status, parent_pid, timeout):
 
     # Each rank is one simulated device: one thread, so that N ranks on few cores stay honest.
     torch.set_num_threads(1)
+    keep_freed_memory()  # a step's freed tensors are there for the next one (see keep_freed_memory)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the kernel, which stops us
     _exit_when_parent_dies(parent_pid)
     current = [_IDLE]

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from parallel_lab.runtime import commlog
-from parallel_lab.runtime.launcher import backend_and_device
+from parallel_lab.runtime.launcher import backend_and_device, keep_freed_memory
 
 
 def under_torchrun(environ=None) -> bool:
@@ -45,6 +45,7 @@ def init_from_env(timeout: float = 300.0):
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    keep_freed_memory()  # as the launcher's ranks do
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
     commlog.install()
     return rank, world_size, device
