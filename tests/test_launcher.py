@@ -112,7 +112,6 @@ def test_ranks_keep_freed_memory_for_the_next_step_instead_of_faulting_it_in_aga
     launcher.shutdown()  # fresh ranks: glibc's thresholds as a new process has them
     for rank, faults in enumerate(launcher.run(demos.heap_refaults, 2)):
         assert max(faults[1:]) < 100, f"rank {rank}: minor faults per round {faults}"
-    assert launcher.keep_freed_memory() is sys.platform.startswith("linux")
 
 
 def test_default_timeout_is_at_most_30_seconds():
