@@ -40,7 +40,8 @@ def _bench(args):
 
 def _bench_arguments(parser):
     parser.add_argument("suites", nargs="*", metavar="SUITE",
-                        help="launcher, collectives, simulator, tensor, pipeline, grading, zero, context (default: all)")
+                        help="launcher, collectives, simulator, tensor, pipeline, grading, zero, context "
+                             "(default: all)")
 
 
 SCHEDULE_NAMES = ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipe-v")
@@ -389,7 +390,8 @@ COMMANDS = {
     "doctor": (_doctor, "check the installation: torch, gloo, start method, cores, widgets/plotly", None),
     "schedule": (_schedule, "print a schedule's step x rank grid and its simulated numbers",
                  _schedule_arguments),
-    "run": (_run, "run tensor, pipeline, 3D, expert (moe), sharded data (zero) or context parallelism on real ranks, checked against one process",
+    "run": (_run, "run tensor, pipeline, 3D, expert (moe), sharded data (zero) or context parallelism on real "
+                  "ranks, checked against one process",
             _run_arguments),
     "plan": (_plan, "rank parallel plans (dp, pp, tp, micro-batches, schedule, recompute)",
              _plan_arguments),

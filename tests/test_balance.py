@@ -207,7 +207,8 @@ def test_exercise_check_passes_exact_cuts_written_two_ways():
 @pytest.mark.ranks
 @pytest.mark.timeout(120)
 def test_exercise_check_explains_a_wrong_cut_exceptions_and_bad_parts():
-    uniform = CUT.check(cut_answer("    n = len(weights)\n    return [round(i * n / stages) for i in range(stages + 1)]"))
+    uniform = CUT.check(cut_answer("    n = len(weights)\n"
+                                   "    return [round(i * n / stages) for i in range(stages + 1)]"))
     assert not uniform.passed and uniform.lines[0].startswith("balanced cut: FAILED (")
     assert "heaviest stage" in uniform.lines[1] and "is possible" in uniform.lines[1]
     broken = CUT.check(cut_answer("    raise ZeroDivisionError('oops')"))
@@ -217,7 +218,8 @@ def test_exercise_check_explains_a_wrong_cut_exceptions_and_bad_parts():
 
 
 def test_exercise_may_not_call_the_library_partitioner():
-    library = "from parallel_lab.pipeline.partition import balanced\n" + cut_answer("    return balanced(weights, stages)")
+    library = ("from parallel_lab.pipeline.partition import balanced\n"
+               + cut_answer("    return balanced(weights, stages)"))
     assert "imports parallel_lab.pipeline.partition: the library's own implementation is not an answer" in \
         CUT.check(library).lines[0]
 

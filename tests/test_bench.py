@@ -135,5 +135,6 @@ def test_chain_worker_computes_and_counts_what_autograd_does(stage_index, varian
 def test_all_reduce_timing_names_its_algorithms():
     from parallel_lab.planning.calibration import time_all_reduce
 
-    with pytest.raises(ValueError, match="unknown all-reduce algorithm 'tree'; choose one of gloo, ring, one-shot, shared-memory"):
+    with pytest.raises(ValueError,
+                       match="unknown all-reduce algorithm 'tree'; choose one of gloo, ring, one-shot, shared-memory"):
         time_all_reduce([1024], algorithm="tree")

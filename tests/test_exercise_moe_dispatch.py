@@ -32,7 +32,8 @@ STUB = '''def my_dispatch(expert, experts, capacity):
     return queues
 '''
 
-TOKEN_MAJOR = SOLUTION.replace("for s in range(k):\n        for t in range(n):", "for t in range(n):\n        for s in range(k):")
+TOKEN_MAJOR = SOLUTION.replace("for s in range(k):\n        for t in range(n):",
+                               "for t in range(n):\n        for s in range(k):")
 NO_CAPACITY = SOLUTION.replace("if len(queues[e]) < capacity:", "if True:")
 ONE_TOO_MANY = SOLUTION.replace("if len(queues[e]) < capacity:", "if len(queues[e]) <= capacity:")
 REVERSED = SOLUTION.replace("    return queues\n", "    return [q[::-1] for q in queues]\n")

@@ -127,8 +127,9 @@ def test_gradebook_of_a_class(lesson01, tmp_path):
         "dan": ref,
         "eve": with_answer(ref, "ring-all-reduce", "def my_ring_all_reduce(tensor):\n    dist.all_reduce(tensor)\n"
                                                    "    return tensor\n"),
-        "fay": with_answer(ref, "ring-all-reduce", "from parallel_lab.runtime.collectives import ring_all_reduce\n\n"
-                                                   "def my_ring_all_reduce(tensor):\n    return ring_all_reduce(tensor)\n"),
+        "fay": with_answer(ref, "ring-all-reduce",
+                           "from parallel_lab.runtime.collectives import ring_all_reduce\n\n"
+                           "def my_ring_all_reduce(tensor):\n    return ring_all_reduce(tensor)\n"),
         "gus": forged,
         "hal": with_answer(ref, "ring-all-reduce", "t = torch\nt.equal = lambda a, b: True\n\n"
                                                    "def my_ring_all_reduce(tensor):\n    return tensor\n"),
@@ -202,7 +203,8 @@ def hostile_answers(outside: Path, inside_repo: Path | None) -> dict:
         "secret": probe('import os\nreturn os.environ.get("PARALLEL_LAB_TEST_SECRET", "no secret")'),
         "writer": probe(writes + 'return "wrote"'),
         "forker": probe('import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n'
-                        '        os.execvp("sleep", ["sleep", "301"])\n    os._exit(0)\ntime.sleep(0.5)\nreturn "forked"'),
+                        '        os.execvp("sleep", ["sleep", "301"])\n    os._exit(0)\n'
+                        'time.sleep(0.5)\nreturn "forked"'),
         "bomber": probe("import os\nwhile True:\n    os.fork()"),
         "hoarder": probe("x = []\nwhile True:\n    x.append(bytearray(2**28))"),
         "sleeper": probe("import time\nwhile True:\n    time.sleep(1)"),
@@ -233,8 +235,8 @@ def test_hostile_submissions_are_graded_and_harm_nothing(kind, tmp_path, monkeyp
     ref = probe_reference(tmp_path)
     in_repo = ROOT / "pwned-by-a-submission.txt" if kind == "bwrap" else None
     for student, source in hostile_answers(outside, in_repo).items():
-        submit(root, student, nbformat.v4.new_notebook(cells=[
-            nbformat.v4.new_code_cell(source, metadata={"tags": ["answer:probe"]})])).rename(root / student / "99_probe.ipynb")
+        cell = nbformat.v4.new_code_cell(source, metadata={"tags": ["answer:probe"]})
+        submit(root, student, nbformat.v4.new_notebook(cells=[cell])).rename(root / student / "99_probe.ipynb")
     out = tmp_path / "grades.csv"
     rows = gradebook.grade([root], out, [ref], check_timeout=60, notebook_timeout=25, jobs=2, sandbox=sandbox,
                            modules=("grading_probe",), env={"PYTHONPATH": str(TESTS)}, progress=False)
@@ -245,7 +247,8 @@ def test_hostile_submissions_are_graded_and_harm_nothing(kind, tmp_path, monkeyp
     assert SECRET not in everything
     assert "MemoryError" in reasons["hoarder"] or "memory" in reasons["hoarder"]
     assert "exceeded its 25 s limit" in reasons["sleeper"]
-    assert any(word in reasons["bomber"] for word in ("processes", "BlockingIOError", "Resource temporarily")), reasons["bomber"]
+    assert any(word in reasons["bomber"] for word in ("processes", "BlockingIOError", "Resource temporarily")), \
+        reasons["bomber"]
     if kind == "bwrap":  # a private, read-only view of the file system
         assert not outside.exists() and not in_repo.exists()
         assert "No such file" in reasons["writer"] or "Read-only" in reasons["writer"]

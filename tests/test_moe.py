@@ -146,8 +146,10 @@ def test_gpt_with_experts_in_place_of_the_mlp():
 
 
 @pytest.mark.parametrize("case, ep, message", [
-    (moe_run.Case(), 3, "expert parallelism needs experts % ep == 0 (each rank holds experts / ep), got experts 8, ep 3"),
-    (moe_run.Case(), 16, f"expert parallelism needs ep <= {launcher.MAX_WORLD_SIZE} (the launcher's cap on ranks), got ep 16"),
+    (moe_run.Case(), 3,
+     "expert parallelism needs experts % ep == 0 (each rank holds experts / ep), got experts 8, ep 3"),
+    (moe_run.Case(), 16,
+     f"expert parallelism needs ep <= {launcher.MAX_WORLD_SIZE} (the launcher's cap on ranks), got ep 16"),
     (moe_run.Case(experts=4, batch=6), 4, "expert parallelism needs batch % ep == 0 (each rank its own sequences), "
                                           "got batch 6, ep 4"),
     (moe_run.Case(), 0, "ep must be a positive integer, got ep 0"),

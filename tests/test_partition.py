@@ -1,4 +1,5 @@
-"""Stage balancing (parallel_lab.pipeline.partition) and the per-layer profile it balances (parallel_lab.pipeline.profile)."""
+"""Stage balancing (parallel_lab.pipeline.partition) and the per-layer profile it balances
+(parallel_lab.pipeline.profile)."""
 
 import itertools
 import random

@@ -104,7 +104,8 @@ def test_as_schedule_accepts_strings_actions_tuples_idle_slots_and_lines():
     ([["0F0", "0B0"]], "returned 1 rank lists for p=2; expected one per rank"),
     ("0F0 0B0", "expected one list of actions per rank, got str"),
     ([["0F0", "0X0"], ["1F0", "1B0"]], "rank 0, position 1: cannot parse action '0X0'"),
-    ([["0F0", 3], ["1F0", "1B0"]], "rank 0, position 1: expected an action like '0F1' (a string) or an Action, got int 3"),
+    ([["0F0", 3], ["1F0", "1B0"]],
+     "rank 0, position 1: expected an action like '0F1' (a string) or an Action, got int 3"),
     ([["0F0", "0B0"], 7], "rank 1: expected a list of actions, got int"),
 ])
 def test_as_schedule_names_what_it_cannot_read(ranks, message):

@@ -55,8 +55,9 @@ def test_no_prediction_prompts_for_a_number_and_still_shows_the_measurement(caps
     assert shown.startswith("prediction gpipe-bubble: NOT YET: no number recorded.\n")
     assert "Write it in my_prediction in the cell above" in shown and "Graded: 1 point within ±10 %" in shown
     assert "0.429" not in shown and "3 / 7" not in shown  # the reference is the grader's, not printed
-    assert guess.comparison(3 / 7, "simulated") == ("prediction gpipe-bubble: simulated 0.429; no prediction "
-                                                    "was recorded (next time write one in my_prediction before the run)")
+    assert guess.comparison(3 / 7, "simulated") == (
+        "prediction gpipe-bubble: simulated 0.429; no prediction was recorded (next time write one in "
+        "my_prediction before the run)")
     refused = predict("x", "0.3", "a fraction")
     assert refused.value is None and "NOT YET: my_prediction must be a number, got '0.3'" in capsys.readouterr().out
 
@@ -111,7 +112,8 @@ def test_the_registry_is_bilingual_and_its_references_are_the_lessons_numbers():
         assert p.function.startswith("parallel_lab.") and p.about
     ref = {k: p.reference() for k, p in predictions.GRADED.items()}
     # What lessons 04, 05 and 08 compute and show next to the prediction.
-    assert ref["gpipe-bubble"] == simulate(build("gpipe", 4, 4), Costs(F=1, B=2)).bubble_fraction == pytest.approx(3 / 7)
+    gpipe = simulate(build("gpipe", 4, 4), Costs(F=1, B=2))
+    assert ref["gpipe-bubble"] == gpipe.bubble_fraction == pytest.approx(3 / 7)
     assert ref["1f1b-peak-stash"] == max(simulate(build("1f1b", 4, 8), Costs(F=1, B=2)).peak_activations) == 4
     even_cut = simulate(build("1f1b", 4, 8), balance.stage_costs([1, 2, 2, 2, 2, 2, 4], [0, 3, 4, 5, 7]))
     assert ref["uneven-cut-step"] == even_cut.makespan == 171

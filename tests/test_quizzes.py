@@ -493,8 +493,8 @@ def _build_lessons():
 def test_lesson_cells_parse_and_run_deterministically(lesson):
     cells = _build_lessons().parse(text.lesson_cells(lesson))
     kinds = [(c.cell_type, c.metadata.get("tags", [])) for c in cells]
-    assert kinds == [("markdown", []), ("code", ["nbval-ignore-output"]), ("code", []), ("code", [f"answer:quiz:{lesson}"]),
-                     ("code", [f"check:quiz:{lesson}", "points:3"])]
+    assert kinds == [("markdown", []), ("code", ["nbval-ignore-output"]), ("code", []),
+                     ("code", [f"answer:quiz:{lesson}"]), ("code", [f"check:quiz:{lesson}", "points:3"])]
     namespace, outputs = {}, []
     for cell in cells[1:]:
         buffer = io.StringIO()
@@ -627,7 +627,8 @@ def test_quoted_planner_numbers_are_lesson_10s():
     why = _item_text("planner", "planner/why-tp4")
     for tp in (4, 8):
         for schedule in ("zb-h1", "1f1b"):
-            parts = pw.best_plan(plans, tp=tp, dp=8, microbatches=192, schedule=schedule)["breakdown"]  # the item: dp 8, m 192
+            # the item: dp 8, m 192
+            parts = pw.best_plan(plans, tp=tp, dp=8, microbatches=192, schedule=schedule)["breakdown"]
             assert f"{parts['bubble_s']:.2f} s" in why, (tp, schedule)
         parts = pw.best_plan(plans, tp=tp, dp=8, microbatches=192, schedule="zb-h1")["breakdown"]
         assert f"{parts['tp_comm_s']:.2f} s" in why

@@ -173,7 +173,8 @@ def test_registry_and_build_names():
 @pytest.mark.parametrize(
     "args,message",
     [
-        (("interleaved-1f1b", 4, 6, 2), "interleaved-1f1b needs microbatches % ranks == 0, got microbatches 6, ranks 4"),
+        (("interleaved-1f1b", 4, 6, 2),
+         "interleaved-1f1b needs microbatches % ranks == 0, got microbatches 6, ranks 4"),
         (("1f1b", 0, 4), "1f1b: ranks must be a positive integer, got ranks 0"),
         (("gpipe", 2, 0), "gpipe: microbatches must be a positive integer, got microbatches 0"),
         (("interleaved-1f1b", 2, 4, 0), "virtual must be a positive integer, got virtual 0"),

@@ -244,7 +244,8 @@ def test_parse_costs():
 
 @pytest.mark.parametrize(
     "text,message",
-    [("1", "needs 2 or 3 numbers"), ("a,b", "needs numbers"), ("1,2,2", "needs 0 < W < B"), ("1,-2", "cost B must be > 0")],
+    [("1", "needs 2 or 3 numbers"), ("a,b", "needs numbers"), ("1,2,2", "needs 0 < W < B"),
+     ("1,-2", "cost B must be > 0")],
 )
 def test_parse_costs_rejects(text, message):
     with pytest.raises(ScheduleError, match=message):
@@ -281,7 +282,8 @@ def test_unit_grid_falls_back_to_action_order_when_huge():
 
 def test_summary_is_the_cli_contract():
     out = json.loads(json.dumps(summary(build("zb-v", 2, 4), parse_costs("1,2,1"))))
-    assert {"schedule", "stages", "microbatches", "ranks", "makespan", "bubble_fraction", "peak_activations"} <= set(out)
+    keys = {"schedule", "stages", "microbatches", "ranks", "makespan", "bubble_fraction", "peak_activations"}
+    assert keys <= set(out)
     assert (out["schedule"], out["stages"], out["microbatches"], out["virtual"]) == ("zb-v", 2, 4, 2)
     assert len(out["peak_activations"]) == 4
     assert set(out["ranks"]) == {"0", "1"}

@@ -41,7 +41,8 @@ def results(tp):
     by_job = {job: [ranks[i] for ranks in per_rank] for i, job in enumerate(JOBS)}
     dtensor = None
     if tp > 1:
-        dtensor = launcher.run(tp_dtensor.check_against_dtensor, tp, kwargs=dict(config=CONFIG, batch=BATCH), timeout=120)
+        dtensor = launcher.run(tp_dtensor.check_against_dtensor, tp, kwargs=dict(config=CONFIG, batch=BATCH),
+                               timeout=120)
     return by_job, dtensor
 
 

@@ -8,10 +8,10 @@ Both sides build the same GPT from the seed (fp32), shard it the same way (one u
 embeddings and the head each a unit: ``fully_shard`` on each and on the root; ``zero.engine.Zero``
 with ``gpt_units``, stage 3) and train with Adam on the same rows (batch / dp per rank). FSDP2 runs
 on the CPU with gloo here (``init_device_mesh("cpu", (dp,))``). A step is forward, backward and the
-optimizer step. The two sides alternate step by step (ABBA..., ``measure.rotation``), each rank waits at a barrier first,
-a step lasts as long as its slowest rank, and a row reports the median over ``repeats``;
-``commlog`` is unwrapped for both, so neither pays our bookkeeping. ``*_cpu_s`` is the thread CPU
-time of the busiest rank (unaffected by ranks waiting for a core).
+optimizer step. The two sides alternate step by step (ABBA..., ``measure.rotation``), each rank
+waits at a barrier first, a step lasts as long as its slowest rank, and a row reports the median over
+``repeats``; ``commlog`` is unwrapped for both, so neither pays our bookkeeping. ``*_cpu_s`` is the
+thread CPU time of the busiest rank (unaffected by ranks waiting for a core).
 
 Peak memory: one more step of each under PyTorch's own ``MemTracker``
 (``torch.distributed._tools.mem_tracker``, a dispatch mode that follows every tensor storage,

@@ -241,7 +241,8 @@ def _activation_slips(case: dict, want: float) -> list[tuple[float, str]]:
         slips.append((want / held * m, f"counted all m = {m} micro-batches (GPipe's stash); 1F1B's first stage "
                                        f"holds min(m, pp) = {held}"))
     if pp != held:
-        slips.append((want / held * pp, f"counted pp = {pp} micro-batches, but only m = {m} exist: min(m, pp) = {held}"))
+        slips.append((want / held * pp,
+                      f"counted pp = {pp} micro-batches, but only m = {m} exist: min(m, pp) = {held}"))
     if pp > 1:
         slips.append((want / per_stage * L, f"counted all {L} layers; the first stage holds L/pp = {per_stage}"))
     if per_stage > 1:

@@ -201,7 +201,8 @@ def _diagnose(queues, choices, experts: int, capacity: int) -> str | None:
     for e, q in enumerate(queues):
         for t, s in q:
             if not (0 <= t < n and 0 <= s < k):
-                return f"expert {e}'s queue holds ({t}, {s}), which is no assignment: tokens 0..{n - 1}, choices 0..{k - 1}"
+                return (f"expert {e}'s queue holds ({t}, {s}), which is no assignment: tokens 0..{n - 1}, "
+                        f"choices 0..{k - 1}")
             if choices[t][s] != e:
                 return f"expert {e}'s queue holds {_pair((t, s))}, but that choice is expert {choices[t][s]}"
         if len(set(q)) != len(q):

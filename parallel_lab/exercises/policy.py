@@ -102,7 +102,8 @@ def review(source: str, policy: Policy) -> str | None:
         if isinstance(node, ast.Attribute):
             if node.attr.startswith("__") and node.attr.endswith("__") and node.attr != "__init__":
                 return f"uses {node.attr}: exercises are written without dunder attributes (no reflection)"
-            if policy.dist is not None and _is_dist(node.value, dist_names, torch_names) and node.attr not in policy.dist:
+            if (policy.dist is not None and _is_dist(node.value, dist_names, torch_names)
+                    and node.attr not in policy.dist):
                 return _dist_reason(node.attr, policy)
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]

@@ -28,10 +28,10 @@ machine the same rank function runs under torchrun (NCCL on GPUs)::
 
     torchrun --standalone --nproc-per-node 8 -m parallel_lab.cli run 3d --dp 2 --pp 2 --tp 2 --steps 3
 
-which prints ``step k/n loss ...`` on stderr and one JSON object on stdout (``train_under_torchrun``). NCCL ignores message tags: the pipeline
-messages between two ranks then match in the order they are posted, which holds for GPipe and 1F1B
-(activations and gradients each travel in micro-batch order); the other schedules are tested on
-gloo only.
+which prints ``step k/n loss ...`` on stderr and one JSON object on stdout (``train_under_torchrun``).
+NCCL ignores message tags: the pipeline messages between two ranks then match in the order they are
+posted, which holds for GPipe and 1F1B (activations and gradients each travel in micro-batch order);
+the other schedules are tested on gloo only.
 """
 
 from __future__ import annotations
@@ -173,7 +173,8 @@ def check(cfg: Config, world_size: int | None = None, memory_limit_gb: float | N
         need = predicted_memory(cfg)
         if need["total"] > memory_limit_gb * memory.GB:
             raise ValueError(f"plan does not fit: stage {need['stage']} needs {need['total'] / memory.GB:.3g} GB "
-                             f"(weights {need['weights'] / memory.GB:.3g}, gradients {need['gradients'] / memory.GB:.3g}, "
+                             f"(weights {need['weights'] / memory.GB:.3g}, "
+                             f"gradients {need['gradients'] / memory.GB:.3g}, "
                              f"optimizer {need['optimizer'] / memory.GB:.3g}, activations "
                              f"{need['activations'] / memory.GB:.3g}) > memory limit {memory_limit_gb:g} GB per device")
     return schedule
@@ -295,10 +296,11 @@ def train_rank(cfg: Config, reference_state: dict | None = None, timed: bool = F
 
     Returns ``rank``, ``coords`` (dp, pp, tp), ``losses`` (per step, the mean over the whole batch;
     on the last pipeline stage, else None), ``step_s`` (wall seconds of each step, from a common
-    start with ``timed``), ``cpu_s`` (CPU seconds of this process in each step), ``checksum`` (this rank's share of the sum of every weight of the model:
-    sharded weights on every TP rank, replicated ones on TP rank 0, replica 0 only) and, given the
-    reference's final dense ``state``, ``max_weight_diff`` of this rank's weights against the same
-    shard cut from it. ``verbose``: the first replica's last stage prints ``step k/n loss ...``.
+    start with ``timed``), ``cpu_s`` (CPU seconds of this process in each step), ``checksum`` (this
+    rank's share of the sum of every weight of the model: sharded weights on every TP rank,
+    replicated ones on TP rank 0, replica 0 only) and, given the reference's final dense ``state``,
+    ``max_weight_diff`` of this rank's weights against the same shard cut from it. ``verbose``: the first replica's last
+    stage prints ``step k/n loss ...``.
     """
     schedule = check(cfg, dist.get_world_size()) if schedule is None else schedule
     groups = build_groups(ParallelDims(cfg.dp, cfg.pp, cfg.tp, cfg.nodes))

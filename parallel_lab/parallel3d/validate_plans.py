@@ -7,9 +7,9 @@
 
 ``planning.cost.step_time`` predicts a step from a handful of constants: achieved FLOP/s per device and the
 α–β of an all-reduce (two here: gloo's, and shared memory's for tensor parallelism's all-reduces and
-the pipeline's messages, ``calibrate``'s ``near``). ``calibrate`` measures those on this machine's CPU ranks, the way a planner
-profiles a cluster before it searches: all-reduces timed between computations, as training issues
-them, on groups of every size a plan uses with all groups at once; and ``workload_tflops``, this
+the pipeline's messages, ``calibrate``'s ``near``). ``calibrate`` measures those on this machine's
+CPU ranks, the way a planner profiles a cluster before it searches: all-reduces timed between computations, as training
+issues them, on groups of every size a plan uses with all groups at once; and ``workload_tflops``, this
 model's own FLOP/s with every rank computing at once. ``train3d.train_rank`` runs the same plans for
 real, in fp32, timing every step on the wall clock (the slowest rank, from a barrier). Lesson 09
 shows the table; lesson 10 explains the model.
@@ -313,8 +313,8 @@ def format_table(result: dict) -> str:
     lines.append(f"median relative error {result['median_rel_error']:.0%} with the model's own FLOP/s "
                  f"({first['workload_tflops'] * 1e3:.1f} GFLOP/s for the first plan{shards}), "
                  f"{result['median_rel_error_matmul']:.0%} with the matmul's ({cal['tflops'] * 1e3:.1f} GFLOP/s)")
-    lines.append(f"{result['median_rel_error_given_load']:.0%} when told the cores the ranks really got during each run "
-                 f"(a diagnostic: it separates the model's error from the machine's other load)")
+    lines.append(f"{result['median_rel_error_given_load']:.0%} when told the cores the ranks really got "
+                 f"during each run (a diagnostic: it separates the model's error from the machine's other load)")
     near = cal.get("near")
     through = "" if not near else (f" (gloo; through shared memory α {near['latency_us']:.0f} us, "
                                    f"{near['intra_gbps']:.2f} GB/s)")

@@ -17,8 +17,9 @@ first stage, its head to the last, the transformer blocks spread evenly): the ri
 block costs the same and the ends cost nothing. Lesson 08 (lessons/08_balancing_stages.ipynb) needs
 any cut, e.g. one from ``parallel_lab.pipeline.partition``; ``stages.cut_at`` builds the stages from
 boundaries over *all* pieces (embedding, blocks, head), and ``cut_rank`` is
-``pipeline.run.pipeline_rank`` with that cut. Everything else -- the executor, the comparison with one process, the simulator fed the
-measured costs, both clocks -- is ``parallel_lab.pipeline`` unchanged.
+``pipeline.run.pipeline_rank`` with that cut. Everything else -- the executor, the comparison with
+one process, the simulator fed the measured costs, both clocks -- is ``parallel_lab.pipeline``
+unchanged.
 
 Why balance at all: in a pipeline every stage waits for the slowest one, so with per-stage costs
 ``c_s`` a step takes about ``m * max(c)`` plus the fill and drain, and the idle share tends to

@@ -151,7 +151,8 @@ class Inbox:
     data waits until the receiver says it is ready. So the first ``depth`` needs are posted when the
     step starts (``post_ahead``) and ``take`` keeps the next ``depth`` posted. A need is posted
     together with every message its sender sends to this rank before it (NCCL matches a pair's
-    messages in order), each into its own buffer until it is taken. With ``stamps`` every tensor has a one-number virtual timestamp beside it.
+    messages in order), each into its own buffer until it is taken. With ``stamps`` every tensor has a
+    one-number virtual timestamp beside it.
 
     needs:   ``(peer, message)`` per receive, in program order (peer: pipeline rank)
     arrive:  peer -> its messages to this rank in send order (``send_order``)
@@ -455,9 +456,9 @@ def _nothing():
 @contextmanager
 def _saved_bytes(w: StageWorker, j: int):
     """Count the bytes of activations microbatch j's graph keeps on stage ``w`` (its input and every
-    tensor autograd saves, or a ChainWorker keeps, parameters excluded) into ``w.saved_bytes[j]``. A tensor counts its own
-    size, not its storage's: a micro-batch that is a slice of the whole batch (stage 0's input, the
-    last stage's targets) holds only its slice; views of one storage count the largest once."""
+    tensor autograd saves, or a ChainWorker keeps, parameters excluded) into ``w.saved_bytes[j]``. A
+    tensor counts its own size, not its storage's: a micro-batch that is a slice of the whole batch (stage 0's input,
+    the last stage's targets) holds only its slice; views of one storage count the largest once."""
     params = {p.untyped_storage().data_ptr() for p in w.params}
     seen: dict[int, int] = {}
 

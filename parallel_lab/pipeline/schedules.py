@@ -417,9 +417,9 @@ def dualpipe_v(p: int, m: int) -> Schedule:
     has m - 2p + r + 1 pairs of pairs, none on rank 0 at m = 2p - 1 and a negative count below.
     With free links and I = W = B/2 the makespan is 2m(F + B) + max((p-1) max(2F - B, F),
     (p-1) B/2 - F) in per-stage costs, ZB-V's 6m + p - 1 at F = I = W = 1 (fitted to the simulator
-    and held against it, not derived from the paper). Counted until W, every rank peaks at 2p + 1 half-size stashes, p + 1/2 of a rank's layers: one more
-    than ZB-V, because a pair's forward starts before its partner's backward frees anything (cf.
-    the activation memory of PP + 1 the report gives DualPipe).
+    and held against it, not derived from the paper). Counted until W, every rank peaks at 2p + 1
+    half-size stashes, p + 1/2 of a rank's layers: one more than ZB-V, because a pair's forward starts before its
+    partner's backward frees anything (cf. the activation memory of PP + 1 the report gives DualPipe).
     """
     _check_positive("dualpipe-v", ranks=p, microbatches=m)
     if m < 2 * p:

@@ -11,9 +11,9 @@ The cost model (per training step, on the slowest device; every term is printed 
   2-byte values (Megatron, Shoeybi et al. 2019; 2 more with full recomputation, none more with
   selective), ring α–β model (``ring_all_reduce_time``) over the intra-node links when
   the TP group is inside a node; at the ends of the model the vocab-parallel embedding (1 forward),
-  LM head (1 backward) and cross-entropy (3 forward of one fp32 value per token). Added to each micro-batch's forward / backward: it is not
-  overlapped, so it also lengthens the bubble. With sequence parallelism the all-reduces become an
-  all-gather + a reduce-scatter of the same volume: same time.
+  LM head (1 backward) and cross-entropy (3 forward of one fp32 value per token). Added to each
+  micro-batch's forward / backward: it is not overlapped, so it also lengthens the bubble. With sequence parallelism the
+  all-reduces become an all-gather + a reduce-scatter of the same volume: same time.
 - **pipeline bubble**: closed forms of the simulator's makespan (``parallel_lab.pipeline.simulate``; equal
   stage costs, free links -- tested equal): GPipe and 1F1B ``(m + p - 1)(F + B)``, interleaved 1F1B
   ``m(F + B) + (p - 1)(F + B)/v``, ZB-H1 ``m(F + B) + (p - 1)·max(F, B/2)`` (its W passes fill the
@@ -69,10 +69,10 @@ The cost model (per training step, on the slowest device; every term is printed 
   exposed part (in the step), ``dp_hidden_s`` the hidden part (not in it).
 
 Deliberately simple: no kernel efficiency that depends on shapes, no congestion between groups
-sharing a link, no slow-down of compute by the communication it hides. Good for ranking plans and for seeing why; its constants come from
-``parallel_lab.hardware.Cluster`` (or from this machine, ``parallel_lab.planning.calibration``);
-``parallel_lab.parallel3d.validate_plans`` holds it against real 3D runs (``validate``) and the
-overlap term against ZeRO runs on the virtual clock (``validate_overlap``).
+sharing a link, no slow-down of compute by the communication it hides. Good for ranking plans and
+for seeing why; its constants come from ``parallel_lab.hardware.Cluster`` (or from this machine,
+``parallel_lab.planning.calibration``); ``parallel_lab.parallel3d.validate_plans`` holds it against real 3D runs
+(``validate``) and the overlap term against ZeRO runs on the virtual clock (``validate_overlap``).
 """
 
 from __future__ import annotations

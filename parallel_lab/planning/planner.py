@@ -19,9 +19,9 @@ batch (1536 sequences of 2048 tokens): tensor parallelism stays inside a node; Z
 (Adam's state sharded) lets TP 2 x PP 32 fit and come first, TP 4 x PP 16 0.6 % behind (first
 without ZeRO, and with 1F1B). ZeRO-3 makes even pure data parallelism fit (with full
 recomputation) and loses by 70 %: its 3Ψ per step crosses the network (Narayanan et al. 2021,
-section 5.3, measured PTD-P 70 % ahead of ZeRO-3 for GPT-3 175B). On 64 DGX A100 nodes with 1F1B (Megatron-LM's 2021 hardware and
-schedule, Narayanan et al.) TP 8 comes first, as in the paper: an H100 computes 3.2x faster than an
-A100 but its NVLink is only 1.5x faster, so each all-reduce costs more compute time and a deeper
+section 5.3, measured PTD-P 70 % ahead of ZeRO-3 for GPT-3 175B). On 64 DGX A100 nodes with 1F1B
+(Megatron-LM's 2021 hardware and schedule, Narayanan et al.) TP 8 comes first, as in the paper: an H100 computes 3.2x
+faster than an A100 but its NVLink is only 1.5x faster, so each all-reduce costs more compute time and a deeper
 pipeline with less TP pays off, the more so with ZB-H1, whose bubble is a third of 1F1B's.
 
 Mixtures of experts and long sequences: a model with ``experts`` searches the expert-parallel

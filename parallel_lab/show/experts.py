@@ -55,7 +55,8 @@ def loads(routing: models.Routing) -> dict:
     E, k = len(routing.routed_per_expert), routing.expert.shape[1]
     kept = [[int(((routing.expert[:, s] == e) & routing.kept[:, s]).sum()) for e in range(E)] for s in range(k)]
     routed = routing.routed_per_expert.tolist()
-    return {"routed": routed, "kept": kept, "dropped": [r - t for r, t in zip(routed, routing.tokens_per_expert.tolist())],
+    kept_tokens = routing.tokens_per_expert.tolist()
+    return {"routed": routed, "kept": kept, "dropped": [r - t for r, t in zip(routed, kept_tokens)],
             "capacity": routing.capacity}
 
 
@@ -63,8 +64,8 @@ def load_table(routing: models.Routing) -> str:
     """``loads`` as text, one row per expert."""
     data = loads(routing)
     k = len(data["kept"])
-    head = f"{'expert':>6} {'routed':>7} " + " ".join(f"{_ORDINAL[s] + ' kept' if s < 4 else f'kept {s + 1}':>8}" for s in range(k)) + \
-        f" {'dropped':>8}"
+    columns = " ".join(f"{_ORDINAL[s] + ' kept' if s < 4 else f'kept {s + 1}':>8}" for s in range(k))
+    head = f"{'expert':>6} {'routed':>7} {columns} {'dropped':>8}"
     lines = [head, "-" * len(head)]
     for e, routed in enumerate(data["routed"]):
         lines.append(f"{e:>6} {routed:>7} " + " ".join(f"{data['kept'][s][e]:>8}" for s in range(k)) +
@@ -137,7 +138,8 @@ def dispatch_counts(routing: models.Routing, ep: int) -> list[list[int]]:
     return counts
 
 
-def dispatch_figure(counts: Sequence[Sequence[int]], hidden: int | None = None, bytes_per_element: int = 8) -> go.Figure:
+def dispatch_figure(counts: Sequence[Sequence[int]], hidden: int | None = None,
+                    bytes_per_element: int = 8) -> go.Figure:
     """The dispatch all-to-all as a matrix: row s, column d, the token rows rank s sends rank d (the
     diagonal stays home); with ``hidden``, the bytes too."""
     ep = len(counts)
@@ -163,7 +165,8 @@ def imbalance_rows(case: Case | None = None, shifts: Sequence[float] = (0.0, 0.5
     for shift in shifts:
         r = dense_routing(case, shift)
         routed = r.routed_per_expert.tolist()
-        rows.append({"shift": shift, "routed": routed, "max_over_mean": round(max(routed) / (sum(routed) / len(routed)), 3),
+        rows.append({"shift": shift, "routed": routed,
+                     "max_over_mean": round(max(routed) / (sum(routed) / len(routed)), 3),
                      "dropped": r.dropped, "dropped_tokens": int(r.dropped_tokens.sum()),
                      "aux_loss": round(float(r.aux_loss), 4), "capacity": r.capacity})
     return rows

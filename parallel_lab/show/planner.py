@@ -60,7 +60,8 @@ def memory_table(rows: dict) -> str:
         m = memory_model.max_device_memory(**kwargs)
         gb = {k: m[k] / memory.GB for k in ("weights", "gradients", "optimizer", "buffers", "activations", "total")}
         lines.append(f"{label:<40} {gb['weights']:>8.1f} {gb['gradients']:>6.1f} {gb['optimizer']:>6.1f} "
-                     f"{gb['buffers']:>7.1f} {gb['activations']:>7.1f} {gb['total']:>7.1f}  {m['stage']}, {m['in_flight']}")
+                     f"{gb['buffers']:>7.1f} {gb['activations']:>7.1f} {gb['total']:>7.1f}  "
+                     f"{m['stage']}, {m['in_flight']}")
     return "\n".join(lines)
 
 

@@ -31,7 +31,8 @@ LABELS = {
            "(from parallel_lab.course.certificate) for a certificate.", "sheet": "Your answer sheet (paste it "
            "into the answer-sheet cell to hand in):", "number": "a number"},
     "zh-Hant": {"check": "檢查", "retry": "再試一次", "score": "得分：{points:g} / {total:g} 分（及格 {needed:g} 分）",
-                "passed": "及格！執行 <code>certificate(\"你的名字\")</code>（來自 parallel_lab.course.certificate）取得證書。",
+                "passed": "及格！執行 <code>certificate(\"你的名字\")</code>"
+                          "（來自 parallel_lab.course.certificate）取得證書。",
                 "sheet": "你的答案卷（貼到答案卷儲存格後繳交）：", "number": "一個數字"},
 }
 

@@ -9,7 +9,8 @@ critical path (the next matmul needs their result), so they add to the step time
 
     default_summary()      # the defaults on each preset (text)
     cost_figure(...)       # compute and communication per layer against t (plotly)
-    cost_widget(machine)   # sliders and editable link numbers; ``machine`` from ``planning.calibration.measure_machine()``
+    cost_widget(machine)   # sliders and editable link numbers
+                           # (``machine`` from ``planning.calibration.measure_machine()``)
 """
 
 from __future__ import annotations
@@ -48,14 +49,16 @@ def summary(link: Link, hidden: int, tp: int, tokens: int, flops: float, bytes_p
     """One line: compute and communication of a layer's forward and backward on ``link``, their ratio."""
     c, m = tp_layer_step(tokens, hidden, tp, link, flops, bytes_per_value)
     return (f"{link.name}, {link.bandwidth / 1e9:.3g} GB/s, α {_time(link.latency)}, {flops / 1e12:.0f} TFLOP/s: "
-            f"compute {_time(c)}, communication {_time(m)} per layer (forward + backward) -> comm/compute = {m / c:.2g}")
+            f"compute {_time(c)}, communication {_time(m)} per layer (forward + backward) "
+            f"-> comm/compute = {m / c:.2g}")
 
 
 def default_summary() -> str:
     """The widget's starting point on every preset (pure arithmetic: deterministic)."""
     d = DEFAULTS
     head = (f"h = {d['hidden']}, t = {d['tp']}, {d['tokens']} tokens (b·s), {8 * d['bytes_per_value']}-bit "
-            f"activations; each of the 4 all-reduces sums {d['tokens'] * d['hidden'] * d['bytes_per_value'] / 1e6:.1f} MB")
+            f"activations; each of the 4 all-reduces sums "
+            f"{d['tokens'] * d['hidden'] * d['bytes_per_value'] / 1e6:.1f} MB")
     return "\n".join([head] + [summary(link, d["hidden"], d["tp"], d["tokens"], flops, d["bytes_per_value"])
                                for link, flops in PRESETS.values()])
 

@@ -148,8 +148,8 @@ def memory_figure(reports: Mapping[int, dict], title: str | None = None) -> go.F
                     y=[row["predicted"] / 1e6 for row in rows if row["part"] == "total"],
                     marker=dict(symbol="line-ew-open", size=40, line=dict(width=3, color="black")))
     dp = {r["dp"] for r in reports.values()}
-    return fig.update_layout(**_bar_layout(title or f"Model state per rank, measured on dp = {', '.join(map(str, sorted(dp)))} ranks",
-                                           "MB per rank (fp64)"))
+    title = title or f"Model state per rank, measured on dp = {', '.join(map(str, sorted(dp)))} ranks"
+    return fig.update_layout(**_bar_layout(title, "MB per rank (fp64)"))
 
 
 def traffic_rows(reports: Mapping[int, dict]) -> list[dict]:
@@ -215,7 +215,8 @@ def overlap_gantt(report: dict, which: str = "virtual", title: str | None = None
             kind = "adam" if label.startswith("adam") else label.split(" ")[0]
             kinds.setdefault(("compute", kind), []).append((f"rank {r} compute", start, end, label))
         for op, unit, start, end in timeline["comm"][r]:
-            kinds.setdefault(("comm", op), []).append((f"rank {r} network", start, end, f"{OP_NAMES.get(op, op)} {unit}"))
+            label = f"{OP_NAMES.get(op, op)} {unit}"
+            kinds.setdefault(("comm", op), []).append((f"rank {r} network", start, end, label))
     shades = {"F": "#4c78a8", "B": "#72b7b2", "adam": "#9d755d", "start": "#bab0ac", "step": "#bab0ac"}
     for (lane, kind), bars in kinds.items():
         name = {"F": "forward", "B": "backward", "adam": "Adam"}.get(kind, OP_NAMES.get(kind, kind))

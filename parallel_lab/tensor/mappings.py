@@ -21,8 +21,9 @@ takes an explicit ``group`` (a ProcessGroup, or None for the whole world) and is
 has one rank. Collectives are called as ``dist.<name>`` at call time, so ``parallel_lab.runtime.commlog``
 can count them; the all-reduce goes through ``parallel_lab.runtime.collectives.all_reduce``, which
 sums a small tensor through shared memory on one host, or one shot on gloo beyond 2 ranks (one step
-instead of a ring's 2(p-1)), counted as the one all_reduce it is. Sequence ops take the sequence dimension ``dim`` (1 in ``models``' ``(B, T, H)``
-layout; Megatron's ``(T, B, H)`` uses 0, which needs no reordering copy around the collective).
+instead of a ring's 2(p-1)), counted as the one all_reduce it is. Sequence ops take the sequence dimension ``dim`` (1 in
+``models``' ``(B, T, H)`` layout; Megatron's ``(T, B, H)`` uses 0, which needs no reordering copy around the
+collective).
 """
 
 from __future__ import annotations
