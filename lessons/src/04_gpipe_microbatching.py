@@ -3,7 +3,8 @@
 #
 # > *Pipeline parallelism (GPipe, PipeDream) divides the batch into micro-batches that flow through
 # > the stages on an interleaved timetable, which shortens the idle "bubble".*
-# > (管道並行性（GPipe、PipeDream）將批次劃分為微批處理，這些微批處理以交錯的時間表流經各個階段，從而縮短了空閒「泡沫」時間。)
+# > (管道並行性（GPipe、PipeDream）將批次劃分為微批處理，
+# > 這些微批處理以交錯的時間表流經各個階段，從而縮短了空閒「泡沫」時間。)
 #
 # **Learning goals.** By the end of this lesson you can
 #
@@ -124,8 +125,8 @@ guess.versus(fewest, "simulated")
 
 # %% [markdown]
 # 27 micro-batches bring the bubble to at most 10 % (exactly 10 % at m = 27: 3/30); 26 leave 3/29,
-# 10.3 %. The bubble shrinks like 1/m, quickly at first and then slowly. The same curves for 2, 4 and 8 stages — the more stages, the more micro-batches it takes
-# (every point is a simulation):
+# 10.3 %. The bubble shrinks like 1/m, quickly at first and then slowly. The same curves for 2, 4
+# and 8 stages — the more stages, the more micro-batches it takes (every point is a simulation):
 
 # %%
 import plotly.graph_objects as go
@@ -165,7 +166,8 @@ for m in (1, 2, 4, 8):
 # %% tags=["nbval-ignore-output"]
 import os
 
-print(f" m   (p−1)/(m+p−1)   predicted (measured costs)   measured (virtual clock)   wall clock ({os.cpu_count()} cores)")
+print(" m   (p−1)/(m+p−1)   predicted (measured costs)   measured (virtual clock)   "
+      f"wall clock ({os.cpu_count()} cores)")
 for m, r in runs.items():
     print(f"{m:>2}   {3 / (m + 3):>13.3f}   {r['bubble_predicted']:>26.3f}   {r['bubble_measured']:>24.3f}"
           f"   {r['bubble_wall']:>17.3f}")

@@ -120,7 +120,8 @@ for name in ("gpipe", "1f1b"):
     runs[name] = run_pipeline(name, 4, 8, batch=32)
 one = runs["1f1b"]
 print("1F1B gradients equal the single-process model:", one["max_grad_diff"] < 1e-10)
-print("1F1B measured peak stash == predicted min(m, p−r):", one["peak_activations"] == predicted, one["peak_activations"])
+print("1F1B measured peak stash == predicted min(m, p−r):", one["peak_activations"] == predicted,
+      one["peak_activations"])
 print("GPipe measured peak stash == m on every stage:", runs["gpipe"]["peak_activations"] == [8] * 4)
 print(f"stage 1 (a middle stage: all it keeps is activations) at its peak: GPipe {runs['gpipe']['peak_bytes'][1]:,} "
       f"bytes, 1F1B {one['peak_bytes'][1]:,} bytes")

@@ -327,7 +327,8 @@ print(f"\ntime-balanced is {slow / fast:.2f}x faster than even blocks and {worst
 end = max(r["makespan_measured"] for r in runs.values()) * 1e3
 for name in ("even blocks", "time-balanced"):
     r = runs[name]
-    fig = figures.gantt(r, clock="virtual", title=f"{name} {r['parts']}: bubble {r['bubble_measured']:.1%} (virtual clock)")
+    title = f"{name} {r['parts']}: bubble {r['bubble_measured']:.1%} (virtual clock)"
+    fig = figures.gantt(r, clock="virtual", title=title)
     fig.update_xaxes(range=[0, end * 1.02])
     fig.show()
 

@@ -285,15 +285,16 @@ train3d_figures.loss_figure(runs, title="tiny GPT, Adam, fp64: three meshes of 4
 # Lesson 10's planner ranks plans by a predicted step time built from a few constants: achieved
 # FLOP/s per device and the α–β of an all-reduce. Here we measure those constants on this machine's
 # ranks the way a planner profiles a cluster before it searches (`validate_plans.calibrate`, which
-# is `planning.calibration.calibrate` with `groups=True`): all-reduces timed between computations, as training issues them, on
-# groups of each size a plan uses, all groups at once; the FLOP/s this very model reaches with
-# every rank computing at once; and, for a plan that splits its layers, how fast one block split tp
-# ways runs against the whole block (`validate_plans.tp_efficiency`). Then we predict four real 4-rank plans of a larger GPT (hidden 128,
-# 4 layers, sequences of 32 tokens, fp32, 4 micro-batches, 1F1B) and time each for real. The
-# adjustments are data given to the planner, explained in `validate_plans`: fp32 sends twice the
-# bytes it counts; 4 ranks share fewer cores, so a step takes at least all ranks' compute divided by
-# the cores that really run them. The table's last columns predict with a square matmul's FLOP/s
-# instead. This takes about a minute; your numbers will differ from the stored ones.
+# is `planning.calibration.calibrate` with `groups=True`): all-reduces timed between computations,
+# as training issues them, on groups of each size a plan uses, all groups at once; the FLOP/s this
+# very model reaches with every rank computing at once; and, for a plan that splits its layers, how
+# fast one block split tp ways runs against the whole block (`validate_plans.tp_efficiency`). Then
+# we predict four real 4-rank plans of a larger GPT (hidden 128, 4 layers, sequences of 32 tokens, fp32,
+# 4 micro-batches, 1F1B) and time each for real. The adjustments are data given to the planner,
+# explained in `validate_plans`: fp32 sends twice the bytes it counts; 4 ranks share fewer cores, so a
+# step takes at least all ranks' compute divided by the cores that really run them. The table's last
+# columns predict with a square matmul's FLOP/s instead. This takes about a minute; your numbers will
+# differ from the stored ones.
 
 # %% tags=["nbval-ignore-output"]
 from parallel_lab.parallel3d import validate_plans

@@ -156,8 +156,8 @@ print(inspect.getsource(cost.pipeline_makespan))
 #
 # `planner.plan` tries every (dp, pp, tp) whose product is the number of GPUs, every schedule
 # (GPipe, 1F1B, interleaved 1F1B with 2–4 chunks, ZB-H1), recomputation (none, selective, full) and
-# ZeRO stage (0–3, column `Z`), and for each the number of micro-batches (a divisor of the batch per replica) that is fastest and
-# fits. GPT-3's batch: 1536 sequences of 2048 tokens.
+# ZeRO stage (0–3, column `Z`), and for each the number of micro-batches (a divisor of the batch
+# per replica) that is fastest and fits. GPT-3's batch: 1536 sequences of 2048 tokens.
 
 # %%
 print("planning 512 GPUs (a few seconds) ...")
@@ -215,8 +215,8 @@ compare = {
     "TP 8, 1F1B (Megatron-style)": pw.best_plan(no_zero["plans"], tp=8, schedule="1f1b", **same),
 }
 print("compute per step, s:", ", ".join(f"{name} {p['breakdown']['compute_s']:.2f}" for name, p in compare.items()))
-ratio_guess.versus(compare["TP 8, ZB-H1"]["breakdown"]["tp_comm_s"] / compare["TP 4, ZB-H1 (best)"]["breakdown"]["tp_comm_s"],
-                   "the planner's model")
+tp_comm = {name: p["breakdown"]["tp_comm_s"] for name, p in compare.items()}
+ratio_guess.versus(tp_comm["TP 8, ZB-H1"] / tp_comm["TP 4, ZB-H1 (best)"], "the planner's model")
 pw.breakdown_figure(compare, title="GPT-3 175B on 512 GPUs: the step beyond compute (seconds)",
                     parts=("tp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s"))
 

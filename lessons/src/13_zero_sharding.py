@@ -346,8 +346,8 @@ print(zf.link_table(7.5e9, dp=64, tokens_per_gpu=4096, system="DGX H100"))
 # %% [markdown]
 # With 8192 tokens per GPU the compute (0.93 s) can hide the 2Ψ of stages 0-2 between nodes (0.59 s),
 # if it overlaps (section 5); stage 3's 3Ψ (0.89 s) barely fits under it. With half the tokens per GPU
-# nothing fits, and stage 3 leaves the step waiting longest for the network. Inside a node the same traffic takes a ninth
-# of that. That is the trade ZeRO-3 makes: the model state divided by N for 1.5×
+# nothing fits, and stage 3 leaves the step waiting longest for the network. Inside a node the same
+# traffic takes a ninth of that. That is the trade ZeRO-3 makes: the model state divided by N for 1.5×
 # the traffic, on links that may be 9× slower. FSDP's answer (Zhao et al. 2023, section 3.2.2,
 # *hybrid sharding*) is to shard inside a node, where bandwidth is cheap, and replicate across nodes
 # with a plain all-reduce of gradients — or keep
