@@ -9,7 +9,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "parallel_lab"
 # Lowest first. A unit may import only units of a lower layer (and itself); units on one layer are
 # independent of each other.
 LAYERS = (
-    ("__init__", "checks"),
+    ("__init__", "checks", "i18n"),
     ("hardware", "models"),
     ("runtime",),
     ("tensor", "pipeline", "zero", "moe", "context"),

@@ -12,6 +12,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from parallel_lab import i18n
 from parallel_lab.course import predictions
 from parallel_lab.course.grading import gradebook, reference
 from parallel_lab.course.grading.sandbox import Sandbox
@@ -68,8 +69,10 @@ def test_a_graded_prediction_takes_its_question_from_the_registry_only():
         predict("gpipe-bubble", 0.4, tolerance=0.5)
     with pytest.raises(ValueError, match="is not graded: say what it predicts"):
         predict("not-registered", 0.4)
-    zh = predict("gpipe-bubble", 0.4, lang="zh-Hant")
-    assert "氣泡（bubble）" in zh.question
+    with i18n.using("zh-Hant"):
+        zh = predict("gpipe-bubble", None)
+        assert "氣泡（bubble）" in zh.text() and "尚未完成" in zh.text() and "計分" in zh.text()
+        assert "NOT YET" not in zh.text()
 
 
 # ----------------------------------------------------------------------------------------------

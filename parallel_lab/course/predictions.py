@@ -51,6 +51,7 @@ from typing import Mapping
 
 from parallel_lab.course.quiz.bank import localize, resolve
 from parallel_lab.exercises.check import Verdict
+from parallel_lab.i18n import _, _l
 
 VARIABLE = "my_prediction"  # what every prediction's answer cell assigns
 
@@ -88,7 +89,7 @@ GRADED: dict[str, GradedPrediction] = {p.id: p for p in (
          "zh-Hant": "GPipe 在 p = 4 個階段（stage）、m = 4 個微批次（micro-batch）時的氣泡（bubble）"
                     "（F = 1、B = 2、連線不計成本）：裝置時間中閒置的比例，介於 0 與 1 之間的分數"},
         f"{ANSWERS}:bubble_fraction", {"schedule": "gpipe", "ranks": 4, "microbatches": 4},
-        tolerance=0.1, about="GPipe bubble, p = 4, m = 4"),
+        tolerance=0.1, about=_l("GPipe bubble, p = 4, m = 4")),
     GradedPrediction(
         "1f1b-peak-stash", "05",
         {"en": "in 1F1B with p = 4 stages and m = 8 micro-batches, the most micro-batches whose "
@@ -96,7 +97,7 @@ GRADED: dict[str, GradedPrediction] = {p.id: p for p in (
          "zh-Hant": "1F1B 在 p = 4 個階段、m = 8 個微批次時，單一階段同時保存激活值（activation）的"
                     "微批次最多有幾個（GPipe：8 個）"},
         f"{ANSWERS}:peak_activations", {"schedule": "1f1b", "ranks": 4, "microbatches": 8, "stage": 0},
-        tolerance=0.1, unit="micro-batches", about="1F1B peak stash, stage 0, p = 4, m = 8"),
+        tolerance=0.1, unit=_l("micro-batches"), about=_l("1F1B peak stash, stage 0, p = 4, m = 8")),
     GradedPrediction(
         "uneven-cut-step", "08",
         {"en": "the step time (makespan) of the even-blocks cut, stage forward loads 5, 2, 2, 6 "
@@ -104,7 +105,7 @@ GRADED: dict[str, GradedPrediction] = {p.id: p for p in (
          "zh-Hant": "均分區塊（even blocks）切法的一步時間（makespan）：各階段前向負載 5、2、2、6"
                     "（反向為前向的兩倍），1F1B 排程（schedule）、m = 8 個微批次，連線不計成本"},
         f"{ANSWERS}:stage_loads_makespan", {"loads": (5, 2, 2, 6), "microbatches": 8, "schedule": "1f1b"},
-        tolerance=0.1, unit="time units", about="1F1B, stage loads 5, 2, 2, 6, m = 8"),
+        tolerance=0.1, unit=_l("time units"), about=_l("1F1B, stage loads 5, 2, 2, 6, m = 8")),
     GradedPrediction(
         "zb-h1-bubble", "06",
         {"en": "ZB-H1's bubble with p = 4 GPUs and m = 8 micro-batches, F = I = W = 2 time units: the "
@@ -113,7 +114,7 @@ GRADED: dict[str, GradedPrediction] = {p.id: p for p in (
                     "氣泡（bubble）：裝置時間中閒置的比例，介於 0 與 1 之間的分數（1F1B 是 0.273）"},
         f"{ANSWERS}:bubble_fraction", {"schedule": "zb-h1", "ranks": 4, "microbatches": 8, "F": 2.0,
                                        "B": 4.0, "W": 2.0},
-        tolerance=0.1, about="ZB-H1 bubble, p = 4, m = 8, F = I = W"),
+        tolerance=0.1, about=_l("ZB-H1 bubble, p = 4, m = 8, F = I = W")),
     GradedPrediction(
         "tp8-memory", "10",
         {"en": "GB on the fullest GPU for GPT-3 175B with TP 8 (sequence parallel) × PP 8 × DP 8, 1F1B, "
@@ -135,7 +136,7 @@ GRADED: dict[str, GradedPrediction] = {p.id: p for p in (
                     "fp64（8 位元組）；單一行程持有 2 × 8 × 32 × 32 × 8 = 131,072"},
         f"{ANSWERS}:context_score_bytes", {"variant": "ring", "batch": 2, "seq": 32, "heads": 8, "cp": 4,
                                            "dtype_bytes": 8, "hidden": 64},
-        tolerance=0.1, unit="bytes", about="ring attention, cp = 4, batch 2, 8 heads, seq 32, fp64"),
+        tolerance=0.1, unit=_l("bytes"), about=_l("ring attention, cp = 4, batch 2, 8 heads, seq 32, fp64")),
     GradedPrediction(
         "zero2-model-state", "13",
         {"en": "GB of model state (parameters, gradients, Adam state; no activations) on one of N = 8 "
@@ -145,7 +146,7 @@ GRADED: dict[str, GradedPrediction] = {p.id: p for p in (
                     "K = 12），N = 8 個資料平行（data parallel）GPU 中的一個所保存的模型狀態 GB 數"
                     "（參數、梯度、Adam 狀態；不含激活值）"},
         f"{ANSWERS}:zero_model_state_gb", {"billions": 1.0, "dp": 8, "stage": 2},
-        tolerance=0.05, unit="GB", about="ZeRO-2, Ψ = 1e9, N = 8, mixed precision"),
+        tolerance=0.05, unit="GB", about=_l("ZeRO-2, Ψ = 1e9, N = 8, mixed precision")),
     GradedPrediction(
         "moe-dropped", "14",
         {"en": "the assignments (token, choice) the mixture-of-experts layer drops for want of capacity: "
@@ -155,7 +156,7 @@ GRADED: dict[str, GradedPrediction] = {p.id: p for p in (
                     "n = 64 個 token、E = 8 個專家（expert）、top-2、容量因子（capacity factor）C = 1，"
                     "每個專家的需求量如上方所印"},
         f"{ANSWERS}:moe_dropped", {"experts": 8, "top_k": 2, "capacity_factor": 1.0},
-        tolerance=0.1, unit="assignments", about="MoE, n = 64, E = 8, top-2, C = 1"),
+        tolerance=0.1, unit=_l("assignments"), about=_l("MoE, n = 64, E = 8, top-2, C = 1")),
 )}
 
 
@@ -192,10 +193,11 @@ def read_prediction(source: str) -> float | None:
     try:
         tree = ast.parse(source)
     except SyntaxError as err:
-        raise ValueError(f"the prediction cell does not parse: {err.msg} (line {err.lineno})") from None
+        raise ValueError(_("the prediction cell does not parse: {error} (line {line})").format(
+            error=err.msg, line=err.lineno)) from None
     values = [node.value for node in tree.body if _assigns(node)]
     if not values:
-        raise ValueError(f"the prediction cell defines no {VARIABLE}")
+        raise ValueError(_("the prediction cell defines no {variable}").format(variable=VARIABLE))
     node = values[-1]
     if isinstance(node, ast.Constant) and node.value is None:
         return None
@@ -204,8 +206,8 @@ def read_prediction(source: str) -> float | None:
     except (ValueError, ZeroDivisionError, OverflowError, RecursionError):
         value = math.nan
     if not math.isfinite(value):
-        raise ValueError(f"{VARIABLE} is not a number (the grader reads it, it never runs it): write a "
-                         f"number such as 0.25 or 3 / 11")
+        raise ValueError(_("{variable} is not a number (the grader reads it, it never runs it): write a number "
+                           "such as 0.25 or 3 / 11").format(variable=VARIABLE))
     return value
 
 
@@ -226,13 +228,16 @@ def within(value: float, target: float, tolerance: float) -> bool:
 
 def comparison(value: float, target: float, tolerance: float, unit: str = "", name: str = "measured",
                about: str = "") -> str:
-    """``predicted 0.1, reference 0.273 (GPipe bubble, p = 4, m = 8): -63 %, outside ±10 %``."""
+    """``predicted 0.1, reference 0.273 (GPipe bubble, p = 4, m = 8): -63 %, outside ±10 %`` (in the
+    process's language; ``name`` as given)."""
     percent = round((value - target) / abs(target) * 100) if target else 0
     off = f"{percent:+d} %, " if percent else ("0 %, " if target else "")
-    where = "within" if within(value, target, tolerance) else "outside"
+    inside = within(value, target, tolerance)
     about = f" ({about})" if about else ""
-    return (f"predicted {number(value, unit)}, {name} {number(target, unit)}{about}: "
-            f"{off}{where} ±{tolerance * 100:g} %")
+    text = _("predicted {value}, {name} {target}{about}: {off}within ±{tolerance:g} %") if inside else \
+        _("predicted {value}, {name} {target}{about}: {off}outside ±{tolerance:g} %")
+    return text.format(value=number(value, unit), name=name, target=number(target, unit), about=about, off=off,
+                       tolerance=tolerance * 100)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -242,18 +247,20 @@ def comparison(value: float, target: float, tolerance: float, unit: str = "", na
 def grade(prediction_id: str, source: str) -> Verdict:
     """The verdict on a graded prediction's answer cell: PASSED within the tolerance of the
     reference the grader computes, FAILED outside it or when unreadable, NOT YET while None."""
-    label = f"prediction {prediction_id}"
     graded = GRADED.get(prediction_id)
     if graded is None:
-        return Verdict(False, [f"{label}: FAILED: the grader knows no graded prediction {prediction_id!r}"])
+        return Verdict(False, [_("prediction {id}: FAILED: the grader knows no graded prediction {id!r}").format(
+            id=prediction_id)])
     try:
         value = read_prediction(source)
     except ValueError as err:
-        return Verdict(False, [f"{label}: FAILED: {err}"])
+        return Verdict(False, [_("prediction {id}: FAILED: {reason}").format(id=prediction_id, reason=err)])
     if value is None:
-        return Verdict(False, [f"{label}: NOT YET: {VARIABLE} is still None; write your number in "
-                               f"the cell tagged answer:predict:{prediction_id}"], not_yet=True)
+        return Verdict(False, [_("prediction {id}: NOT YET: {variable} is still None; write your number in the cell "
+                                 "tagged answer:predict:{id}").format(id=prediction_id, variable=VARIABLE)],
+                       not_yet=True)
     target = graded.reference()
     passed = within(value, target, graded.tolerance)
-    text = comparison(value, target, graded.tolerance, graded.unit, "reference", graded.about)
-    return Verdict(passed, [f"{label}: {'PASSED' if passed else 'FAILED'}: {text}"])
+    text = comparison(value, target, graded.tolerance, str(graded.unit), _("reference"), str(graded.about))
+    line = _("prediction {id}: PASSED: {comparison}") if passed else _("prediction {id}: FAILED: {comparison}")
+    return Verdict(passed, [line.format(id=prediction_id, comparison=text)])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from parallel_lab.exercises.check import Exercise, NotYet, Verdict, compile_answer, register, run_answer
 from parallel_lab.exercises.policy import Policy
+from parallel_lab.i18n import _l
 from parallel_lab.pipeline import partition
 from parallel_lab.pipeline.balance import min_bottleneck
 from parallel_lab.pipeline.stages import check_parts
@@ -72,7 +73,7 @@ def judge(source: str) -> tuple[bool, list]:
 
 
 EXERCISE = register(Exercise(
-    "balanced-cut", "balanced cut", POLICY, judge,
+    "balanced-cut", _l("balanced cut"), POLICY, judge,
     forbids="the library's partitioner (partition.balanced): write the search yourself"))
 
 

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from parallel_lab.exercises.policy import Policy, review
+from parallel_lab.i18n import _, ngettext
 from parallel_lab.runtime import launcher
 
 CHECK_TIMEOUT = 20.0  # seconds for one run of an answer on its ranks
@@ -58,7 +59,8 @@ class Verdict:
         """The first line that says why the check did not pass ("" when it passed)."""
         if self.passed:
             return ""
-        return next((line for line in self.lines if "FAILED" in line or "NOT YET" in line), self.lines[0])
+        words = ("FAILED", "NOT YET", _("FAILED"), _("NOT YET"))
+        return next((line for line in self.lines if any(word in line for word in words)), self.lines[0])
 
 
 class NotYet(Exception):
@@ -86,7 +88,7 @@ class Exercise:
         Reads the source only: safe in any process, the grader's included."""
         reason = review(source, self.policy)
         if reason:
-            return Verdict(False, [f"{self.label}: FAILED: your answer {reason}"])
+            return Verdict(False, [_("{label}: FAILED: your answer {reason}").format(label=str(self.label), reason=reason)])
         if is_stub(source, self.name):
             return self.not_yet()
         return None
@@ -103,9 +105,9 @@ class Exercise:
         return Verdict(passed, lines)
 
     def not_yet(self) -> Verdict:
-        return Verdict(False, [f"{self.label}: NOT YET: {self.name} still raises NotImplementedError; write "
-                               f"your code where it says # YOUR CODE HERE (and remove that raise), then run "
-                               f"this cell again"], not_yet=True)
+        return Verdict(False, [_("{label}: NOT YET: {name} still raises NotImplementedError; write your code where "
+                                 "it says # YOUR CODE HERE (and remove that raise), then run this cell again").format(
+            label=str(self.label), name=self.name)], not_yet=True)
 
     def check_object(self, obj) -> Verdict:
         """The notebook's check: the verdict on the cell that defines ``obj``, printed and returned."""
@@ -136,8 +138,8 @@ def reveal(check_id: str, obj) -> None:
     if check_id in PASSED_HERE:
         print(inspect.getsource(obj))
     else:
-        print(f"The library's version appears here once your {exercise.name} passes its check above "
-              f"(run the check cell, then this one).")
+        print(_("The library's version appears here once your {name} passes its check above (run the check cell, "
+                "then this one).").format(name=exercise.name))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -257,7 +259,7 @@ def run_answer(harness, source: str, name: str, world_size: int, label: str, arg
     """``harness(source, name, *args)`` on ``world_size`` fresh untrusted ranks: their raw results
     (one per rank), or the FAILED line that says what went wrong. Raises NotYet when the answer
     raised NotImplementedError."""
-    where = f"{label} on {world_size} rank{'s' * (world_size != 1)}"
+    where = ngettext("{label} on {n} rank", "{label} on {n} ranks", world_size).format(label=str(label), n=world_size)
     timeout = float(os.environ.get("PARALLEL_LAB_CHECK_TIMEOUT") or CHECK_TIMEOUT)  # the grader may set it
     try:
         return launcher.run(harness, world_size, args=(source, name, *args), timeout=timeout, untrusted=True)
@@ -265,13 +267,14 @@ def run_answer(harness, source: str, name: str, world_size: int, label: str, arg
         if err.exc_type == "NotImplementedError":
             raise NotYet() from None
         message = str(err).splitlines()[0].split(": ", 1)[-1]
-        return f"{where}: FAILED: rank {err.rank} raised {err.exc_type}: {message}"
+        return _("{where}: FAILED: rank {rank} raised {error}: {message}").format(
+            where=where, rank=err.rank, error=err.exc_type, message=message)
     except launcher.RanksHung as err:
-        blocked = "; ".join(f"rank {r}: {what}" for r, what in sorted(err.blocked.items()))
-        return (f"{where}: FAILED: did not finish within {err.timeout:g} s (a send without a matching "
-                f"recv, or a collective some rank skipped?): {blocked}")
+        blocked = "; ".join(_("rank {rank}: {what}").format(rank=r, what=what) for r, what in sorted(err.blocked.items()))
+        return _("{where}: FAILED: did not finish within {timeout:g} s (a send without a matching recv, or a "
+                 "collective some rank skipped?): {blocked}").format(where=where, timeout=err.timeout, blocked=blocked)
     except launcher.RankDied as err:
-        return f"{where}: FAILED: {str(err).splitlines()[0]}"
+        return _("{where}: FAILED: {reason}").format(where=where, reason=str(err).splitlines()[0])
 
 
 

@@ -40,6 +40,7 @@ import torch
 
 from parallel_lab.exercises.check import Exercise, NotYet, Verdict, compile_answer, register, run_answer
 from parallel_lab.exercises.policy import Policy
+from parallel_lab.i18n import _l
 from parallel_lab.planning import memory, memory_check, memory_model
 
 FIELDS = ("params", "weights", "gradients", "optimizer", "activations")
@@ -358,7 +359,7 @@ def judge(source: str) -> tuple[bool, list]:
 
 
 EXERCISE = register(Exercise(
-    "device-memory", "device memory", POLICY, judge,
+    "device-memory", _l("device memory"), POLICY, judge,
     forbids="the library (its memory model, memory_model.device_memory): write the formula yourself"))
 
 

@@ -27,6 +27,7 @@ from parallel_lab.exercises.check import (
     tp_groups,
 )
 from parallel_lab.exercises.policy import Policy
+from parallel_lab.i18n import _l
 
 WORLD_SIZES = (2, 4)
 POLICY = Policy("MyG", dist=("all_reduce", "get_rank", "get_world_size", "ReduceOp"),
@@ -112,7 +113,7 @@ def judge(source: str) -> tuple[bool, list]:
 
 
 EXERCISE = register(Exercise(
-    "g-operator", "g operator", POLICY, judge,
+    "g-operator", _l("g operator"), POLICY, judge,
     forbids="the library's mappings (its own f and g): one dist.all_reduce of your own"))
 
 

@@ -42,6 +42,7 @@ from parallel_lab.context.blockwise import zigzag_shard, zigzag_unshard
 from parallel_lab.context.ring import ring_attention
 from parallel_lab.exercises.check import Exercise, Verdict, compile_answer, plain, register, run_answer, tensor_of
 from parallel_lab.exercises.policy import Policy
+from parallel_lab.i18n import _l
 
 SEED = 15
 WORLD = 4
@@ -244,7 +245,7 @@ def judge(source: str) -> tuple[bool, list]:
 
 
 EXERCISE = register(Exercise(
-    "lse-merge", "lse merge", POLICY, judge,
+    "lse-merge", _l("lse merge"), POLICY, judge,
     forbids="the library's merge (no parallel_lab import) and torch's softmax, log_softmax, logsumexp, "
             "logaddexp and scaled_dot_product_attention: write the stable merge yourself"))
 

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from parallel_lab.exercises.check import Exercise, NotYet, Verdict, compile_answer, register, run_answer
 from parallel_lab.exercises.policy import Policy
+from parallel_lab.i18n import _l
 
 AXES = ("dp", "pp", "tp")
 WORLD = 4  # the ranks of the one launch: the meshes of this size are also checked with collectives
@@ -246,7 +247,7 @@ def judge(source: str) -> tuple[bool, list]:
 
 
 EXERCISE = register(Exercise(
-    "mesh-groups", "mesh groups", POLICY, judge,
+    "mesh-groups", _l("mesh groups"), POLICY, judge,
     forbids="torch.distributed and the library's mesh (runtime.mesh): compute the groups from the rank grid "
             "yourself"))
 

@@ -41,6 +41,7 @@ from parallel_lab.exercises.check import (
     tensor_of,
 )
 from parallel_lab.exercises.policy import Policy
+from parallel_lab.i18n import _l
 from parallel_lab.moe.mappings import all_to_all
 from parallel_lab.moe.run import Case, reference
 from parallel_lab.runtime import commlog
@@ -302,7 +303,7 @@ def judge(source: str) -> tuple[bool, list]:
 
 
 EXERCISE = register(Exercise(
-    "moe-dispatch", "MoE dispatch", POLICY, judge,
+    "moe-dispatch", _l("MoE dispatch"), POLICY, judge,
     forbids="the library (models.MoE's queue_positions, moe.layer) and torch.distributed: write the queues yourself"))
 
 

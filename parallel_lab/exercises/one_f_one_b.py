@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from parallel_lab.exercises.check import Exercise, NotYet, Verdict, compile_answer, register, run_answer
 from parallel_lab.exercises.policy import Policy
+from parallel_lab.i18n import _l
 from parallel_lab.pipeline.run import run_pipeline
 from parallel_lab.pipeline.schedules import ScheduleError, as_schedule, one_f_one_b
 from parallel_lab.pipeline.simulate import Costs, simulate
@@ -153,7 +154,7 @@ def judge(source: str) -> tuple[bool, list]:
 
 
 EXERCISE = register(Exercise(
-    "one-f-one-b", "1F1B", POLICY, judge,
+    "one-f-one-b", _l("1F1B"), POLICY, judge,
     forbids="the library's schedules (one_f_one_b, build): write the order yourself"))
 
 

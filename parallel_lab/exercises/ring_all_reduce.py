@@ -28,6 +28,7 @@ from parallel_lab.exercises.check import (
     tensor_of,
 )
 from parallel_lab.exercises.policy import Policy
+from parallel_lab.i18n import _l
 from parallel_lab.runtime import commlog
 
 CASES = (1, 4, 5, 12, 1001)  # element counts: fewer than the ranks, divisible, not divisible
@@ -93,7 +94,7 @@ def judge(source: str) -> tuple[bool, list]:
 
 
 EXERCISE = register(Exercise(
-    "ring-all-reduce", "ring all-reduce", POLICY, judge,
+    "ring-all-reduce", _l("ring all-reduce"), POLICY, judge,
     forbids="collectives (dist.all_reduce, ...) and the library's own ring: build it from isend/recv"))
 
 

@@ -27,6 +27,7 @@ from parallel_lab.exercises.check import (
     tp_groups,
 )
 from parallel_lab.exercises.policy import Policy
+from parallel_lab.i18n import _l
 
 SHAPES = (((3,), 8, 5), ((2, 4), 8, 6))  # (leading dims of x, in features, out features)
 WORLD_SIZES = (2, 4)
@@ -93,7 +94,7 @@ def judge(source: str) -> tuple[bool, list]:
 
 
 EXERCISE = register(Exercise(
-    "row-parallel-forward", "row-parallel forward", POLICY, judge,
+    "row-parallel-forward", _l("row-parallel forward"), POLICY, judge,
     forbids="the library's parallel layers and mappings: one dist.all_reduce of your own"))
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 from parallel_lab.exercises.check import Exercise, Verdict, register
 from parallel_lab.exercises.one_f_one_b import judge_orders, validated_order
 from parallel_lab.exercises.policy import Policy
+from parallel_lab.i18n import _l
 from parallel_lab.pipeline.run import run_pipeline
 from parallel_lab.pipeline.schedules import Action, Schedule, one_f_one_b, zb_h1
 from parallel_lab.pipeline.simulate import Costs, simulate
@@ -175,7 +176,7 @@ def judge(source: str) -> tuple[bool, list]:
 
 
 EXERCISE = register(Exercise(
-    "zb-h1-order", "ZB-H1", POLICY, judge,
+    "zb-h1-order", _l("ZB-H1"), POLICY, judge,
     forbids="the library's schedules (zb_h1, build): write the order yourself"))
 
 

@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from parallel_lab.exercises.check import Exercise, Verdict, compile_answer, judge_worlds, register, short
 from parallel_lab.exercises.policy import Policy
+from parallel_lab.i18n import _l
 from parallel_lab.runtime import commlog
 
 CASES = ((8, 3), (1000, 3))  # (n values, Adam steps): n divisible by 2 and 4 ranks
@@ -191,7 +192,7 @@ def judge_world(world: int, per_rank: list) -> tuple[bool, str]:
 
 
 EXERCISE = register(Exercise(
-    "zero2-step", "ZeRO-2 step", POLICY, judge,
+    "zero2-step", _l("ZeRO-2 step"), POLICY, judge,
     forbids="the library (parallel_lab, its zero engine) and torch.optim: write the reduce-scatter, "
             "Adam on the shard and the all-gather yourself"))
 

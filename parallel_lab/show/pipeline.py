@@ -22,16 +22,18 @@ from __future__ import annotations
 import ipywidgets as w
 import plotly.graph_objects as go
 
+from parallel_lab.i18n import _, _l
 from parallel_lab.pipeline.run import run_pipeline
 from parallel_lab.pipeline.schedules import SCHEDULES, Action, ScheduleError, build
 from parallel_lab.pipeline.simulate import Costs, Timeline, simulate
 
 COLORS = {"F": "#4c78a8", "B": "#54a24b", "I": "#f58518", "W": "#b279a2"}
-NAMES = {"F": "F forward", "B": "B backward", "I": "I input grad", "W": "W weight grad"}
-AXIS = {"sim": "time (simulator cost units)",
-        "virtual": "virtual clock, ms (thread CPU time + modelled link: p dedicated devices)",
-        "wall": "wall clock, ms (this machine: ranks share its cores)",
-        "predicted": "virtual clock, ms (simulator fed the measured costs)"}
+NAMES = {"F": _l("F forward"), "B": _l("B backward"), "I": _l("I input grad"), "W": _l("W weight grad")}
+AXIS = {"sim": _l("time (simulator cost units)"),
+        "virtual": _l("virtual clock, ms (thread CPU time + modelled link: p dedicated devices)"),
+        "wall": _l("wall clock, ms (this machine: ranks share its cores)"),
+        "predicted": _l("virtual clock, ms (simulator fed the measured costs)")}
+CLOCKS = {"virtual": _l("virtual clock"), "wall": _l("wall clock"), "predicted": _l("predicted clock")}
 # "none" + a few explicit colours instead of plotly_white: the template alone would be 7 kB of
 # every figure's JSON (what nbval stores and compares)
 _GRID = dict(gridcolor="#e5e5e5", zeroline=False)
@@ -72,7 +74,7 @@ def _bars(timed: list[list], outline: bool = False, width: float = 0.6, legend: 
     traces under that title in the legend."""
     parsed = [(r, Action.parse(a), s, e) for r, actions in enumerate(timed) for a, s, e in actions]
     chunks: dict = {}
-    for r, a, _, _ in parsed:
+    for r, a, _start, _end in parsed:
         chunks.setdefault(r, set()).add(a.stage)
     chunk = {(r, st): i for r, stages in chunks.items() for i, st in enumerate(sorted(stages))}
     shaded = any(len(stages) > 1 for stages in chunks.values())
@@ -87,12 +89,12 @@ def _bars(timed: list[list], outline: bool = False, width: float = 0.6, legend: 
         if shaded and not outline:
             marker["opacity"] = [round(1.0 - 0.45 * chunk[r, a.stage], 2) for r, a, _, _ in rows]
         traces.append(go.Bar(
-            orientation="h", name=NAMES[kind] + (" (predicted)" if outline else ""),
+            orientation="h", name=_("{kind} (predicted)").format(kind=NAMES[kind]) if outline else str(NAMES[kind]),
             y=[r for r, _, _, _ in rows], base=[_num(s) for _, _, s, _ in rows],
             x=[_num(e - s) for _, _, s, e in rows], width=width, marker=marker,
             text=None if outline else [str(a.microbatch) for _, a, _, _ in rows],
             customdata=[str(a) for _, a, _, _ in rows], textposition="inside", insidetextanchor="middle",
-            hovertemplate="%{customdata}: start %{base}, lasts %{x}<extra></extra>", showlegend=legend,
+            hovertemplate=_("%{customdata}: start %{base}, lasts %{x}") + "<extra></extra>", showlegend=legend,
         ))
     if group and traces:
         for trace in traces:
@@ -103,7 +105,7 @@ def _bars(timed: list[list], outline: bool = False, width: float = 0.6, legend: 
 
 def _rank_axis(fig, n_ranks: int) -> None:
     fig.update_yaxes(autorange="reversed", tickvals=list(range(n_ranks)),
-                     ticktext=[f"rank {r}" for r in range(n_ranks)])
+                     ticktext=[_("rank {rank}").format(rank=r) for r in range(n_ranks)])
 
 
 def gantt(source, clock: str = "virtual", title: str | None = None):
@@ -111,7 +113,7 @@ def gantt(source, clock: str = "virtual", title: str | None = None):
     timed, axis = _timed(source, clock)
     fig = go.Figure(_bars(timed))
     fig.update_layout(**LAYOUT, height=150 + 40 * len(timed), title=title or _title(source, axis),
-                      xaxis_title=AXIS[axis])
+                      xaxis_title=str(AXIS[axis]))
     _rank_axis(fig, len(timed))
     return fig
 
@@ -119,27 +121,28 @@ def gantt(source, clock: str = "virtual", title: str | None = None):
 def _title(source, axis: str) -> str:
     if isinstance(source, Timeline):
         s = source.schedule
-        return f"{s.name}: p={s.n_ranks}, m={s.n_microbatches}, bubble {source.bubble_fraction:.1%}"
+        return _("{schedule}: p={p}, m={m}, bubble {bubble:.1%}").format(
+            schedule=s.name, p=s.n_ranks, m=s.n_microbatches, bubble=source.bubble_fraction)
     bubble = source["bubble_wall"] if axis == "wall" else source["bubble_predicted"] \
         if axis == "predicted" else source["bubble_measured"]
-    return f"{source['schedule']} on {source['stages']} ranks, m={source['microbatches']} " \
-           f"({axis} clock): bubble {bubble:.1%}"
+    return _("{schedule} on {p} ranks, m={m} ({clock}): bubble {bubble:.1%}").format(
+        schedule=source["schedule"], p=source["stages"], m=source["microbatches"], clock=CLOCKS[axis], bubble=bubble)
 
 
 def compare(result: dict, title: str | None = None):
     """Predicted (outlined bars: the simulator fed the measured per-stage costs) over measured
     (filled bars), both on the virtual clock."""
-    measured, _ = _timed(result, "virtual")
-    predicted, _ = _timed(result, "predicted")
-    fig = go.Figure(_bars(measured, width=0.5, group="measured (filled)")
-                    + _bars(predicted, outline=True, width=0.8, group="predicted (outlined)"))
+    measured, predicted = _timed(result, "virtual")[0], _timed(result, "predicted")[0]
+    fig = go.Figure(_bars(measured, width=0.5, group=_("measured (filled)"))
+                    + _bars(predicted, outline=True, width=0.8, group=_("predicted (outlined)")))
     # two legend groups: beside the chart, where they cannot cover the title
     layout = dict(LAYOUT, legend=dict(x=1.02, xanchor="left", y=1, yanchor="top", groupclick="toggleitem"),
                   margin=dict(LAYOUT["margin"], r=170))
-    fig.update_layout(**layout, height=150 + 50 * len(measured), xaxis_title=AXIS["virtual"],
-                      title=title or f"{result['schedule']}, p={result['stages']}, m={result['microbatches']}: "
-                                     f"bubble measured {result['bubble_measured']:.1%} (filled) vs "
-                                     f"predicted {result['bubble_predicted']:.1%} (outlined)")
+    fig.update_layout(**layout, height=150 + 50 * len(measured), xaxis_title=str(AXIS["virtual"]),
+                      title=title or _("{schedule}, p={p}, m={m}: bubble measured {measured:.1%} (filled) vs "
+                                       "predicted {predicted:.1%} (outlined)").format(
+                          schedule=result["schedule"], p=result["stages"], m=result["microbatches"],
+                          measured=result["bubble_measured"], predicted=result["bubble_predicted"]))
     _rank_axis(fig, len(measured))
     return fig
 
@@ -155,11 +158,11 @@ def memory(source, title: str | None = None):
         axis, end = "virtual", round(source["makespan_measured"] * 1e3, 4)
     traces = [go.Scatter(x=[_num(t) for t, _ in curve] + [_num(end)],
                          y=[c for _, c in curve] + [curve[-1][1]], mode="lines", line_shape="hv",
-                         name=f"stage {s}") for s, curve in enumerate(series)]
+                         name=_("stage {stage}").format(stage=s)) for s, curve in enumerate(series)]
     fig = go.Figure(traces)
     fig.update_layout(**{k: LAYOUT[k] for k in ("template", "plot_bgcolor", "margin", "xaxis", "yaxis", "font")},
-                      height=320, xaxis_title=AXIS[axis],
-                      yaxis_title="activations held (micro-batches)", title=title or "Activation memory per stage")
+                      height=320, xaxis_title=str(AXIS[axis]), yaxis_title=_("activations held (micro-batches)"),
+                      title=title or _("Activation memory per stage"))
     return fig
 
 
@@ -173,9 +176,10 @@ def _costs(f: float, b: float, w: float) -> Costs:
 
 
 def _numbers(timeline: Timeline, v: dict) -> str:
-    return (f"<b>simulated bubble {timeline.bubble_fraction:.1%}</b> with the sliders' costs F:B:W = "
-            f"{v['F']:g}:{v['B']:g}:{v['W']:g} &nbsp; makespan {timeline.makespan:g} &nbsp; peak activations "
-            f"per stage {timeline.peak_activations} (micro-batches, counted until W)")
+    return _("<b>simulated bubble {bubble:.1%}</b> with the sliders' costs F:B:W = {F:g}:{B:g}:{W:g} &nbsp; "
+             "makespan {makespan:g} &nbsp; peak activations per stage {peak} (micro-batches, counted until W)").format(
+        bubble=timeline.bubble_fraction, F=v["F"], B=v["B"], W=v["W"], makespan=timeline.makespan,
+        peak=timeline.peak_activations)
 
 
 def schedule_panel(schedule: str = "1f1b", ranks: int = 4, microbatches: int = 8, virtual: int = 1,
@@ -188,20 +192,20 @@ def schedule_panel(schedule: str = "1f1b", ranks: int = 4, microbatches: int = 8
     ``.button``, ``.progress`` and ``.result`` (the last real run) for scripting and tests."""
     style = dict(description_width="90px")
     controls = dict(
-        schedule=w.Dropdown(options=list(SCHEDULES), value=schedule, description="schedule", style=style),
-        ranks=w.IntSlider(value=ranks, min=1, max=8, description="ranks p", style=style),
-        microbatches=w.IntSlider(value=microbatches, min=1, max=16, description="microbatches", style=style),
-        virtual=w.IntSlider(value=virtual, min=1, max=4, description="virtual v", style=style),
-        F=w.FloatSlider(value=ratios[0], min=0.5, max=4, step=0.5, description="F cost", style=style),
-        B=w.FloatSlider(value=ratios[1], min=0.5, max=8, step=0.5, description="B cost", style=style),
-        W=w.FloatSlider(value=ratios[2], min=0, max=4, step=0.5, description="W of B", style=style),
+        schedule=w.Dropdown(options=list(SCHEDULES), value=schedule, description=_("schedule"), style=style),
+        ranks=w.IntSlider(value=ranks, min=1, max=8, description=_("ranks p"), style=style),
+        microbatches=w.IntSlider(value=microbatches, min=1, max=16, description=_("microbatches"), style=style),
+        virtual=w.IntSlider(value=virtual, min=1, max=4, description=_("virtual v"), style=style),
+        F=w.FloatSlider(value=ratios[0], min=0.5, max=4, step=0.5, description=_("F cost"), style=style),
+        B=w.FloatSlider(value=ratios[1], min=0.5, max=8, step=0.5, description=_("B cost"), style=style),
+        W=w.FloatSlider(value=ratios[2], min=0, max=4, step=0.5, description=_("W of B"), style=style),
     )
     panel = w.VBox()
     panel.controls, panel.result = controls, None
     panel.figure = go.FigureWidget(layout=dict(LAYOUT, height=300))
     panel.numbers = w.HTML()
-    panel.button = w.Button(description="run on real ranks", icon="play")
-    panel.progress = w.IntProgress(value=0, min=0, max=3, description="idle", style=style)
+    panel.button = w.Button(description=_("run on real ranks"), icon="play")
+    panel.progress = w.IntProgress(value=0, min=0, max=3, description=_("idle"), style=style)
 
     def values():
         return {key: c.value for key, c in controls.items()}
@@ -212,7 +216,7 @@ def schedule_panel(schedule: str = "1f1b", ranks: int = 4, microbatches: int = 8
             panel.figure.add_traces(list(fig.data))
             panel.figure.layout = fig.layout
 
-    def update(_=None) -> None:
+    def update(change=None) -> None:
         v = values()
         try:
             sched = build(v["schedule"], v["ranks"], v["microbatches"], v["virtual"])
@@ -221,30 +225,31 @@ def schedule_panel(schedule: str = "1f1b", ranks: int = 4, microbatches: int = 8
             reason = exc.args[0].splitlines()[0]
             with panel.figure.batch_update():
                 panel.figure.data = ()
-                panel.figure.layout.title = f"no schedule for these settings: {reason}"
+                panel.figure.layout.title = _("no schedule for these settings: {reason}").format(reason=reason)
             panel.numbers.value = f"<span style='color:#b00'>{reason}</span>"
             return
         redraw(gantt(timeline))
         panel.numbers.value = _numbers(timeline, v)
 
-    def run(_=None) -> None:
+    def run(button=None) -> None:
         v = values()
-        panel.progress.value, panel.progress.description = 1, "running"
+        panel.progress.value, panel.progress.description = 1, _("running")
         try:
             result = run_pipeline(v["schedule"], v["ranks"], v["microbatches"], virtual=v["virtual"])
         except Exception as exc:  # shown in the panel: a notebook user sees why, the panel stays usable
-            panel.progress.value, panel.progress.description = 0, "failed"
+            panel.progress.value, panel.progress.description = 0, _("failed")
             panel.numbers.value = f"<span style='color:#b00'>{type(exc).__name__}: {str(exc).splitlines()[0]}</span>"
             return
-        panel.progress.value, panel.progress.description = 2, "drawing"
+        panel.progress.value, panel.progress.description = 2, _("drawing")
         panel.result = result
         redraw(compare(result))
-        panel.numbers.value = (
-            f"<b>measured on {v['ranks']} ranks</b>: bubble {result['bubble_measured']:.1%} on the virtual "
-            f"clock, predicted {result['bubble_predicted']:.1%} from this run's measured costs (not the "
-            f"sliders'; wall clock {result['bubble_wall']:.1%}); peak activations {result['peak_activations']}, "
-            f"max gradient difference {result['max_grad_diff']:.1e}")
-        panel.progress.value, panel.progress.description = 3, "done"
+        panel.numbers.value = _(
+            "<b>measured on {p} ranks</b>: bubble {measured:.1%} on the virtual clock, predicted {predicted:.1%} "
+            "from this run's measured costs (not the sliders'; wall clock {wall:.1%}); peak activations {peak}, "
+            "max gradient difference {diff:.1e}").format(
+            p=v["ranks"], measured=result["bubble_measured"], predicted=result["bubble_predicted"],
+            wall=result["bubble_wall"], peak=result["peak_activations"], diff=result["max_grad_diff"])
+        panel.progress.value, panel.progress.description = 3, _("done")
 
     for c in controls.values():
         c.observe(update, "value")
