@@ -88,7 +88,8 @@ class Exercise:
         Reads the source only: safe in any process, the grader's included."""
         reason = review(source, self.policy)
         if reason:
-            return Verdict(False, [_("{label}: FAILED: your answer {reason}").format(label=str(self.label), reason=reason)])
+            return Verdict(False, [_("{label}: FAILED: your answer {reason}").format(label=str(self.label),
+                                                                                   reason=reason)])
         if is_stub(source, self.name):
             return self.not_yet()
         return None
@@ -270,7 +271,8 @@ def run_answer(harness, source: str, name: str, world_size: int, label: str, arg
         return _("{where}: FAILED: rank {rank} raised {error}: {message}").format(
             where=where, rank=err.rank, error=err.exc_type, message=message)
     except launcher.RanksHung as err:
-        blocked = "; ".join(_("rank {rank}: {what}").format(rank=r, what=what) for r, what in sorted(err.blocked.items()))
+        blocked = "; ".join(_("rank {rank}: {what}").format(rank=r, what=what)
+                            for r, what in sorted(err.blocked.items()))
         return _("{where}: FAILED: did not finish within {timeout:g} s (a send without a matching recv, or a "
                  "collective some rank skipped?): {blocked}").format(where=where, timeout=err.timeout, blocked=blocked)
     except launcher.RankDied as err:
