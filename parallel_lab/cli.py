@@ -335,55 +335,100 @@ def _certificate_arguments(parser) -> None:
     keygen = actions.add_parser("keygen", help="make an Ed25519 key pair: DIR/NAME.key (secret) and DIR/NAME.pub")
     keygen.add_argument("dir", metavar="DIR", help="folder for the key files (created if missing)")
     keygen.add_argument("--name", default="instructor", help="file name stem of the two files (instructor)")
-    issue = actions.add_parser("issue", help="issue a certificate, signed with your private key")
-    issue.add_argument("--name", required=True, help="the student's full name, as printed")
+    issue = actions.add_parser("issue", help="issue an Open Badges 3.0 credential, signed with your private key")
+    issue.add_argument("--name", required=True, help="the learner's name, as it should be shown")
+    who = issue.add_mutually_exclusive_group(required=True)
+    who.add_argument("--email", help="the learner's email (stored hashed with a random salt, not in the clear)")
+    who.add_argument("--subject-id", metavar="URI", help="a URI of the learner's (did:..., https://...)")
     source = issue.add_mutually_exclusive_group(required=True)
     source.add_argument("--lessons", nargs="+", metavar="NN")
-    source.add_argument("--gradebook", metavar="CSV", help="lessons the student passed in this gradebook")
+    source.add_argument("--gradebook", metavar="CSV", help="lessons (and checks) the student passed in this gradebook")
     issue.add_argument("--student", help="the student's name in the gradebook")
     issue.add_argument("--threshold", type=float, default=0.8, help="share of a lesson's points to pass (0.8)")
-    signer = issue.add_mutually_exclusive_group(required=True)
-    signer.add_argument("--key-file", metavar="PRIVATE", help="your private key (NAME.key from keygen)")
-    signer.add_argument("--self-issued", action="store_true",
-                        help="no key: a self-issued certificate, tamper-evident only")
-    issue.add_argument("--issuer", help="who issues it, e.g. 'Prof. Lin, CS 4xx' (default: instructor/self-issued)")
-    issue.add_argument("--date", help="YYYY-MM-DD (default: today)")
-    issue.add_argument("--out", default="certificate.json")
-    verify = actions.add_parser("verify", help="check a certificate: exit 0 if valid, 1 if not")
+    issue.add_argument("--key-file", metavar="PRIVATE", required=True, help="your private key (NAME.key from keygen)")
+    issue.add_argument("--issuer", required=True, help="who issues it, as shown, e.g. 'Prof. Lin, CS 4xx'")
+    issue.add_argument("--issuer-url", metavar="URL", help="the issuer's web page")
+    issue.add_argument("--did-web", metavar="DOMAIN", help="issue as did:web:DOMAIN (default: your key's did:key)")
+    issue.add_argument("--credential-id", metavar="URI", help="the credential's URI (default urn:uuid:<random>)")
+    issue.add_argument("--date", "--valid-from", dest="valid_from", metavar="DATE",
+                       help="valid from YYYY-MM-DD or an ISO time with zone (default: now)")
+    issue.add_argument("--status-list", metavar="URL", help="make it revocable: your status list's URL ...")
+    issue.add_argument("--status-index", type=int, metavar="N", help="... and this credential's index in it")
+    issue.add_argument("--out", default="credential.json")
+    status = actions.add_parser("status-list", help="write your signed revocation list (Bitstring Status List)")
+    status.add_argument("url", metavar="URL", help="where you publish it (the URL credentials name)")
+    status.add_argument("--revoked", type=int, nargs="*", default=[], metavar="N", help="indices of revoked credentials")
+    status.add_argument("--key-file", metavar="PRIVATE", required=True, help="your private key")
+    status.add_argument("--did-web", metavar="DOMAIN", help="as in issue")
+    status.add_argument("--out", default="status-list.json")
+    verify = actions.add_parser("verify", help="check an Open Badges 3.0 credential offline: exit 0 if valid, 1 if not")
     verify.add_argument("file")
     verify.add_argument("--public-key", metavar="PUB",
-                        help="the instructor's public key (NAME.pub, or one line of base64)")
-    verify.add_argument("--accept-self-issued", action="store_true",
-                        help="accept a self-issued certificate (tamper-evident only: anyone can make one)")
-    for sub in (keygen, issue, verify):  # --json may come after the action too
+                        help="the issuer's public key (NAME.pub, a did:key, or one line of base64)")
+    verify.add_argument("--status-list", metavar="FILE", help="the issuer's status list credential: checks revocation")
+    for sub in (keygen, issue, status, verify):  # --json may come after the action too
         sub.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                          help="print one JSON object on stdout")
 
 
+def _read_json(path, what: str):
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"cannot read the {what} {path}: {exc.strerror}") from None
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"the {what} {path} is not UTF-8 JSON ({str(exc).splitlines()[0][:100]})") from None
+
+
+def _write_json(document: dict, path) -> None:
+    Path(path).write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def _certificate(args):
-    from parallel_lab.course import certificate as cert
+    from parallel_lab.course import credentials as cr
+    from parallel_lab.course.credentials.gradebook import lessons_from_gradebook
 
     if args.action == "keygen":
-        made = cert.keygen(args.dir, args.name)
+        made = cr.keygen(args.dir, args.name)
         return made, (f"private key: {made['private_key']} (keep it secret; mode 0600)\n"
                       f"public key:  {made['public_key']} (give it out)\n"
-                      f"fingerprint: {made['fingerprint']} (publish it, e.g. on the course page)"), ""
+                      f"fingerprint: {made['fingerprint']} (publish it, e.g. on the course page)\n"
+                      f"issuer:      {made['did']}"), ""
     if args.action == "verify":
-        result = cert.verify(args.file, args.public_key, accept_self_issued=args.accept_self_issued)
+        credential = _read_json(args.file, "credential")
+        public = cr.load_public_key(args.public_key) if args.public_key else None
+        listed = _read_json(args.status_list, "status list") if args.status_list else None
+        result = cr.verify(credential, public, listed).as_dict()
         return result, result["reason"], "" if result["valid"] else f"certificate verify: {result['reason']}"
-    key = None if args.self_issued else cert.load_private_key(args.key_file)
+    key = cr.load_private_key(args.key_file)
+    issuer_id = cr.did_web(args.did_web) if args.did_web else None
+    if args.action == "status-list":
+        listed = cr.status_list_credential(args.url, args.revoked, key, issuer_id=issuer_id)
+        _write_json(listed, args.out)
+        return ({"file": args.out, "url": args.url, "revoked": sorted(set(args.revoked)), "issuer": listed["issuer"]},
+                f"status list {args.url}: {len(set(args.revoked))} revoked; saved to {args.out} (publish it at that URL)",
+                "")
     if args.gradebook:
         if not args.student:
             raise ValueError("--gradebook needs --student (the student's name in the gradebook)")
-        lessons = cert.lessons_from_gradebook(args.gradebook, args.student, args.threshold)
+        lessons = lessons_from_gradebook(args.gradebook, args.student, args.threshold)
         if not lessons:
             raise ValueError(f"{args.student} passed no lesson at threshold {args.threshold:g} in {args.gradebook}")
     else:
         lessons = args.lessons
-    issued = cert.issue(args.name, lessons, key, date=args.date, issuer=args.issuer)
-    cert.save(issued, args.out)
-    return ({**issued, "file": args.out},
-            f"{cert.Certificate(issued)}\nsaved to {args.out}", "")
+    if (args.status_list is None) != (args.status_index is None):
+        raise ValueError("--status-list and --status-index go together (a revocable credential needs both)")
+    entry = cr.status_entry(args.status_list, args.status_index) if args.status_list else None
+    issued = cr.issue(args.name, args.email or args.subject_id, cr.Achievement(lessons), key, args.issuer,
+                      credential_id=args.credential_id, valid_from=args.valid_from, status=entry,
+                      issuer_id=issuer_id, issuer_url=args.issuer_url)
+    _write_json(issued, args.out)
+    fp = cr.fingerprint(key.public_key())
+    achievement = issued["credentialSubject"]["achievement"]["name"]
+    return ({"file": args.out, "id": issued["id"], "issuer": issued["issuer"]["id"], "fingerprint": fp,
+             "achievement": achievement, "lessons": sorted(lessons)},
+            f"Open Badges 3.0 credential {issued['id']}: {achievement}, for {args.name}, issued by {args.issuer} "
+            f"(key {fp}); saved to {args.out}", "")
 
 
 COMMANDS = {
@@ -397,7 +442,7 @@ COMMANDS = {
              _plan_arguments),
     "grade": (_grade, "grade student notebooks in a sandbox: a gradebook CSV, a summary and feedback per student",
               _grade_arguments),
-    "certificate": (_certificate, "verify, issue, or make keys for course certificates",
+    "certificate": (_certificate, "issue and verify Open Badges 3.0 credentials (keys, revocation lists)",
                     _certificate_arguments),
     "bench": (_bench, "side-by-side benchmarks against the peers, as ratios", _bench_arguments),
 }

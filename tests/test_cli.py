@@ -114,3 +114,90 @@ def test_run_3d_bad_mesh_fails_before_launch():
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == ["parallel-lab run: batch 8 is not divisible by dp 3 (replicas "
                                                "need equal rows)"]
+
+
+GRADEBOOK = ("student,lesson,exercise,passed,points,max_points,reason\n"
+             "ada,00_why_split_a_model,quiz:00,true,3,3,\n"
+             "ada,01_ranks_and_collectives,ring-all-reduce,true,2,2,\n"
+             "ada,01_ranks_and_collectives,quiz:01,true,3,3,\n")
+
+
+def test_certificate_keygen_issue_verify_with_the_public_key_alone(tmp_path):
+    """An instructor makes keys, issues an Open Badges 3.0 credential from a gradebook; anyone verifies it
+    offline with the public key; an edit, a foreign key, a self-issued and a revoked one exit 1 with the
+    reason; bad input exits 2."""
+    (tmp_path / "grades.csv").write_text(GRADEBOOK)
+    out = cli("certificate", "keygen", str(tmp_path / "lin"), "--json")
+    assert out.returncode == 0, out.stderr
+    made = json.loads(out.stdout)
+    assert made["did"].startswith("did:key:z6Mk") and made["fingerprint"].startswith("SHA256:")
+    assert cli("certificate", "keygen", str(tmp_path / "lin")).returncode == 2  # never overwrites a key
+    out = cli("certificate", "issue", "--name", "Ada Lovelace", "--email", "ada@example.org", "--gradebook",
+              str(tmp_path / "grades.csv"), "--student", "ada", "--key-file", made["private_key"], "--issuer",
+              "Prof. Lin, CS 4xx", "--status-list", "https://course.example.org/status/1", "--status-index", "4",
+              "--out", str(tmp_path / "ada.json"), "--json")
+    assert out.returncode == 0, out.stderr
+    issued = json.loads(out.stdout)
+    assert issued["lessons"] == ["00", "01"] and issued["fingerprint"] == made["fingerprint"]
+    credential = json.loads((tmp_path / "ada.json").read_text())
+    assert credential["type"] == ["VerifiableCredential", "OpenBadgeCredential"] and "ada@" not in json.dumps(credential)
+    assert credential["credentialSubject"]["achievement"]["criteria"]["narrative"].endswith(
+        "- lesson 00: quiz:00\n- lesson 01: quiz:01, ring-all-reduce")
+    for revoked in ([3], [4]):
+        out = cli("certificate", "status-list", "https://course.example.org/status/1", "--revoked", *map(str, revoked),
+                  "--key-file", made["private_key"], "--out", str(tmp_path / f"status{revoked[0]}.json"))
+        assert out.returncode == 0, out.stderr
+    Path(made["private_key"]).unlink()  # the verifier has no secret
+
+    out = cli("certificate", "verify", str(tmp_path / "ada.json"), "--public-key", made["public_key"], "--json")
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    report = json.loads(out.stdout)
+    assert {"valid", "reason", "fingerprint", "issuer", "subject", "achievement", "revoked"} <= set(report)
+    assert report["valid"] is True and report["fingerprint"] == made["fingerprint"] and report["revoked"] is None
+    assert report["issuer"] == {"id": made["did"], "name": "Prof. Lin, CS 4xx"}
+    assert report["subject"]["name"] == "Ada Lovelace" and "lessons 00, 01" in report["achievement"]["name"]
+    out = cli("certificate", "verify", str(tmp_path / "ada.json"), "--public-key", made["public_key"],
+              "--status-list", str(tmp_path / "status3.json"))
+    assert out.returncode == 0 and out.stdout.startswith("valid: Ada Lovelace") and "not revoked" in out.stdout
+    out = cli("certificate", "verify", str(tmp_path / "ada.json"), "--public-key", made["public_key"],
+              "--status-list", str(tmp_path / "status4.json"), "--json")
+    assert out.returncode == 1 and json.loads(out.stdout)["revoked"] is True
+    assert out.stderr.strip() == "certificate verify: revoked by the issuer " \
+                                 "(status list https://course.example.org/status/1, index 4)"
+    out = cli("certificate", "verify", str(tmp_path / "ada.json"))
+    assert out.returncode == 1 and "no issuer key was given" in out.stderr
+
+    # A learner's own key pair and credential: its proof is fine, but not by the instructor's key.
+    out = cli("certificate", "keygen", str(tmp_path / "me"), "--json")
+    mine = json.loads(out.stdout)
+    out = cli("certificate", "issue", "--name", "Ada Lovelace", "--email", "ada@example.org", "--lessons", "00", "01",
+              "02", "--key-file", mine["private_key"], "--issuer", "Prof. Lin, CS 4xx", "--out",
+              str(tmp_path / "mine.json"))
+    assert out.returncode == 0, out.stderr
+    out = cli("certificate", "verify", str(tmp_path / "mine.json"), "--public-key", made["public_key"], "--json")
+    report = json.loads(out.stdout)
+    assert out.returncode == 1 and report["fingerprint"] == mine["fingerprint"]
+    assert f"signed by key {mine['fingerprint']}, not by the issuer key given ({made['fingerprint']})" in out.stderr
+    assert cli("certificate", "verify", str(tmp_path / "mine.json"), "--public-key", mine["public_key"]).returncode == 0
+
+    edited = json.loads((tmp_path / "ada.json").read_text())
+    edited["credentialSubject"]["identifier"][1]["identityHash"] = "Mallory"
+    (tmp_path / "edited.json").write_text(json.dumps(edited))
+    out = cli("certificate", "verify", str(tmp_path / "edited.json"), "--public-key", made["public_key"])
+    assert out.returncode == 1 and out.stderr.startswith("certificate verify: edited after signing")
+
+    (tmp_path / "junk.json").write_text("{not json")
+    for args, message in [((str(tmp_path / "junk.json"),), "is not UTF-8 JSON"),
+                          ((str(tmp_path / "none.json"),), "cannot read the credential"),
+                          ((str(tmp_path / "ada.json"), "--public-key", str(tmp_path / "grades.csv")),
+                           "is not an Ed25519 public key"),
+                          ((str(tmp_path / "ada.json"), "--status-list", str(tmp_path / "none.json")),
+                           "cannot read the status list")]:
+        out = cli("certificate", "verify", *args)
+        assert out.returncode == 2 and out.stdout == "" and message in out.stderr, out.stderr
+    out = cli("certificate", "issue", "--name", "X", "--email", "x@example.org", "--lessons", "00", "--issuer", "I",
+              "--key-file", made["private_key"])
+    assert out.returncode == 2 and "cannot read the private key file" in out.stderr
+    out = cli("certificate", "issue", "--name", "X", "--email", "x@example.org", "--gradebook",
+              str(tmp_path / "grades.csv"), "--student", "eve", "--issuer", "I", "--key-file", mine["private_key"])
+    assert out.returncode == 2 and "no rows for student 'eve'" in out.stderr
