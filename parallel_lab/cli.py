@@ -357,7 +357,8 @@ def _certificate_arguments(parser) -> None:
     issue.add_argument("--out", default="credential.json")
     status = actions.add_parser("status-list", help="write your signed revocation list (Bitstring Status List)")
     status.add_argument("url", metavar="URL", help="where you publish it (the URL credentials name)")
-    status.add_argument("--revoked", type=int, nargs="*", default=[], metavar="N", help="indices of revoked credentials")
+    status.add_argument("--revoked", type=int, nargs="*", default=[], metavar="N",
+                        help="indices of revoked credentials")
     status.add_argument("--key-file", metavar="PRIVATE", required=True, help="your private key")
     status.add_argument("--did-web", metavar="DOMAIN", help="as in issue")
     status.add_argument("--out", default="status-list.json")
@@ -405,9 +406,9 @@ def _certificate(args):
     if args.action == "status-list":
         listed = cr.status_list_credential(args.url, args.revoked, key, issuer_id=issuer_id)
         _write_json(listed, args.out)
-        return ({"file": args.out, "url": args.url, "revoked": sorted(set(args.revoked)), "issuer": listed["issuer"]},
-                f"status list {args.url}: {len(set(args.revoked))} revoked; saved to {args.out} (publish it at that URL)",
-                "")
+        revoked = sorted(set(args.revoked))
+        return ({"file": args.out, "url": args.url, "revoked": revoked, "issuer": listed["issuer"]},
+                f"status list {args.url}: {len(revoked)} revoked; saved to {args.out} (publish it at that URL)", "")
     if args.gradebook:
         if not args.student:
             raise ValueError("--gradebook needs --student (the student's name in the gradebook)")

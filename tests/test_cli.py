@@ -140,7 +140,8 @@ def test_certificate_keygen_issue_verify_with_the_public_key_alone(tmp_path):
     issued = json.loads(out.stdout)
     assert issued["lessons"] == ["00", "01"] and issued["fingerprint"] == made["fingerprint"]
     credential = json.loads((tmp_path / "ada.json").read_text())
-    assert credential["type"] == ["VerifiableCredential", "OpenBadgeCredential"] and "ada@" not in json.dumps(credential)
+    assert credential["type"] == ["VerifiableCredential", "OpenBadgeCredential"]
+    assert "ada@" not in json.dumps(credential)
     assert credential["credentialSubject"]["achievement"]["criteria"]["narrative"].endswith(
         "- lesson 00: quiz:00\n- lesson 01: quiz:01, ring-all-reduce")
     for revoked in ([3], [4]):
