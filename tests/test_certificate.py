@@ -20,6 +20,10 @@ from pyld import jsonld
 from parallel_lab.course import credentials as cr
 from parallel_lab.course.credentials import badge, keys, proof, status
 from parallel_lab.course.credentials.gradebook import lessons_from_gradebook
+from parallel_lab.course.quiz import progress
+from parallel_lab.i18n import using
+from parallel_lab.show import quizbox
+from parallel_lab.show.progress import my_progress
 
 DATA = Path(__file__).parent / "data" / "credentials"
 W3C = DATA / "vc-di-eddsa"
@@ -531,3 +535,31 @@ def test_lessons_and_checks_from_a_gradebook(tmp_path):
         lessons_from_gradebook(tmp_path / "grades.csv", "ada", threshold=1.5)
     with pytest.raises(ValueError, match="cannot read the gradebook"):
         lessons_from_gradebook(tmp_path / "none.csv", "ada")
+
+
+# --- what a learner sees in the notebook ---------------------------------------------------------
+
+def test_the_notebook_shows_progress_that_says_it_is_not_a_credential(monkeypatch, tmp_path):
+    """A learner without an instructor gets their own record of the quizzes passed, which says it
+    proves nothing to anyone else and how a verifiable credential is obtained; no notebook function
+    makes a "certificate" any more."""
+    monkeypatch.setenv("PARALLEL_LAB_HOME", str(tmp_path / "home"))
+    assert "No quiz passed yet" in str(my_progress())
+    progress.record_pass("collectives", "01", 7, 8)
+    progress.record_pass("faq", None, 5, 6)
+    card = my_progress()
+    text, page = str(card), card._repr_html_()
+    assert "lesson 01: quiz collectives, 7 of 8 points" in text and "lesson faq: quiz faq, 5 of 6 points" in text
+    assert str(tmp_path / "home" / "progress.json") in text
+    for shown in (text, page):
+        assert "it is not a credential" in shown and "anyone can edit it" in shown
+        assert "A credential that anyone can verify (Open Badges 3.0" in shown and "grading service" in shown
+    with using("zh-Hant"):
+        assert "它不是憑證（credential）" in str(my_progress()) and "第 01 課" in str(my_progress())
+    (tmp_path / "home" / "progress.json").write_text(json.dumps({"passed": {"x": {"points": "many"}, "y": 3}}))
+    assert "No quiz passed yet" in str(my_progress())  # the learner's own file may hold anything
+    for lang in ("en", "zh-Hant"):
+        passed = quizbox.LABELS[lang]["passed"]
+        assert "my_progress()" in passed and "certificate(" not in passed
+    with pytest.raises(ImportError):
+        __import__("parallel_lab.course.certificate")

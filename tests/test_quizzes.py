@@ -435,7 +435,7 @@ def test_pass_mark_is_configurable(monkeypatch):
     assert b.points_needed() == 4
 
 
-def test_passing_is_recorded_for_the_certificate(capsys):
+def test_passing_is_recorded_in_the_learners_progress(capsys):
     from parallel_lab.course.quiz import progress
 
     text.check_quiz("00", {})

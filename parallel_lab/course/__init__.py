@@ -4,5 +4,5 @@
 - ``quiz``: the question banks (``quizzes/*.yaml``), answers, scores, progress
 - ``predictions``: the graded predictions of the lessons (registry), read and scored as data
 - ``grading``: grading submitted notebooks (reference, runner, sandbox, checker, gradebook)
-- ``certificate``: course certificates
+- ``credentials``: Open Badges 3.0 credentials (issue, verify offline, revoke)
 """

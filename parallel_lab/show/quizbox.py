@@ -27,12 +27,14 @@ from parallel_lab.course.quiz.text import KIND_NOTE, quiz_text
 COLOURS = {"correct": "#1a7f37", "wrong": "#b35900", "invalid": "#b35900", "unanswered": "#555"}
 LABELS = {
     "en": {"check": "Check", "retry": "Try again", "score": "Score: {points:g} of {total:g} points "
-           "(pass mark {needed:g})", "passed": "Passed! Run <code>certificate(\"Your Name\")</code> "
-           "(from parallel_lab.course.certificate) for a certificate.", "sheet": "Your answer sheet (paste it "
-           "into the answer-sheet cell to hand in):", "number": "a number"},
+           "(pass mark {needed:g})", "passed": "Passed! It is recorded on this computer: <code>my_progress()</code> "
+           "(from parallel_lab.show.progress) lists what you have passed. A credential anyone can verify comes "
+           "from whoever grades your notebook: hand it in, or submit it to the course's grading service.",
+           "sheet": "Your answer sheet (paste it into the answer-sheet cell to hand in):", "number": "a number"},
     "zh-Hant": {"check": "檢查", "retry": "再試一次", "score": "得分：{points:g} / {total:g} 分（及格 {needed:g} 分）",
-                "passed": "及格！執行 <code>certificate(\"你的名字\")</code>"
-                          "（來自 parallel_lab.course.certificate）取得證書。",
+                "passed": "及格！已記錄在這臺電腦上：<code>my_progress()</code>（來自 parallel_lab.show.progress）"
+                          "列出你已通過的測驗。任何人都能驗證的憑證（credential）由評閱你筆記本的人發出："
+                          "繳交筆記本，或上傳到課程的評分服務。",
                 "sheet": "你的答案卷（貼到答案卷儲存格後繳交）：", "number": "一個數字"},
 }
 

@@ -1,8 +1,10 @@
 """Which quizzes this student has passed, kept across lessons (each lesson is its own kernel).
 
 The record lives in ``$PARALLEL_LAB_HOME/progress.json`` (default ``~/.parallel_lab``). It is the
-student's own file: a certificate issued from it is self-issued (see ``parallel_lab.course.certificate``
-for the trust model); the grader points ``PARALLEL_LAB_HOME`` at a scratch folder.
+student's own file, which anyone can edit: it shows the learner what they have done
+(``parallel_lab.show.progress.my_progress``) and proves nothing to anyone else. Credentials come from
+the grader's side (``parallel_lab.course.credentials``); the grader points ``PARALLEL_LAB_HOME`` at a
+scratch folder.
 """
 
 from __future__ import annotations

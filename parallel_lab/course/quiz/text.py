@@ -99,8 +99,8 @@ def sheet_template(lesson) -> str:
 
 
 def check_quiz(lesson, sheet: dict | None, pass_mark: float | None = None) -> Score:
-    """Score an answer sheet and print the verdict (the line nbval compares). A pass is recorded for
-    ``parallel_lab.course.certificate``. Returns the Score."""
+    """Score an answer sheet and print the verdict (the line nbval compares). A pass is recorded in the
+    learner's progress (``progress``; ``parallel_lab.show.progress.my_progress`` shows it). Returns the Score."""
     bank = _bank(lesson)
     result = score(bank, sheet, pass_mark)
     print(verdict(result, pass_mark))
@@ -124,8 +124,9 @@ def lesson_cells(lesson, points: int = 3) -> str:
 #
 # **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
 # paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz for your certificate: `from parallel_lab.course.certificate import certificate`, then
-# `certificate("Your Name")`.
+# records the quiz on this computer (`from parallel_lab.show.progress import my_progress`, then
+# `my_progress()`). That record is yours, not a credential: a credential anyone can verify comes from
+# whoever grades your notebook (hand it in, or submit it to the course's grading service).
 
 # %% tags=["nbval-ignore-output"]
 from parallel_lab.show.quizbox import quiz
