@@ -41,7 +41,7 @@ def check_gloo():
 
 
 def check_start_method():
-    from parallel_lab.runtime.launcher import start_method
+    from parallel_lab.runtime.pool import start_method
 
     method = start_method()
     return method in ("forkserver", "spawn"), f"ranks start with {method!r} (never fork: it hangs after torch ran)"

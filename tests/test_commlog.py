@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from parallel_lab.runtime import collectives, commlog, demos, launcher, shared_memory
+from parallel_lab.runtime import commlog, demos, launcher, shared_memory, transport
 
 SHARES = shared_memory.why_not_here() is None
 
@@ -71,6 +71,6 @@ def test_one_shot_all_reduce_sums_like_gloo_and_is_counted_as_one_all_reduce(wor
             assert torch.allclose(r["one_shot"], expected, rtol=0, atol=1e-12)
             assert torch.equal(r["one_shot"], group[0]["one_shot"])
             assert r["used_shared_memory"] == (numel * 8 <= shared_memory.MAX_BYTES and SHARES)
-            assert r["used_one_shot"] == (numel * 8 <= collectives.ONE_SHOT_MAX_BYTES and size > 2
+            assert r["used_one_shot"] == (numel * 8 <= transport.ONE_SHOT_MAX_BYTES and size > 2
                                           and not r["used_shared_memory"])
             assert r["calls"] == {"all_reduce": {"count": 1, "bytes": numel * 8}}  # not its sends and receives

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch
 
-from parallel_lab.runtime import demos, launcher
+from parallel_lab.runtime import demos, launcher, rank_process
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(180)]
 
@@ -287,7 +287,7 @@ def test_same_function_runs_under_torchrun():
 
 def test_task_messages_use_plain_pickle():
     # Tensors come back as copies (plain pickle), never as shared-memory handles that could leak.
-    blob = launcher._pickle_task(demos.echo, (torch.ones(2),), {})
+    blob = rank_process.encode_task(demos.echo, (torch.ones(2),), {})
     assert pickle.loads(blob)[2][0].sum() == 2
 
 

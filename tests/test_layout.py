@@ -175,3 +175,18 @@ def test_the_names_architecture_md_gives_exist():
         else:
             missing.append(name)
     assert not missing, missing
+
+
+def test_the_init_files_that_import_are_the_ones_architecture_md_lists():
+    """``__init__.py`` files are maps of their folder and import nothing, except those
+    ARCHITECTURE.md names (re-exports), so that ``parallel-lab schedule`` does not pay torch's import."""
+    import re
+
+    importing = {str(path.parent.relative_to(PACKAGE)) for path in PACKAGE.rglob("__init__.py")
+                 if any(isinstance(node, (ast.Import, ast.ImportFrom))
+                        for node in ast.walk(ast.parse(path.read_text())))}
+    text = (PACKAGE.parent / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    paragraph = re.search(r"Package `__init__.py` files are .*?(?:\n\n|$)", text, re.S)
+    assert paragraph, "ARCHITECTURE.md no longer says which __init__ files import"
+    folders = {p for p in re.findall(r"`([\w/]+)`", paragraph.group(0)) if (PACKAGE / p / "__init__.py").exists()}
+    assert folders == importing

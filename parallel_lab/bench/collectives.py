@@ -1,5 +1,5 @@
 """The lesson's ring all-reduce against gloo's own, and the all-reduces tensor parallelism sends its
-small sums with (``runtime.collectives.all_reduce``: one shot, and through shared memory on one x86
+small sums with (``runtime.transport.all_reduce``: one shot, and through shared memory on one x86
 host) against gloo's (``parallel-lab bench collectives``)."""
 
 from __future__ import annotations

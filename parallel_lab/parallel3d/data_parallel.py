@@ -13,7 +13,7 @@ hundreds of times; PyTorch DDP (Li et al. 2020, "PyTorch Distributed: Experience
 Data Parallel Training") therefore packs gradients into **buckets** of about ``bucket_bytes``
 (default 25 MiB, DDP's ``bucket_cap_mb``), in reverse parameter order -- the order backward produces
 them, so a bucket can go as soon as it is full while backward goes on. Each bucket is flattened into
-one tensor, all-reduced over the data-parallel group (``runtime.collectives.all_reduce``, the
+one tensor, all-reduced over the data-parallel group (``runtime.transport.all_reduce``, the
 call tensor parallelism makes: through shared memory when it is small and the group on one host),
 divided by its size and copied back.
 
@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from parallel_lab import models
-from parallel_lab.runtime import collectives, commlog
+from parallel_lab.runtime import commlog, transport
 from parallel_lab.runtime.mesh import ParallelDims, build_groups
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20
@@ -69,7 +69,7 @@ def allreduce_gradients(params, group=None, bucket_bytes: int = DEFAULT_BUCKET_B
     for bucket in plan:
         grads = [params[i].grad for i in bucket]
         flat = torch.cat([g.reshape(-1) for g in grads])  # one message instead of len(bucket)
-        collectives.all_reduce(flat, group)  # on one host a small bucket goes through shared memory
+        transport.all_reduce(flat, group)  # on one host a small bucket goes through shared memory
         flat.div_(size)
         offset = 0
         for g in grads:

@@ -97,11 +97,11 @@ def calibrate(world_size: int = 4, sizes_bytes=CALIBRATION_SIZES, timeout: float
     The ranks of one host send two ways here (``runtime.shared_memory``): tensor parallelism's
     all-reduces and the pipeline's messages through shared memory, data-parallel buckets larger
     than its slots through gloo. Where this machine can share memory, ``near`` holds the same
-    calibration timed through shared memory (``collectives.all_reduce``, ``NEAR_SIZES``)."""
+    calibration timed through shared memory (``transport.all_reduce``, ``NEAR_SIZES``)."""
     cal = calib.calibrate(world_size, sizes_bytes=sizes_bytes, groups=True, timeout=timeout)
     if shared_memory.why_not_here() is None:
         cal["near"] = calib.calibrate(world_size, sizes_bytes=NEAR_SIZES, groups=True, timeout=timeout,
-                                      path="collectives")
+                                      path="transport")
     return cal
 
 

@@ -30,7 +30,8 @@ from parallel_lab.hardware import Link
 from parallel_lab.pipeline.profile import one_thread
 from parallel_lab.planning import memory_model
 from parallel_lab.runtime import launcher, shared_memory
-from parallel_lab.runtime.collectives import all_reduce, one_shot_all_reduce, ring_all_reduce
+from parallel_lab.runtime.collectives import ring_all_reduce
+from parallel_lab.runtime.transport import all_reduce, one_shot_all_reduce
 
 # ----------------------------------------------------------------------------------------------
 # All-reduce: timed, and the α–β fit.
@@ -73,13 +74,13 @@ def all_reduce_in_situ(sizes_bytes, repeats: int = 5, calls: int = 10, group=Non
     """Rank function: seconds of one all-reduce of each size over ``group`` (default: all ranks),
     measured as training issues them, between computations. ``path``: ``"gloo"`` times
     ``dist.all_reduce`` (what a data-parallel bucket larger than shared memory's slots takes),
-    ``"collectives"`` the call tensor-parallel layers make (``collectives.all_reduce``: through
+    ``"transport"`` the call tensor-parallel layers make (``transport.all_reduce``: through
     shared memory for small tensors on one host). A loop of ``calls`` (a little compute,
     then an all-reduce) is timed against the same loop without the all-reduces; the difference per
     call, median of ``repeats``. (A lone all-reduce after a barrier also pays for the ranks leaving
     the barrier apart; back-to-back ones find every communication thread already awake.)"""
     small = torch.randn(64, 64)
-    reduce = all_reduce if path == "collectives" else (lambda t, g: dist.all_reduce(t, group=g))
+    reduce = all_reduce if path == "transport" else (lambda t, g: dist.all_reduce(t, group=g))
 
     def loop(tensor) -> float:
         dist.barrier()

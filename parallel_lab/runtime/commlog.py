@@ -117,7 +117,7 @@ def _wrap(name, original):
 @contextmanager
 def speaking_for(op: str, tensor, group=None):
     """Record one ``op`` call on ``tensor`` (its bytes, its group) and run the block as its inside:
-    for a collective built from other calls (``collectives.all_reduce``'s one-shot algorithm is
+    for a collective built from other calls (``transport.all_reduce``'s one-shot algorithm is
     sends and receives), so that logs and hang reports name what the caller asked for."""
     bound = {"tensor": tensor, "group": group}
     with _inside(describe(op, bound) if not getattr(_local, "depth", 0) else "", op, bound):

@@ -15,8 +15,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from parallel_lab.runtime import collectives, commlog, shared_memory
-from parallel_lab.runtime.collectives import ring_all_reduce
+from parallel_lab.runtime import commlog, shared_memory, transport
 
 
 def hello():
@@ -93,7 +92,7 @@ def heap_refaults(blocks: int = 3, megabytes: int = 12, rounds: int = 3) -> list
     """This rank's minor page faults in each of ``rounds`` rounds of taking ``blocks`` blocks of
     ``megabytes`` MB from malloc, writing them and freeing them, as a training step does with its
     gradients (straight from libc, so that nothing else lands between the blocks). After the first
-    round 0 when freed memory stays in the heap (``launcher.keep_freed_memory``); under glibc's own
+    round 0 when freed memory stays in the heap (``allocator.keep_freed_memory``); under glibc's own
     moving thresholds a fresh process gives the heap's top back at the end of every round."""
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
@@ -122,16 +121,6 @@ def unpicklable_result():
     return threading.Lock()
 
 
-def ring_matches_gloo(numel, dtype=torch.float64):
-    """Ring all-reduce of integer-valued data equals dist.all_reduce exactly on every rank."""
-    rank = dist.get_rank()
-    x = torch.arange(numel, dtype=dtype) * (rank + 1) + rank
-    expected = x.clone()
-    dist.all_reduce(expected)
-    ring_all_reduce(x)
-    return bool(torch.equal(x, expected))
-
-
 def say_hello():
     """Prints on every rank: the notebook shows each line prefixed with its rank, in rank order."""
     print(f"hello from rank {dist.get_rank()} of {dist.get_world_size()}")
@@ -152,7 +141,7 @@ def count_collectives():
 
 
 def one_shot_against_gloo(numel: int = 1000, groups_of: int | None = None):
-    """``collectives.all_reduce`` (one shot when small) beside ``dist.all_reduce`` on the same random
+    """``transport.all_reduce`` (one shot when small) beside ``dist.all_reduce`` on the same random
     fp64 tensor, in the world or in consecutive groups of ``groups_of`` ranks (each group its own
     data), plain and ``async_op``, and ``one_shot_all_reduce`` itself. Returns what the test compares:
     the sums (to check the ranks agree bit for bit), which algorithm ``all_reduce`` chose and the
@@ -165,18 +154,18 @@ def one_shot_against_gloo(numel: int = 1000, groups_of: int | None = None):
     x = torch.randn(numel, dtype=torch.float64, generator=torch.Generator().manual_seed(rank))
     ours, peer, later, direct = x.clone(), x.clone(), x.clone(), x.clone()
     with commlog.recording() as log:
-        collectives.all_reduce(ours, group)
+        transport.all_reduce(ours, group)
     dist.all_reduce(peer, group=group)
-    pending = collectives.all_reduce(later, group, async_op=True)
-    collectives.one_shot_all_reduce(direct, group)  # the algorithm itself, at any size
+    pending = transport.all_reduce(later, group, async_op=True)
+    transport.one_shot_all_reduce(direct, group)  # the algorithm itself, at any size
     return {"ours": ours, "gloo": peer, "async": pending.wait(), "one_shot": direct,
-            "used_one_shot": collectives.uses_one_shot(x, group),
-            "used_shared_memory": collectives.uses_shared_memory(x, group), "calls": log.as_dict()}
+            "used_one_shot": transport.uses_one_shot(x, group),
+            "used_shared_memory": transport.uses_shared_memory(x, group), "calls": log.as_dict()}
 
 
 def shared_memory_sums(calls: int = 40, seed: int = 0):
     """``calls`` all-reduces of fresh integer-valued tensors (exact sums) through
-    ``collectives.all_reduce``, alternating between the world and a second group of the same ranks
+    ``transport.all_reduce``, alternating between the world and a second group of the same ranks
     (two channels), each rank sleeping a random few milliseconds before some calls so that ranks
     run ahead of each other. Returns the sums, each rank's inputs' seed, whether shared memory was
     used and this rank's spun CPU seconds."""
@@ -189,12 +178,12 @@ def shared_memory_sums(calls: int = 40, seed: int = 0):
         x = torch.randint(-1000, 1000, (1 + 97 * i % 4000,), generator=gen).double()
         if torch.rand((), generator=gen) < 0.3:
             time.sleep(0.004 * torch.rand((), generator=gen).item())
-        sums.append(collectives.all_reduce(x, group))
+        sums.append(transport.all_reduce(x, group))
     if rank == 1:
         time.sleep(0.05)  # rank 0 waits 50 ms in the next call: spun time, kept apart
-    collectives.all_reduce(torch.ones(8))
+    transport.all_reduce(torch.ones(8))
     dist.destroy_process_group(other)
-    return {"sums": sums, "used": collectives.uses_shared_memory(torch.ones(8)),
+    return {"sums": sums, "used": transport.uses_shared_memory(torch.ones(8)),
             "waited": shared_memory.waited_seconds() - waited}
 
 
@@ -203,9 +192,9 @@ def shared_memory_missing_rank(timeout: float = 0.5):
     TimeoutError after ``timeout`` seconds naming rank 1."""
     shared_memory.TIMEOUT_S = timeout
     try:
-        collectives.all_reduce(torch.ones(4))  # both: the channel opens
+        transport.all_reduce(torch.ones(4))  # both: the channel opens
         if dist.get_rank() == 0:
-            collectives.all_reduce(torch.ones(4))
+            transport.all_reduce(torch.ones(4))
         else:
             time.sleep(timeout + 2)
     finally:

@@ -9,7 +9,7 @@ other's memory. DeepSpeed does this for tensor parallelism on CPUs ("if all rank
 physical machine, use an SHM based low latency allreduce": ``csrc/cpu/comm/shm.cpp``), and NCCL's
 SHM transport does it between GPUs of one node without NVLink.
 
-The algorithm is one shot (``collectives.one_shot_all_reduce``) with memory in place of messages.
+The algorithm is one shot (``transport.one_shot_all_reduce``) with memory in place of messages.
 A group shares one file in ``/dev/shm``, mapped by every rank: a slot per rank and a flag per rank.
 Call ``s`` on a group:
 
@@ -31,7 +31,7 @@ compute do not count waiting as work.
 
 ``channel(group)`` decides once per group, on all its ranks together (a collective the first time):
 gloo, Linux with ``/dev/shm``, x86-64, every rank of the group on this host.
-``collectives.all_reduce`` then sends tensors of at most ``MAX_BYTES`` through it; everything else
+``transport.all_reduce`` then sends tensors of at most ``MAX_BYTES`` through it; everything else
 goes to gloo as before.
 
 Point to point (``links``): the pipeline executor's activations and gradients take the same way.

@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 from parallel_lab.runtime import commlog
-from parallel_lab.runtime.launcher import backend_and_device, keep_freed_memory
+from parallel_lab.runtime.allocator import keep_freed_memory
+from parallel_lab.runtime.rank_process import backend_and_device
 
 
 def under_torchrun(environ=None) -> bool:

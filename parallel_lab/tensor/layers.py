@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from parallel_lab import models
-from parallel_lab.runtime import collectives
+from parallel_lab.runtime import transport
 from parallel_lab.tensor.mappings import (
     copy_to_tensor_parallel_region,
     gather_from_sequence_parallel_region,
@@ -223,17 +223,17 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         start = dist.get_rank(group) * logits.shape[-1]
         # 1. the global max, for a stable softmax (it cancels out, so no gradient flows through it)
         logits_max = logits.amax(dim=-1)  # (B, T)
-        collectives.all_reduce(logits_max, group, op=dist.ReduceOp.MAX)
+        transport.all_reduce(logits_max, group, op=dist.ReduceOp.MAX)
         shifted = logits - logits_max.unsqueeze(-1)  # (B, T, V/p)
         # 2. the target's logit: held by exactly one rank, the others contribute 0
         outside = (targets < start) | (targets >= start + logits.shape[-1])
         local = (targets - start).masked_fill_(outside, 0)
         target_logit = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill_(outside, 0.0)
-        collectives.all_reduce(target_logit, group)
+        transport.all_reduce(target_logit, group)
         # 3. the softmax denominator
         exp = shifted.exp_()  # (B, T, V/p), reusing shifted's memory
         sum_exp = exp.sum(dim=-1)  # (B, T)
-        collectives.all_reduce(sum_exp, group)
+        transport.all_reduce(sum_exp, group)
         ctx.save_for_backward(exp.div_(sum_exp.unsqueeze(-1)), local, outside)  # the softmax
         return sum_exp.log_() - target_logit  # (B, T): -log softmax[target]
 
@@ -263,7 +263,7 @@ def allreduce_sequence_parallel_grads(module: nn.Module, group=None) -> None:
     if not grads or dist.get_world_size(group) == 1:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])  # one collective for all of them
-    collectives.all_reduce(flat, group)
+    transport.all_reduce(flat, group)
     offset = 0
     for g in grads:
         g.copy_(flat[offset:offset + g.numel()].view_as(g))

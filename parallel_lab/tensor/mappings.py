@@ -19,7 +19,7 @@ Each op has three layers, as in Megatron-LM's ``core/tensor_parallel/mappings.py
 helper doing one collective, a tiny ``torch.autograd.Function`` and a snake_case wrapper. Every op
 takes an explicit ``group`` (a ProcessGroup, or None for the whole world) and is free when the group
 has one rank. Collectives are called as ``dist.<name>`` at call time, so ``parallel_lab.runtime.commlog``
-can count them; the all-reduce goes through ``parallel_lab.runtime.collectives.all_reduce``, which
+can count them; the all-reduce goes through ``parallel_lab.runtime.transport.all_reduce``, which
 sums a small tensor through shared memory on one host, or one shot on gloo beyond 2 ranks (one step
 instead of a ring's 2(p-1)), counted as the one all_reduce it is. Sequence ops take the sequence dimension ``dim`` (1 in
 ``models``' ``(B, T, H)`` layout; Megatron's ``(T, B, H)`` uses 0, which needs no reordering copy around the
@@ -31,16 +31,16 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from parallel_lab.runtime import collectives
+from parallel_lab.runtime import transport
 
 # ----------------------------------------------------------------------------------------------
 # Helpers: one collective (or none) each.
 
 
 def _all_reduce(x, group):
-    """Sum ``x`` over the group, in place; returns ``x`` (``collectives.all_reduce``: the fastest way
+    """Sum ``x`` over the group, in place; returns ``x`` (``transport.all_reduce``: the fastest way
     this machine has for its size)."""
-    return collectives.all_reduce(x, group)
+    return transport.all_reduce(x, group)
 
 
 def _split(x, dim, group):

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from parallel_lab import models
-from parallel_lab.runtime.launcher import MAX_WORLD_SIZE
+from parallel_lab.runtime.prelaunch import MAX_WORLD_SIZE
 from parallel_lab.tensor import layers
 
 MLP_PLAN = {"fc1": "colwise", "fc2": "rowwise"}  # the same split as style "mlp"

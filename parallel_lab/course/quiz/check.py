@@ -74,17 +74,6 @@ def normalise(item: Item, response):
     return frozenset(keys)
 
 
-def is_correct(item: Item, response) -> bool:
-    """True when ``response`` (already valid) answers ``item``; invalid responses are False."""
-    try:
-        value = normalise(item, response)
-    except InvalidResponse:
-        return False
-    if item.kind == "numeric":
-        return item.within_tolerance(value)
-    return value == item.correct_keys()
-
-
 def format_value(item: Item, value: float) -> str:
     text = f"{value:.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
     return f"{text} {item.unit}".strip()
