@@ -200,7 +200,7 @@ def test_an_issued_credential_is_an_open_badge_that_verifies_with_the_public_key
     assert achievement["type"] == ["Achievement"] and "lessons 00, 01" in achievement["name"]
     assert achievement["criteria"]["narrative"].endswith("- lesson 00: quiz:00\n- lesson 01: quiz:01, ring-all-reduce")
     result = cr.verify(json.loads(json.dumps(issued)), public)  # as read back from a file
-    assert result.valid and result.revoked is None, result.reason
+    assert result.valid and result.revoked is None and result.code == "valid", result.reason
     assert result.fingerprint == result.expected_fingerprint == cr.fingerprint(public)
     assert result.subject == {"name": "Ada Lovelace", "id": None, "email_hashed": True}
     assert result.issuer == {"id": cr.did_key(public), "name": "Prof. Lin, CS 4xx"}
@@ -284,6 +284,14 @@ def _edit(credential, path, value):
 _DELETE = object()
 
 
+def _paths(node, here=()):
+    """The path of every value in a JSON document, the document's own (``()``) first."""
+    yield here
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in children:
+        yield from _paths(value, here + (key,))
+
+
 def _value(node, path):
     for step in path:
         node = node[step]
@@ -310,7 +318,7 @@ EDITS = [(("name",), "Badge for everything"),
 def test_any_edit_is_rejected(path, value, issued, instructor):
     result = cr.verify(_edit(issued, path, value), instructor[1])
     assert not result.valid and result.reason.startswith("edited after signing"), result.reason
-    assert "\n" not in result.reason and result.fingerprint == cr.fingerprint(instructor[1])
+    assert result.code == "edited" and "\n" not in result.reason and result.fingerprint == cr.fingerprint(instructor[1])
 
 
 def test_an_added_field_with_no_meaning_is_rejected_not_ignored(issued, instructor):
@@ -329,7 +337,8 @@ def test_a_foreign_key_is_rejected(issued, instructor, achievement):
     theirs = cr.issue("Ada Lovelace", "ada@example.org", achievement, other, "Prof. Lin, CS 4xx")
     assert cr.verify(theirs, other.public_key()).valid  # a fine credential, of another issuer
     result = cr.verify(theirs, public)
-    assert not result.valid and result.fingerprint == cr.fingerprint(other.public_key())
+    assert not result.valid and result.code == "foreign-key"
+    assert result.fingerprint == cr.fingerprint(other.public_key())
     assert f"signed by key {cr.fingerprint(other.public_key())}, not by the issuer key given " \
            f"({cr.fingerprint(public)})" in result.reason
 
@@ -357,12 +366,14 @@ def test_a_self_issued_credential_is_rejected(issued, instructor, achievement):
     # 4. Without the issuer's key nothing is valid, however well it is signed.
     result = cr.verify(issued)
     assert not result.valid and "no issuer key was given" in result.reason and result.fingerprint
+    assert result.code == "no-key"
 
 
 def test_validity_period(instructor, achievement):
     key, public = instructor
     later = cr.issue("Ada", "ada@example.org", achievement, key, "Prof. Lin", valid_from=WHEN + dt.timedelta(days=3))
     assert "not valid yet" in cr.verify(later, public, now=WHEN).reason
+    assert cr.verify(later, public, now=WHEN).code == "not-yet-valid"
     assert cr.verify(later, public, now=WHEN + dt.timedelta(days=4)).valid
 
 
@@ -387,6 +398,7 @@ def test_malformed_credentials_say_why_and_never_raise(issued, instructor):
     for reason, bad in cases.items():
         result = cr.verify(bad, public)
         assert not result.valid and result.reason.startswith(reason), (reason, result.reason)
+        assert result.code == "malformed"
     for junk in (None, 7, "text", {}, {"@context": None}, {"@context": [proof.VC_V2, proof.OB_V3], "type": "x"},
                  _edit(issued, ("credentialSubject", "achievement"), "x"),
                  _edit(issued, ("@context",), [proof.VC_V2, proof.OB_V3, {"@vocab": 5}])):
@@ -395,19 +407,27 @@ def test_malformed_credentials_say_why_and_never_raise(issued, instructor):
 
 def test_no_value_anywhere_makes_verify_raise(issued, instructor):
     """Every field replaced by every JSON type: a reason each time, never an exception."""
-    def paths(node, here=()):
-        yield here
-        children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-        for key, value in children:
-            yield from paths(value, here + (key,))
-    for path in list(paths(issued))[1:]:
+    for path in list(_paths(issued))[1:]:
         current = _value(issued, path)
         for value in (None, 7, True, "x", [], {}, _DELETE):
             if type(value) is type(current) and value == current:
                 continue
             result = cr.verify(_edit(issued, path, value), instructor[1])
-            assert isinstance(result.reason, str) and result.reason
+            assert isinstance(result.reason, str) and result.reason and result.code in cr.CODES
             assert not result.valid, (path, value, result.reason)
+
+
+def test_no_value_anywhere_in_a_status_list_makes_verify_raise(issued, instructor):
+    key, public = instructor
+    listed = cr.status_list_credential(LIST_URL, [3], key)
+    assert cr.verify(issued, public, listed).valid
+    for path in list(_paths(listed))[1:]:
+        current = _value(listed, path)
+        for value in (None, 7, "x", [], {}, _DELETE):
+            if type(value) is type(current) and value == current:
+                continue
+            result = cr.verify(issued, public, _edit(listed, path, value))
+            assert not result.valid and result.revoked is None, (path, value, result.reason)
 
 
 def test_a_poisoned_dataset_is_refused_quickly():
@@ -447,7 +467,7 @@ def test_status_list_is_gzip_base64url_of_at_least_16_kb_left_bit_first(instruct
 def test_revocation_is_checked_against_the_issuers_signed_list(issued, instructor):
     key, public = instructor
     revoked = cr.verify(issued, public, cr.status_list_credential(LIST_URL, [3, 17], key))
-    assert not revoked.valid and revoked.revoked is True
+    assert not revoked.valid and revoked.revoked is True and revoked.code == "revoked"
     assert revoked.reason == f"revoked by the issuer (status list {LIST_URL}, index 17)"
     kept = cr.verify(issued, public, cr.status_list_credential(LIST_URL, [3, 16, 18], key))
     assert kept.valid and kept.revoked is False and kept.reason.endswith("; not revoked")
@@ -465,6 +485,7 @@ def test_revocation_is_checked_against_the_issuers_signed_list(issued, instructo
     for reason, lst in cases.items():
         result = cr.verify(issued, public, lst)
         assert not result.valid and result.revoked is None and reason in result.reason, result.reason
+        assert result.code == "status-unavailable"
     with pytest.raises(ValueError, match="fewer than the 131072"):
         status.decode(small["credentialSubject"]["encodedList"])
     with pytest.raises(ValueError, match="inflates past"):

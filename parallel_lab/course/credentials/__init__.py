@@ -16,13 +16,14 @@ The library's API, re-exported here (the course service and the command line use
     c = cr.issue("Ada Lovelace", "ada@example.org", cr.Achievement({"01": ["ring-all-reduce"]}), key,
                  "parallel-lab course service", credential_id="https://host/credentials/ID", status=entry)
     lst = cr.status_list_credential("https://host/status/1", revoked_indices, key)
-    r = cr.verify(c, pub, status_list=lst)        # r.valid, r.reason, r.fingerprint, r.revoked, ...
+    r = cr.verify(c, pub, status_list=lst)        # r.valid, r.reason, r.code, r.fingerprint, r.revoked, ...
     cr.is_revoked(lst, index)
 
 Verifying never raises on a bad credential; issuing raises ValueError on bad input.
 """
 
 from parallel_lab.course.credentials.badge import (  # noqa: F401
+    CODES,
     COURSE,
     Achievement,
     Verification,

@@ -190,7 +190,8 @@ def issue(subject_name: str, subject_email_or_id: str, achievement: Achievement,
 @dataclass
 class Verification:
     """What ``verify`` found. ``valid``: the credential can be trusted as issued by the expected key,
-    is in its validity period and not revoked; ``reason``: one line, why or why not. ``fingerprint``:
+    is in its validity period and not revoked; ``reason``: one line, why or why not, in English;
+    ``code``: the kind of answer, for a page that words it in its own language (``CODES``). ``fingerprint``:
     of the key that signed it (None if unknown); ``expected_fingerprint``: of the key it was checked
     against. ``revoked``: True/False when a status list was checked, None otherwise. ``issuer``
     (``id``, ``name``), ``subject`` (``name``, ``id``, ``email_hashed``), ``achievement`` (``id``,
@@ -199,6 +200,7 @@ class Verification:
 
     valid: bool
     reason: str
+    code: str = "malformed"
     fingerprint: str | None = None
     expected_fingerprint: str | None = None
     revoked: bool | None = None
@@ -212,6 +214,11 @@ class Verification:
         return asdict(self)
 
 
+CODES = {"valid": "valid", "malformed": "not a credential this course can verify (the reason says what is wrong)",
+         "edited": "edited after signing", "foreign-key": "signed by another key than the issuer's",
+         "no-key": "no issuer key given to verify against", "not-yet-valid": "validFrom is in the future",
+         "expired": "validUntil has passed", "revoked": "revoked by the issuer",
+         "status-unavailable": "the status list given cannot say whether it is revoked"}
 OLD_FORMAT = ("an old parallel-lab certificate (format version 2: Ed25519 over sorted JSON), replaced by "
               "Open Badges 3.0 credentials; ask the issuer for a new one")
 
@@ -271,17 +278,18 @@ def _summary(c: dict) -> dict:
                             "criteria": _text(criteria.get("narrative")) if isinstance(criteria, dict) else None}}
 
 
-def _window_error(c: dict, now: _dt.datetime) -> str:
+def _window_error(c: dict, now: _dt.datetime) -> tuple[str, str]:
+    """(code, reason) if ``now`` is outside the credential's validity period, else ("", "")."""
     if proof.timestamp(c["validFrom"]) > proof.timestamp(now):
-        return f"not valid yet: validFrom {c['validFrom']} is in the future"
+        return "not-yet-valid", f"not valid yet: validFrom {c['validFrom']} is in the future"
     until = c.get("validUntil")
     if until is not None:
         try:
             if proof.timestamp(until) < proof.timestamp(now):
-                return f"expired: validUntil {until} has passed"
+                return "expired", f"expired: validUntil {until} has passed"
         except ValueError:
-            return f"not a credential: validUntil is not a date-time with a time zone, got {until!r}"[:200]
-    return ""
+            return "malformed", f"not a credential: validUntil is not a date-time with a time zone, got {until!r}"[:200]
+    return "", ""
 
 
 def verify(credential, public_key: Ed25519PublicKey | None = None, status_list: dict | None = None,
@@ -306,36 +314,36 @@ def verify(credential, public_key: Ed25519PublicKey | None = None, status_list: 
                             expected_fingerprint=expected, **seen)
     found = keys.fingerprint(signer)
 
-    def result(valid, reason, revoked=None):
-        return Verification(valid, reason, found, expected, revoked, **seen)
+    def result(code, reason, revoked=None):
+        return Verification(code == "valid", reason, code, found, expected, revoked, **seen)
 
     if method.partition("#")[0] != issuer_id:
-        return result(False, f"the proof's key belongs to {method.partition('#')[0][:60]}, not to the issuer "
+        return result("foreign-key", f"the proof's key belongs to {method.partition('#')[0][:60]}, not to the issuer "
                              f"{issuer_id[:60]}")
     if public_key is not None and keys.raw(signer) != keys.raw(public_key):
-        return result(False, f"signed by key {found}, not by the issuer key given ({expected}): a credential "
+        return result("foreign-key", f"signed by key {found}, not by the issuer key given ({expected}): a credential "
                              "made with another key (self-issued, or another issuer's) proves nothing here")
     problem = proof.check(credential, signer)
     if problem == proof.MISMATCH:
-        return result(False, f"edited after signing: the eddsa-rdfc-2022 proof by key {found} does not match "
+        return result("edited", f"edited after signing: the eddsa-rdfc-2022 proof by key {found} does not match "
                              "the credential's content")
     if problem:
-        return result(False, f"cannot be verified: {problem}")
+        return result("malformed", f"cannot be verified: {problem}")
     if public_key is None:
-        return result(False, f"the proof verifies with the key the credential names ({found}), but no issuer "
+        return result("no-key", f"the proof verifies with the key the credential names ({found}), but no issuer "
                              "key was given to check it against; anyone can make a key and sign, so pass the "
                              "issuer's public key")
-    problem = _window_error(credential, now or _dt.datetime.now(_dt.timezone.utc))
+    code, problem = _window_error(credential, now or _dt.datetime.now(_dt.timezone.utc))
     if problem:
-        return result(False, problem)
+        return result(code, problem)
     entry = credential.get("credentialStatus")
     revoked, note = None, ""
     if entry is not None and status_list is not None:
         revoked, problem = status.check(entry, status_list, issuer_id, public_key)
         if problem:
-            return result(False, f"revocation could not be checked: {problem}")
+            return result("status-unavailable", f"revocation could not be checked: {problem}")
         if revoked:
-            return result(False, f"revoked by the issuer (status list {entry['statusListCredential']}, "
+            return result("revoked", f"revoked by the issuer (status list {entry['statusListCredential']}, "
                                  f"index {entry['statusListIndex']})", True)
         note = "; not revoked"
     elif entry is not None:
@@ -343,6 +351,6 @@ def verify(credential, public_key: Ed25519PublicKey | None = None, status_list: 
     elif status_list is not None:
         note = "; it has no credentialStatus (the issuer cannot revoke it)"
     who = seen["subject"]["name"] or seen["subject"]["id"] or "the learner"
-    return result(True, f"valid: {who}, {seen['achievement']['name']}, issued by "
+    return result("valid", f"valid: {who}, {seen['achievement']['name']}, issued by "
                         f"{seen['issuer']['name'] or issuer_id} (key {found}) on {credential['validFrom'][:10]}{note}",
                   revoked)

@@ -109,10 +109,13 @@ def check(entry, status_list, issuer: str, public_key) -> tuple[bool | None, str
     url = entry.get("statusListCredential")
     if status_list.get("id") != url:
         return None, f"the status list given is {status_list.get('id')!r}, but the credential's is {url!r}"
-    if "BitstringStatusListCredential" not in (status_list.get("type") or []):
+    types = status_list.get("type")
+    if "BitstringStatusListCredential" not in (types if isinstance(types, list) else [types]):
         return None, "the status list given is not a BitstringStatusListCredential"
-    if status_list.get("issuer") != issuer:
-        return None, f"the status list is issued by {status_list.get('issuer')!r}, not by the credential's issuer"
+    listed_by = status_list.get("issuer")
+    listed_by = listed_by.get("id") if isinstance(listed_by, dict) else listed_by
+    if listed_by != issuer:
+        return None, f"the status list is issued by {str(listed_by)[:80]!r}, not by the credential's issuer"
     signed = status_list.get("proof")
     method = signed.get("verificationMethod") if isinstance(signed, dict) else None
     if method != keys.verification_method(public_key, issuer):
