@@ -247,6 +247,8 @@ def test_achievements_are_named_by_their_lessons():
     a, b = cr.Achievement(["01", "00"]), cr.Achievement({"00": [], "01": []})
     assert a.lessons == b.lessons == ("00", "01") and a.uri == b.uri and a.uri.startswith("urn:uuid:")
     assert cr.Achievement(["00"]).uri != a.uri
+    assert cr.Achievement({"01": ["x", "y"]}) == cr.Achievement({"01": ("y", "x")}) != cr.Achievement(["01"])
+    assert len({cr.Achievement({"01": ["x"]}), cr.Achievement({"01": ["x"]})}) == 1  # hashable
     assert cr.Achievement(["00"], id="https://x.org/a").as_json()["id"] == "https://x.org/a"
 
 

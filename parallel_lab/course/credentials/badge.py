@@ -67,15 +67,15 @@ class Achievement:
     course: str = COURSE
     id: str | None = None
     description: str | None = None
-    checks: dict = field(init=False, repr=False)
+    checks: tuple = field(init=False, repr=False)  # ((lesson, (checks passed, sorted)), ...), by lesson
 
     def __post_init__(self):
         lessons = self.lessons if isinstance(self.lessons, Mapping) else {lesson: () for lesson in self.lessons}
         checks = {str(lesson): tuple(sorted(map(str, done))) for lesson, done in lessons.items()}
         if not checks:
             raise ValueError("an achievement needs at least one lesson passed, got none")
-        object.__setattr__(self, "checks", dict(sorted(checks.items())))
-        object.__setattr__(self, "lessons", tuple(self.checks))
+        object.__setattr__(self, "checks", tuple(sorted(checks.items())))
+        object.__setattr__(self, "lessons", tuple(lesson for lesson, _ in self.checks))
 
     @property
     def name(self) -> str:
@@ -87,7 +87,7 @@ class Achievement:
 
     def narrative(self) -> str:
         """The criteria, in Markdown: every lesson and the checks passed in it."""
-        rows = [f"- lesson {lesson}" + (f": {', '.join(done)}" if done else "") for lesson, done in self.checks.items()]
+        rows = [f"- lesson {lesson}" + (f": {', '.join(done)}" if done else "") for lesson, done in self.checks]
         return "Passed these lessons of the course, graded by its sandboxed grader:\n" + "\n".join(rows)
 
     def as_json(self) -> dict:
