@@ -2,6 +2,7 @@
 """The course's two commands, for a fresh machine that has only Python 3.10+:
 
     python3 course.py start    # set up .venv, then open JupyterLab at the first lesson
+    python3 course.py start --lang zh-Hant    # the Traditional Chinese edition, JupyterLab's menus in Chinese
     python3 course.py test     # set up .venv, then run the whole test suite (unit, ranks, notebooks, browser)
 
 Both are idempotent: the environment is rebuilt only when pyproject.toml changed since the last run.
@@ -12,9 +13,11 @@ started: the server shuts its kernels down, and whatever outlives it (a kernel's
 ranks) is terminated too, so that no process of the course is left holding a port or a core.
 """
 
+import ast
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -31,6 +34,36 @@ FIRST_LESSON = "lessons/00_why_split_a_model.ipynb"
 # lesson, no update check): JupyterLab reads them from <prefix>/share/jupyter/lab/settings, where
 # binder/postBuild copies the same file on Binder.
 LAB_OVERRIDES = ROOT / "binder" / "overrides.json"
+# The course's languages -> JupyterLab's locale (its language pack, jupyterlab-language-pack-zh-TW).
+LAB_LOCALES = {"en": "en", "zh-Hant": "zh_TW"}
+CATALOG = ROOT / "parallel_lab" / "i18n" / "locale" / "zh_Hant" / "LC_MESSAGES" / "messages.po"
+LANG = os.environ.get("PARALLEL_LAB_LANG") or "en"  # --lang sets it, before any message
+
+
+def _(message: str) -> str:
+    """``message`` in the chosen language, from the library's catalog (parallel_lab.i18n), read
+    here with the standard library: this script runs before the environment (and Babel) exists."""
+    return _catalog().get(message, message) if LANG != "en" else message
+
+
+def _catalog(cache={}) -> dict:
+    """msgid -> msgstr of the library's .po (no context, no plural; fuzzy and empty ones left out)."""
+    if not cache and CATALOG.exists():
+        entry, key, fuzzy = {}, None, False
+        for line in CATALOG.read_text(encoding="utf-8").splitlines() + [""]:
+            if line.startswith("#,"):
+                fuzzy = "fuzzy" in line
+            match = re.match(r'^(msgctxt|msgid|msgid_plural|msgstr)\s+(".*")$', line)
+            if match:
+                key = match[1]
+                entry[key] = ast.literal_eval(match[2])
+            elif line.startswith('"') and key:
+                entry[key] += ast.literal_eval(line)
+            elif not line.strip():
+                if entry.get("msgid") and entry.get("msgstr") and "msgctxt" not in entry and not fuzzy:
+                    cache[entry["msgid"]] = entry["msgstr"]
+                entry, key, fuzzy = {}, None, False
+    return cache
 
 
 def say(text):
@@ -51,43 +84,88 @@ def setup(extra: str) -> None:
     """Create .venv and install the package with ``extra`` unless it is already done for this
     pyproject.toml (a stamp file records what was installed)."""
     if sys.version_info < (3, 10):
-        sys.exit(f"[course] Python 3.10 or newer is needed, this is {sys.version.split()[0]}")
+        sys.exit("[course] " + _("Python 3.10 or newer is needed, this is {version}").format(
+            version=sys.version.split()[0]))
     if up_to_date(extra):
-        say(f"environment up to date ({VENV.name}, [{extra}])")
+        say(_("environment up to date ({venv}, [{extra}])").format(venv=VENV.name, extra=extra))
         return
     if not PYTHON.exists():
-        say(f"creating {VENV}")
+        say(_("creating {venv}").format(venv=VENV))
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    say(f"installing parallel-lab[{extra}] (first time: a few minutes)")
+    say(_("installing parallel-lab[{extra}] (first time: a few minutes)").format(extra=extra))
     subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                     "-e", f".[{extra}]"], cwd=ROOT, check=True)
     (VENV / f".installed-{extra}").write_text(_fingerprint(extra))
 
 
-def install_lab_settings(prefix: Path = VENV) -> Path:
+def install_lab_settings(prefix: Path = VENV, lang: str = "en") -> Path:
     """Copy the course's JupyterLab settings into the environment (every start: cheap, and a
-    changed file takes effect without a reinstall)."""
-    target = prefix / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    changed file takes effect without a reinstall). Another language's start reads its own folder
+    (``--LabApp.app_settings_dir``): the same settings, and JupyterLab's locale set to that
+    language's pack; the English start's folder stays as it is."""
+    settings = json.loads(LAB_OVERRIDES.read_text())  # fail here, not in the browser, on a broken file
+    folder = "settings" if lang == "en" else f"settings-{lang}"
+    target = prefix / "share" / "jupyter" / "lab" / folder / "overrides.json"
     target.parent.mkdir(parents=True, exist_ok=True)
-    json.loads(LAB_OVERRIDES.read_text())  # fail here, not in the browser, on a broken file
-    shutil.copyfile(LAB_OVERRIDES, target)
+    if lang == "en":
+        shutil.copyfile(LAB_OVERRIDES, target)
+    else:
+        settings["@jupyterlab/translation-extension:plugin"] = {"locale": LAB_LOCALES[lang]}
+        target.write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return target
 
 
+def first_lesson(lang: str = "en") -> str:
+    """The lesson ``start`` opens: lesson 00 of the language's edition, else its first lesson."""
+    if lang == "en":
+        return FIRST_LESSON
+    edition = ROOT / "lessons" / lang
+    lessons = sorted(edition.glob("[0-9][0-9]_*.ipynb"))
+    chosen = edition / Path(FIRST_LESSON).name
+    if not chosen.exists():
+        if not lessons:
+            sys.exit("[course] " + _("no {lang} edition is built (lessons/{lang}/)").format(lang=lang))
+        chosen = lessons[0]
+    return chosen.relative_to(ROOT).as_posix()
+
+
+def language(args: list) -> tuple[str, list]:
+    """``--lang L`` (or ``--lang=L``) taken out of ``args``: (L or "en", the rest, for JupyterLab)."""
+    rest, lang, args = [], "en", list(args)
+    while args:
+        arg = args.pop(0)
+        if arg == "--lang" and args:
+            lang = args.pop(0)
+        elif arg.startswith("--lang="):
+            lang = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    if lang not in LAB_LOCALES:
+        sys.exit("[course] " + _("--lang must be one of {languages}, got {lang!r}").format(
+            languages=", ".join(LAB_LOCALES), lang=lang))
+    return lang, rest
+
+
 def env() -> dict:
-    """One thread per process: N ranks on few cores stay honest (the same as binder/start)."""
+    """One thread per process: N ranks on few cores stay honest (the same as binder/start); the
+    course's language for every process it starts (a kernel's library messages follow it)."""
     return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-            "PYTHONNOUSERSITE": "1"}
+            "PYTHONNOUSERSITE": "1", "PARALLEL_LAB_LANG": LANG}
 
 
 def start(args) -> int:
+    global LANG
+    LANG, args = language(args)
     setup("course")
-    install_lab_settings()
-    say(f"opening JupyterLab at {FIRST_LESSON} (Ctrl-C stops it and every kernel and rank)")
+    settings = install_lab_settings(lang=LANG)
+    lesson = first_lesson(LANG)
+    say(_("opening JupyterLab at {lesson} (Ctrl-C stops it and every kernel and rank)").format(lesson=lesson))
     # Containers often run as root, which JupyterLab refuses unless told it is on purpose.
     root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
-    # Served from the repository (as on Binder), opened at the first lesson.
-    where = [f"--ServerApp.root_dir={ROOT}", f"--LabApp.default_url=/lab/tree/{FIRST_LESSON}"]
+    # Served from the repository (as on Binder), opened at the first lesson, with the language's settings.
+    where = [f"--ServerApp.root_dir={ROOT}", f"--LabApp.default_url=/lab/tree/{lesson}"]
+    if LANG != "en":
+        where.append(f"--LabApp.app_settings_dir={settings.parent}")
     return supervise([str(BIN / "jupyter"), "lab", *where, *root, *args])
 
 
@@ -144,7 +222,8 @@ def _stop_leftovers(grace: float = 5.0, limit: float = 60.0) -> None:
         now = time.monotonic()
         fresh = [pid for pid in pids if pid not in told]
         if fresh:
-            say(f"stopping {len(fresh)} process(es) JupyterLab left behind: {' '.join(map(str, fresh))}")
+            say(_("stopping {n} process(es) JupyterLab left behind: {pids}").format(
+                n=len(fresh), pids=" ".join(map(str, fresh))))
         for pid in pids:
             sig = signal.SIGTERM if pid not in told else signal.SIGKILL if now - told[pid] > grace else None
             told.setdefault(pid, now)
@@ -155,7 +234,7 @@ def _stop_leftovers(grace: float = 5.0, limit: float = 60.0) -> None:
                     pass
         time.sleep(0.1)
     if not _reap():
-        say(f"could not stop within {limit:g} s: {' '.join(map(str, _children()))}")
+        say(_("could not stop within {limit:g} s: {pids}").format(limit=limit, pids=" ".join(map(str, _children()))))
 
 
 def supervise(command: list[str], grace: float = 20.0) -> int:
@@ -167,7 +246,8 @@ def supervise(command: list[str], grace: float = 20.0) -> int:
 
     def stop(signum, frame):
         if not stopping:
-            say(f"{signal.Signals(signum).name}: stopping JupyterLab, its kernels and their ranks")
+            say(_("{signal}: stopping JupyterLab, its kernels and their ranks").format(
+                signal=signal.Signals(signum).name))
         stopping.append(signum)
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM if len(stopping) == 1 else signal.SIGKILL)

@@ -75,8 +75,14 @@ def test_every_lesson_is_on_the_course_map_with_a_binder_link():
         assert (ROOT / target).exists(), target
 
 
-@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
-def test_lessons_are_executed_with_kernelspec_and_no_errors(path):
+# Every edition: English, and each translated one (lessons/zh-Hant/), with its words for the two headings.
+EDITIONS = [(p, "Learning goals", "## What to remember") for p in LESSONS] + \
+    [(p, "學習目標", "## 記住這些") for p in sorted((ROOT / "lessons" / "zh-Hant").glob("[0-9][0-9]_*.ipynb"))]
+
+
+@pytest.mark.parametrize("path,goals,remember", EDITIONS, ids=lambda p: str(p.relative_to(ROOT / "lessons"))
+                         if isinstance(p, Path) else "")
+def test_lessons_are_executed_with_kernelspec_and_no_errors(path, goals, remember):
     nb = nbformat.read(path, as_version=4)
     assert nb.metadata["kernelspec"]["name"] == "python3"
     code = [c for c in nb.cells if c.cell_type == "code"]
@@ -86,8 +92,8 @@ def test_lessons_are_executed_with_kernelspec_and_no_errors(path):
         assert not [o for o in cell.outputs if o.output_type == "error"], cell.source[:80]
     assert path.stat().st_size < 2_000_000
     first = nb.cells[0].source
-    assert "Learning goals" in first or "learning goals" in first.lower()
-    assert "## What to remember" in "".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert goals in first or goals.lower() in first.lower()
+    assert remember in "".join(c.source for c in nb.cells if c.cell_type == "markdown")
 
 
 def test_environment_yml_pins_python_and_matches_pyproject():

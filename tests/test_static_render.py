@@ -10,11 +10,12 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LESSONS = sorted((ROOT / "lessons").glob("[0-9][0-9]_*.ipynb"))
+LESSONS = sorted((ROOT / "lessons").glob("[0-9][0-9]_*.ipynb")) + \
+    sorted((ROOT / "lessons").glob("zh-Hant/[0-9][0-9]_*.ipynb"))
 PLOTLY = "application/vnd.plotly.v1+json"
 
 
-@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: str(p.relative_to(ROOT / "lessons")))
 def test_every_plotly_figure_has_a_small_png(path):
     notebook = nbformat.read(path, as_version=4)
     figures = [(cell.id, output.data) for cell in notebook.cells for output in cell.get("outputs", [])

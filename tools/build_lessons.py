@@ -4,6 +4,7 @@
     .venv/bin/python tools/build_lessons.py                      # the student edition of every lesson
     .venv/bin/python tools/build_lessons.py 01                   # the lessons whose name starts with 01
     .venv/bin/python tools/build_lessons.py --solutions DIR      # the instructor's solution edition
+    .venv/bin/python tools/build_lessons.py --lang zh-Hant 03    # one language only (default: both)
 
 **Two editions.** A source holds each exercise's solution between ``### BEGIN SOLUTION`` and
 ``### END SOLUTION`` in its answer cell (tagged ``answer:<check id>``). The **student edition**,
@@ -28,6 +29,12 @@ instructor can also open a source as a notebook in JupyterLab, where jupytext is
     # %% tags=["nbval-ignore-output"]
     widget  # output not compared by nbval (widgets, timings)
 
+**Two languages.** Every lesson is built in English (``lessons/``) and, unless it is listed in
+``parallel_lab.course.editions.NOT_YET_TRANSLATED``, in Traditional Chinese (``lessons/zh-Hant/``):
+the same cells, its markdown from the lesson's catalog (``lessons/locale/zh_Hant/<lesson>.po``), its
+first ``setup()`` given the language, its quiz text in that language; the build refuses a lesson
+whose catalog lacks a cell or holds a fuzzy one (``tools/catalogs.py check`` says which).
+
 The build appends each lesson's quiz from its bank (``parallel_lab.course.quiz.text.lesson_cells``:
 the widget, the text form, the answer sheet and the graded check), so the twelve lessons' identical
 tail is written once. Each notebook gets kernelspec metadata (JupyterLab otherwise asks for a kernel)
@@ -48,7 +55,8 @@ import nbformat
 import render_static  # tools/, beside this file
 from nbclient import NotebookClient
 
-from parallel_lab.course import predictions
+from parallel_lab import i18n
+from parallel_lab.course import editions, predictions
 from parallel_lab.course.quiz import bank, text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,17 +144,36 @@ def check_predictions(name: str, cells) -> None:
                                  f"student, with the answer in a solution region after it ({left})")
 
 
-def quiz_cells(lesson: str) -> list:
-    """The quiz that ends lesson ``lesson`` ("01"), built from its bank; none when it has no bank."""
+def quiz_cells(lesson: str, lang: str = "en") -> list:
+    """The quiz that ends lesson ``lesson`` ("01"), built from its bank, its text in ``lang``; none
+    when it has no bank."""
     if not any(b.lesson == lesson for b in bank.load_all()):
         return []
-    return parse(text.lesson_cells(lesson))
+    with i18n.using(lang):
+        return parse(text.lesson_cells(lesson))
 
 
-def notebook(source: Path, edition: str = "student"):
-    """The unexecuted notebook of a lesson source in ``edition`` ("student" or "solutions"): its
-    cells, its quiz, stable ids, the metadata."""
-    cells = parse(source.read_text(encoding="utf-8")) + quiz_cells(source.stem[:2])
+def localized_links(cells, lang: str) -> list:
+    """In a ``lang`` edition, a link to a lesson whose ``lang`` edition is not built yet points to the
+    English one (``(00_x.ipynb)`` -> ``(../00_x.ipynb)``)."""
+    untranslated = "|".join(re.escape(stem) for stem in editions.NOT_YET_TRANSLATED)
+    if not untranslated:
+        return cells
+    pattern = re.compile(rf"\]\(({untranslated})\.ipynb")
+    for cell in cells:
+        if cell.cell_type == "markdown":
+            cell.source = pattern.sub(r"](../\1.ipynb", cell.source)
+    return cells
+
+
+def notebook(source: Path, edition: str = "student", lang: str = "en"):
+    """The unexecuted notebook of a lesson source in ``edition`` ("student" or "solutions") and
+    ``lang``: its cells (markdown from the lesson's catalog in a translated edition), its quiz,
+    stable ids, the metadata."""
+    cells = parse(source.read_text(encoding="utf-8"))
+    if lang != i18n.DEFAULT:
+        cells = localized_links(editions.translated_cells(source.stem, cells, lang), lang)
+    cells += quiz_cells(source.stem[:2], lang)
     check_editions(source.name, cells)
     check_predictions(source.name, cells)
     for cell in cells:
@@ -154,20 +181,25 @@ def notebook(source: Path, edition: str = "student"):
             cell.source = student_source(cell.source, stub="" if is_prediction(cell) else STUB)
         elif cell.cell_type == "code":
             cell.source = solution_source(cell.source)
-    nb = nbformat.v4.new_notebook(cells=cells, metadata=dict(METADATA))
+    # A translated edition says its language (the grader writes its feedback in it); English is the default.
+    metadata = dict(METADATA) if lang == i18n.DEFAULT else {**METADATA, "parallel_lab": {"lang": lang}}
+    nb = nbformat.v4.new_notebook(cells=cells, metadata=metadata)
     for index, cell in enumerate(nb.cells):  # stable ids keep diffs small
         cell["id"] = f"{source.stem[:2]}-{index:03d}"
     return nb
 
 
-def build(source: Path, edition: str = "student", directory: Path = LESSONS) -> Path:
-    nb = notebook(source, edition)
+def build(source: Path, edition: str = "student", directory: Path = LESSONS, lang: str = "en") -> Path:
+    nb = notebook(source, edition, lang)
     os.environ["OMP_NUM_THREADS"] = "1"
     start = time.perf_counter()
     # No per-cell timestamps: every rebuild would change the file.
-    # Executed in lessons/ (relative paths in the lessons), wherever the notebook is written.
+    # Executed in its edition's folder (lessons/, lessons/zh-Hant/: where nbval runs it), wherever
+    # the notebook is written.
+    where = LESSONS if lang == i18n.DEFAULT else editions.EDITIONS[lang]
+    where.mkdir(parents=True, exist_ok=True)
     NotebookClient(nb, timeout=600, kernel_name="python3", record_timing=False,
-                   resources={"metadata": {"path": str(LESSONS)}}).execute()
+                   resources={"metadata": {"path": str(where)}}).execute()
     # No saved widget state either: a FigureWidget's state embeds plotly.js (megabytes), and widgets
     # come alive when the student runs the cell. (nbclient's store_widget_state=False breaks on
     # Output widgets, so the state is dropped here.)
@@ -181,7 +213,7 @@ def build(source: Path, edition: str = "student", directory: Path = LESSONS) -> 
         print(f"WARNING: {target.name}: figures saved without static PNGs: {why}", file=sys.stderr)
     else:
         render_static.render_notebook(target)
-    print(f"{target}: {edition} edition executed in {time.perf_counter() - start:.1f} s, "
+    print(f"{target}: {edition} edition ({lang}) executed in {time.perf_counter() - start:.1f} s, "
           f"{target.stat().st_size / 1e3:.0f} kB", file=sys.stderr)
     return target
 
@@ -191,13 +223,26 @@ def main(argv=None) -> None:
     parser.add_argument("prefixes", nargs="*", metavar="NN", help="lessons whose name starts with NN (default: all)")
     parser.add_argument("--solutions", metavar="DIR", type=Path,
                         help="build the instructor's solution edition into DIR instead of the student edition")
+    parser.add_argument("--lang", choices=list(i18n.LANGUAGES),
+                        help="build this language's edition only (default: English, and Traditional Chinese for "
+                             "every lesson not in parallel_lab.course.editions.NOT_YET_TRANSLATED)")
     args = parser.parse_args(argv)
     edition, directory = ("solutions", args.solutions.resolve()) if args.solutions else ("student", LESSONS)
     if edition == "solutions" and directory == LESSONS.resolve():
         raise SystemExit("the solution edition never goes into lessons/ (what students open): pick another DIR")
+    languages = [args.lang] if args.lang else list(i18n.LANGUAGES)
     for source in sorted(SOURCES.glob("*.py")):
-        if not args.prefixes or any(source.stem.startswith(p) for p in args.prefixes):
-            build(source, edition, directory)
+        if args.prefixes and not any(source.stem.startswith(p) for p in args.prefixes):
+            continue
+        for lang in languages:
+            if lang != i18n.DEFAULT and source.stem in editions.NOT_YET_TRANSLATED:
+                if args.lang:
+                    print(f"{source.stem}: no {lang} edition yet (parallel_lab.course.editions.NOT_YET_TRANSLATED)",
+                          file=sys.stderr)
+                continue
+            folder = directory if lang == i18n.DEFAULT else \
+                (directory / lang if edition == "solutions" else editions.EDITIONS[lang])
+            build(source, edition, folder, lang)
 
 
 if __name__ == "__main__":

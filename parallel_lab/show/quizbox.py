@@ -23,6 +23,7 @@ from parallel_lab.course.quiz import progress
 from parallel_lab.course.quiz.bank import LANGUAGES, Bank, Item, load, localize
 from parallel_lab.course.quiz.check import feedback, score
 from parallel_lab.course.quiz.text import KIND_NOTE, quiz_text
+from parallel_lab.i18n import language
 
 COLOURS = {"correct": "#1a7f37", "wrong": "#b35900", "invalid": "#b35900", "unanswered": "#555"}
 LABELS = {
@@ -208,10 +209,12 @@ class QuizBox(widgets.VBox):
         return bundle
 
 
-def quiz(lesson: str, lang: str = "en") -> QuizBox:
-    """The quiz widget of a lesson (``"01"``) or bank (``"faq"``). Display it as the last expression
-    of a cell; ``parallel_lab.course.quiz.show`` prints the same questions as text."""
+def quiz(lesson: str, lang: str | None = None) -> QuizBox:
+    """The quiz widget of a lesson (``"01"``) or bank (``"faq"``), in ``lang`` (default: the lesson's
+    language, ``parallel_lab.i18n``). Display it as the last expression of a cell;
+    ``parallel_lab.course.quiz.show`` prints the same questions as text."""
     bank = load(str(lesson))
+    lang = lang or language()
     if lang not in bank.languages:
         raise ValueError(f"quiz {bank.id} is available in {', '.join(bank.languages)}, not {lang!r}")
     return QuizBox(bank, lang)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import textwrap
 
+from parallel_lab.i18n import _, language
+
 from . import progress
 from .bank import LANGUAGES, Bank, Item, load, localize
 from .check import Feedback, Score, feedback, score, verdict
@@ -32,7 +34,9 @@ def _bank(lesson) -> Bank:
     return lesson if isinstance(lesson, Bank) else load(str(lesson))
 
 
-def _check_lang(bank: Bank, lang: str) -> str:
+def _check_lang(bank: Bank, lang: str | None) -> str:
+    """``lang`` (default: the process's language, ``parallel_lab.i18n``) when the bank has it."""
+    lang = lang or language()
     if lang not in bank.languages:
         raise ValueError(f"quiz {bank.id} is available in {', '.join(bank.languages)}, not {lang!r}")
     return lang
@@ -57,7 +61,7 @@ def item_text(item: Item, number: int, lang: str = "en", faq_question: str | Non
     return "\n".join(lines)
 
 
-def quiz_text(lesson, lang: str = "en") -> str:
+def quiz_text(lesson, lang: str | None = None) -> str:
     """The whole quiz as text, with how to answer it in text mode."""
     bank = _bank(lesson)
     lang = _check_lang(bank, lang)
@@ -75,12 +79,12 @@ def quiz_text(lesson, lang: str = "en") -> str:
     return "\n\n".join(parts)
 
 
-def show(lesson, lang: str = "en") -> None:
+def show(lesson, lang: str | None = None) -> None:
     """Print the quiz as text (questions and options, never the answers)."""
     print(quiz_text(lesson, lang))
 
 
-def answer(lesson, item_id: str, response, lang: str = "en") -> Feedback:
+def answer(lesson, item_id: str, response, lang: str | None = None) -> Feedback:
     """Check one answer and print the feedback; retry as often as you like. Returns the Feedback."""
     bank = _bank(lesson)
     item = bank.item(item_id)
@@ -111,22 +115,27 @@ def check_quiz(lesson, sheet: dict | None, pass_mark: float | None = None) -> Sc
 
 def lesson_cells(lesson, points: int = 3) -> str:
     """The percent-format cells that end a lesson source with its quiz (see ``tools/build_lessons.py``):
-    the widget (output ignored by nbval), the text form, the answer sheet, and the graded check."""
+    the widget (output ignored by nbval), the text form, the answer sheet, and the graded check. The
+    text is in the process's language (the build sets the edition's); the code cells are the same."""
     bank = _bank(lesson)
     name = bank.lesson or bank.id
-    switch = (f"\n# The quiz has a language switch (English / 中文); the text form in Traditional Chinese is "
-              f"`show(\"{name}\", lang=\"zh-Hant\")`." if "zh-Hant" in bank.languages else "")
+    switch = _("\nThe quiz has a language switch (English / 中文); the text form in Traditional Chinese is "
+               "`show(\"{name}\", lang=\"zh-Hant\")`.").format(name=name) if len(bank.languages) > 1 else ""
+    intro = _("## Quiz\n"
+              "Answer in the quiz below: each answer gets instant feedback with its explanation, and you can\n"
+              "retry as often as you like. Where widgets do not show (a terminal, a static view), the text form\n"
+              "under it has the same questions; answer one with `answer(\"{name}\", \"<question id>\", <answer>)`."
+              "{switch}\n"
+              "\n"
+              "**To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to\n"
+              "paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing\n"
+              "records the quiz on this computer (`from parallel_lab.show.progress import my_progress`, then\n"
+              "`my_progress()`). That record is yours, not a credential: a credential anyone can verify comes from\n"
+              "whoever grades your notebook (hand it in, or submit it to the course's grading service).").format(
+        name=name, switch=switch)
+    markdown = "\n".join(f"# {line}".rstrip() for line in intro.split("\n"))
     return f'''# %% [markdown]
-# ## Quiz
-# Answer in the quiz below: each answer gets instant feedback with its explanation, and you can
-# retry as often as you like. Where widgets do not show (a terminal, a static view), the text form
-# under it has the same questions; answer one with `answer("{name}", "<question id>", <answer>)`.{switch}
-#
-# **To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to
-# paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing
-# records the quiz on this computer (`from parallel_lab.show.progress import my_progress`, then
-# `my_progress()`). That record is yours, not a credential: a credential anyone can verify comes from
-# whoever grades your notebook (hand it in, or submit it to the course's grading service).
+{markdown}
 
 # %% tags=["nbval-ignore-output"]
 from parallel_lab.show.quizbox import quiz

@@ -1,0 +1,173 @@
+"""The Traditional Chinese editions (lessons/zh-Hant/): one per translated lesson, built from the same
+source (same code, the language set in the first cell), written in Chinese (the CJK share of their
+markdown), and what the library shows in them is Chinese too."""
+
+import json
+import re
+import sys
+import unicodedata
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from parallel_lab import i18n
+from parallel_lab.course import editions
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import build_lessons  # noqa: E402
+
+LANG = "zh-Hant"
+EDITIONS = sorted(editions.EDITIONS[LANG].glob("[0-9][0-9]_*.ipynb"))
+PLOTLY = "application/vnd.plotly.v1+json"
+CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ffff]")
+MIN_CJK_SHARE = 0.90
+
+
+def prose(markdown: str) -> str:
+    """The text of a markdown cell a student reads as prose: without code (fenced and inline),
+    formulas, blockquoted quotations, HTML tags and link targets."""
+    text = re.sub(r"```.*?```", " ", markdown, flags=re.S)
+    text = re.sub(r"`[^`]*`", " ", text)
+    text = re.sub(r"\$\$.*?\$\$|\$[^$\n]+\$", " ", text, flags=re.S)
+    text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith(">"))
+    text = re.sub(r"<[^>]+>", " ", text)
+    return re.sub(r"\]\([^)]*\)", "]", text)
+
+
+def cjk_share(markdown: str) -> tuple[int, int]:
+    """(CJK letters, all letters) of the prose of ``markdown``."""
+    letters = [c for c in prose(markdown) if unicodedata.category(c).startswith("L")]
+    return sum(1 for c in letters if CJK.match(c)), len(letters)
+
+
+def markdown_of(path: Path) -> str:
+    return "\n\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
+
+
+def test_every_translated_lesson_has_its_edition_and_no_other_has_one():
+    built = {p.stem for p in EDITIONS}
+    assert built == {s.stem for s in editions.translated(LANG)}, \
+        "build them: tools/build_lessons.py --lang zh-Hant NN (or list the lesson in NOT_YET_TRANSLATED)"
+
+
+def test_the_cjk_share_counts_prose_only():
+    assert cjk_share("氣泡（bubble）") == (2, 8)
+    assert cjk_share("`run_pipeline` 執行 $p-1$\n> quoted English\n[課](00_x.ipynb)") == (3, 3)
+
+
+@pytest.mark.parametrize("path", EDITIONS, ids=lambda p: p.name)
+def test_the_edition_is_written_in_chinese(path):
+    cjk, letters = cjk_share(markdown_of(path))
+    share = cjk / letters
+    print(f"{path.name}: {share:.1%} of {letters} letters of prose are CJK")
+    assert share >= MIN_CJK_SHARE, f"{path.name}: only {share:.1%} of the letters of its prose are CJK"
+
+
+@pytest.mark.parametrize("path", EDITIONS, ids=lambda p: p.name)
+def test_the_edition_has_the_english_lessons_code_and_its_own_language(path):
+    """Same code cells as the English edition (the first setup() call gains the language), same
+    tags, so the same checks grade it; markdown from the lesson's catalog."""
+    english = nbformat.read(ROOT / "lessons" / path.name, as_version=4)
+    chinese = nbformat.read(path, as_version=4)
+    assert chinese.metadata["parallel_lab"] == {"lang": LANG} and "parallel_lab" not in english.metadata
+    code = [c for c in english.cells if c.cell_type == "code"]
+    code_zh = [c for c in chinese.cells if c.cell_type == "code"]
+    assert [c.metadata.get("tags", []) for c in code] == [c.metadata.get("tags", []) for c in code_zh]
+    changed = [(a.source, b.source) for a, b in zip(code, code_zh) if a.source != b.source]
+    assert len(changed) == 1 and editions.with_language(changed[0][0], LANG) == changed[0][1], changed
+    source = ROOT / "lessons" / "src" / f"{path.stem}.py"
+    expected = build_lessons.localized_links(
+        editions.translated_cells(path.stem, build_lessons.parse(source.read_text(encoding="utf-8")), LANG), LANG)
+    assert [c.source for c in expected if c.cell_type == "markdown"] == \
+        [c.source for c in chinese.cells if c.cell_type == "markdown"][:len([c for c in expected
+                                                                             if c.cell_type == "markdown"])]
+
+
+def test_links_to_lessons_without_an_edition_go_to_the_english_one():
+    faq = nbformat.read(editions.EDITIONS[LANG] / "12_faq.ipynb", as_version=4)
+    text = "".join(c.source for c in faq.cells if c.cell_type == "markdown")
+    assert "](03_pipeline_bubble.ipynb)" in text and "](../00_why_split_a_model.ipynb)" in text
+    for target in re.findall(r"\]\(([^)]+\.ipynb)\)", text):
+        assert (editions.EDITIONS[LANG] / target).exists(), target
+
+
+def _outputs(path: Path, kind: str) -> list:
+    nb = nbformat.read(path, as_version=4)
+    return [o["data"][kind] for c in nb.cells for o in c.get("outputs", []) if kind in o.get("data", {})]
+
+
+def test_lesson_03s_figures_and_widgets_speak_chinese():
+    path = editions.EDITIONS[LANG] / "03_pipeline_bubble.ipynb"
+    figures = _outputs(path, PLOTLY)
+    assert len(figures) >= 2
+    for figure in figures:
+        layout = figure["layout"]
+        for text in (layout["title"]["text"], layout["xaxis"]["title"]["text"]):
+            assert CJK.search(text), text
+        assert all(CJK.search(trace["name"]) for trace in figure["data"]), [t["name"] for t in figure["data"]]
+    assert "氣泡" in figures[0]["layout"]["title"]["text"] and "rank 0" in json.dumps(figures[0]["layout"]["yaxis"])
+    shown = next(text for text in _outputs(path, "text/plain") if "Dropdown(" in text)
+    assert "Dropdown(description='排程'" in shown, shown[:200]  # the stored repr: truncated after the first
+
+
+def test_the_schedule_panels_labels_follow_the_language():
+    from parallel_lab.show import pipeline as figures
+
+    with i18n.using(LANG):
+        panel = figures.schedule_panel("gpipe", ranks=4, microbatches=1)
+    labels = [c.description for c in panel.controls.values()] + [panel.button.description, panel.progress.description]
+    assert labels == ["排程", "rank 數 p", "微批次 m", "虛擬階段 v", "F 成本", "B 成本", "B 中的 W",
+                      "在真實 rank 上執行", "閒置"]
+    assert "模擬氣泡" in panel.numbers.value and "氣泡" in panel.figure.layout.title.text
+
+
+def test_a_prediction_speaks_the_lessons_language(capsys):
+    """What ``predict`` prints follows the lesson's language (lesson 04's graded prediction)."""
+    from parallel_lab.show.predict import predict
+
+    with i18n.using(LANG):
+        guess = predict("gpipe-bubble", None)
+        waiting = capsys.readouterr().out
+        guess.versus(0.25, "simulated")
+        compared = capsys.readouterr().out
+    assert waiting.startswith("預測 gpipe-bubble：尚未完成：還沒有記錄數字。") and "氣泡（bubble）" in waiting
+    assert compared.startswith("預測 gpipe-bubble：模擬 0.25；沒有記錄預測"), compared
+
+
+def _course():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("course_py", ROOT / "course.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_course_py_reads_the_librarys_catalog_as_babel_does():
+    """course.py runs before the environment exists, so it reads the .po with the standard library:
+    its reading of every plain message equals Babel's (the catalog the library compiles)."""
+    from babel.messages.pofile import read_po
+
+    course = _course()
+    with open(i18n.translate.catalog_path(LANG), "rb") as handle:
+        po = read_po(handle, locale="zh_Hant")
+    plain = {m.id: m.string for m in po if m.id and isinstance(m.id, str) and not m.context and not m.fuzzy}
+    assert course._catalog() == plain
+    course.LANG = LANG
+    assert course._("creating {venv}").format(venv=".venv") == "正在建立 .venv"
+
+
+def test_course_py_start_in_chinese_opens_the_edition_with_jupyterlabs_chinese_locale(tmp_path):
+    course = _course()
+    assert course.language(["--lang", "zh-Hant", "--no-browser"]) == ("zh-Hant", ["--no-browser"])
+    assert course.language(["--port=1"]) == ("en", ["--port=1"])
+    lesson = course.first_lesson("zh-Hant")
+    assert lesson.startswith("lessons/zh-Hant/") and (ROOT / lesson).exists()
+    target = course.install_lab_settings(tmp_path, "zh-Hant")
+    settings = json.loads(target.read_text(encoding="utf-8"))
+    assert settings["@jupyterlab/translation-extension:plugin"] == {"locale": "zh_TW"}
+    assert target.parent.name == "settings-zh-Hant"  # the English start's settings stay as they are
+    assert "@jupyterlab/translation-extension:plugin" not in json.loads(
+        course.install_lab_settings(tmp_path).read_text())
