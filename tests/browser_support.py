@@ -382,3 +382,45 @@ def lesson(prefix: str) -> Path | None:
 def library_has(text: str) -> bool:
     """True when some module of parallel_lab contains ``text`` (e.g. a widget's hook class)."""
     return any(text in path.read_text() for path in (ROOT / "parallel_lab").rglob("*.py"))
+
+
+class CourseServer(JupyterServer):
+    """JupyterLab as ``python3 course.py start --lang LANG`` serves it (the README's command: its
+    settings, its language, its first lesson), with the test's own token, port, Jupyter directories
+    and settings (autosave off). Stopped as the server is: course.py exits with JupyterLab."""
+
+    def __init__(self, lang: str, root: Path = ROOT, startup_timeout: float = 300):
+        super().__init__(root, startup_timeout)
+        self.lang = lang
+
+    def start(self) -> None:
+        self._home = tempfile.TemporaryDirectory(prefix="pl-course-")
+        home = Path(self._home.name)
+        for plugin, values in LAB_SETTINGS.items():
+            target = home / "settings" / f"{plugin}.jupyterlab-settings"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(values))
+        env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"),
+               "JUPYTER_DATA_DIR": str(home / "data"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+               "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
+               "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"), "IPYTHONDIR": str(home / "ipython"),
+               "JUPYTER_PLATFORM_DIRS": "1"}
+        LOGS.mkdir(parents=True, exist_ok=True)
+        self.log_path = LOGS / f"course-start-{self.lang}.log"
+        self._log = open(self.log_path, "w")
+        self.process = subprocess.Popen(
+            [sys.executable, str(self.root / "course.py"), "start", "--lang", self.lang, "--no-browser",
+             f"--port={self.port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1",
+             f"--IdentityProvider.token={self.token}", "--ServerApp.terminals_enabled=False",
+             "--ServerApp.shutdown_no_activity_timeout=600"],
+            cwd=self.root, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+        def ready():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"course.py start exited ({self.process.returncode}); log:\n{self.log()}")
+            try:
+                return self.api("GET", "/api/status") is not None
+            except OSError:
+                return False
+
+        wait_for(ready, self.startup_timeout, 0.5, f"course.py start --lang {self.lang} up")
