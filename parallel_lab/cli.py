@@ -55,25 +55,148 @@ def _ranks_argument(parser) -> None:
 
 
 def _schedule(args):
-    from parallel_lab.pipeline.schedules import build, format_grid
+    from parallel_lab.pipeline.schedules import build
     from parallel_lab.pipeline.simulate import Costs, parse_costs, summary
 
+    if args.name in SCHEDULE_ACTIONS:
+        return SCHEDULE_ACTIONS[args.name](args)
+    _required(args, f"schedule {args.name}", "ranks", "microbatches")
     costs = parse_costs(args.costs) if args.costs else Costs()
     report = summary(build(args.name, args.ranks, args.microbatches, args.virtual), costs)
+    return report, _schedule_text(report), ""
+
+
+def _required(args, what: str, *names: str) -> None:
+    missing = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) is None]
+    if missing:
+        raise ValueError(f"{what} needs {' and '.join(missing)}")
+
+
+def _schedule_text(report: dict) -> str:
+    from parallel_lab.pipeline.schedules import format_grid
+
     peak = ", ".join(str(n) for n in report["peak_activations"])
-    text = (f"{format_grid(report['ranks'])}\n\n{report['schedule']}: {report['stages']} ranks, "
+    return (f"{format_grid(report['ranks'])}\n\n{report['schedule']}: {report['stages']} ranks, "
             f"{report['model_stages']} model stages, {report['microbatches']} micro-batches\n"
             f"makespan {report['makespan']:g}, bubble {report['bubble_fraction']:.1%}, "
             f"peak activations per stage [{peak}]")
+
+
+def _search(args):
+    """``schedule search`` and ``run pipeline --schedule search``: what the options find."""
+    from parallel_lab.pipeline.search.api import search
+    from parallel_lab.pipeline.simulate import Costs
+
+    _required(args, "a search", "ranks", "microbatches", "max_activations")
+    costs = None
+    if args.costs:
+        try:
+            f, i, w = (float(x) for x in args.costs.split(","))
+        except ValueError:
+            raise ValueError(f"--costs for a search is 'F,I,W' (three numbers), got {args.costs!r}") from None
+        costs = Costs(F=f, B=i + w, I=i, W=w)
+    return search(args.ranks, args.microbatches, args.max_activations, args.placement, costs,
+                  exact=args.exact, time_limit=args.time_limit)
+
+
+def _schedule_search(args):
+    from parallel_lab.pipeline.search.problem import costs_for_simulation
+    from parallel_lab.pipeline.simulate import summary
+
+    found = _search(args)
+    report = summary(found.schedule, costs_for_simulation(found.problem)) | found.report()
+    if args.save:
+        Path(args.save).write_text(json.dumps(found.schedule.to_dict()))
+    cap = ", ".join(f"{x:g}" for x in found.problem.max_activations)
+    peaks = ", ".join(f"{x:g}" for x in found.peak_rank_activations)
+    text = (f"{_schedule_text(report)}\nfound by {found.origin} in {found.seconds:.1f} s; lower bound "
+            f"{found.lower_bound:g}{f' (CP-SAT: {found.exact})' if found.exact else ''}; per rank, peak "
+            f"activations [{peaks}] of max [{cap}] (micro-batches of a rank's layers, counted until W)"
+            + (f"\nsaved to {args.save}" if args.save else ""))
     return report, text, ""
 
 
+def _load_schedule(args):
+    """The schedule ``export`` writes: a name (with --ranks, --microbatches), a JSON file as
+    ``schedule search --save`` writes it, or a PyTorch CSV."""
+    from parallel_lab.pipeline import pytorch_csv
+    from parallel_lab.pipeline.schedules import Schedule, build
+    from parallel_lab.pipeline.validate import validate
+
+    if args.target in SCHEDULE_NAMES:
+        _required(args, f"schedule export {args.target}", "ranks", "microbatches")
+        return build(args.target, args.ranks, args.microbatches, args.virtual)
+    path = Path(args.target or "")
+    if not path.is_file():
+        raise ValueError(f"schedule {args.name} needs a schedule name ({', '.join(SCHEDULE_NAMES)}) or a file, "
+                         f"got {args.target!r}")
+    if path.suffix == ".json":
+        try:
+            return validate(Schedule.from_dict(json.loads(path.read_text())))
+        except (KeyError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: not a schedule as 'schedule search --save' writes it ({err})") from None
+    return pytorch_csv.load(path, microbatches=args.microbatches)
+
+
+def _schedule_export(args):
+    from parallel_lab.pipeline import pytorch_csv
+
+    schedule = _load_schedule(args)
+    text = pytorch_csv.to_csv(schedule, args.comms)
+    if args.out:
+        Path(args.out).write_text(text)
+    report = {"schedule": schedule.name, "format": args.format, "comms": args.comms, "ranks": schedule.n_ranks,
+              "microbatches": schedule.n_microbatches, "rows": pytorch_csv.to_rows(schedule, args.comms),
+              "out": args.out}
+    return report, (f"wrote {args.out}" if args.out else text.rstrip("\n")), ""
+
+
+def _schedule_import(args):
+    from parallel_lab.pipeline import pytorch_csv
+    from parallel_lab.pipeline.simulate import Costs, parse_costs, summary
+
+    path = Path(args.target or "")
+    if not path.is_file():
+        raise ValueError(f"schedule import needs a PyTorch schedule CSV file, got {args.target!r}")
+    schedule = pytorch_csv.load(path, microbatches=args.microbatches)
+    if args.save:
+        Path(args.save).write_text(json.dumps(schedule.to_dict()))
+    report = summary(schedule, parse_costs(args.costs) if args.costs else Costs())
+    report["actions"] = schedule.to_dict()["ranks"]
+    return report, _schedule_text(report) + (f"\nsaved to {args.save}" if args.save else ""), ""
+
+
+SCHEDULE_ACTIONS = {"search": _schedule_search, "export": _schedule_export, "import": _schedule_import}
+
+
+def _search_arguments(parser) -> None:
+    """The options of a search (``schedule search`` and ``run pipeline --schedule search``)."""
+    parser.add_argument("--max-activations", type=float, metavar="K",
+                        help="search: the most activations a rank may hold, in micro-batches of a rank's "
+                             "layers (1F1B holds P on rank 0), counted until W")
+    parser.add_argument("--placement", choices=("wave", "v"), default="wave",
+                        help="search: one stage per rank (wave) or two in V order (v)")
+    parser.add_argument("--time-limit", type=float, metavar="S",
+                        help="search: seconds for the exact solver (--exact; default 30) or the local search")
+    parser.add_argument("--exact", action="store_true", help="search: refine with OR-Tools' CP-SAT (small cases)")
+
+
 def _schedule_arguments(parser):
-    parser.add_argument("name", choices=SCHEDULE_NAMES, metavar="NAME", help=", ".join(SCHEDULE_NAMES))
-    _ranks_argument(parser)
-    parser.add_argument("--microbatches", type=int, required=True, help="micro-batches M")
+    parser.add_argument("name", choices=(*SCHEDULE_NAMES, *SCHEDULE_ACTIONS), metavar="NAME",
+                        help=", ".join(SCHEDULE_NAMES) + "; or search, export NAME|FILE, import FILE")
+    parser.add_argument("target", nargs="?", metavar="NAME|FILE",
+                        help="export: a schedule name or file (JSON from search --save, or a CSV); import: a CSV")
+    parser.add_argument("--ranks", "--stages", dest="ranks", type=int, metavar="P",
+                        help="pipeline ranks P (--stages is the same option)")
+    parser.add_argument("--microbatches", type=int, help="micro-batches M")
     parser.add_argument("--virtual", type=int, default=1, help="stages per rank (interleaved; zb-v, dualpipe-v: 2)")
-    parser.add_argument("--costs", help="F,B,W durations, e.g. 1,2,1 (W splits off B)")
+    parser.add_argument("--costs", help="F,B,W durations, e.g. 1,2,1 (W splits off B); for search F,I,W")
+    _search_arguments(parser)
+    parser.add_argument("--save", metavar="FILE", help="search, import: write the schedule as JSON")
+    parser.add_argument("--format", choices=("pytorch-csv",), default="pytorch-csv", help="export: the format")
+    parser.add_argument("--comms", action="store_true",
+                        help="export: PyTorch's compute_comms form (sends, receives, REDUCE_GRAD)")
+    parser.add_argument("--out", metavar="FILE", help="export: write the CSV there (default: stdout)")
 
 
 def _run_tensor(args):
@@ -92,7 +215,8 @@ def _run_tensor(args):
 def _run_pipeline(args):
     from parallel_lab.pipeline.run import run_pipeline
 
-    report = run_pipeline(args.schedule, args.ranks, args.microbatches, args.model, args.virtual,
+    schedule = _search(args).schedule if args.schedule == "search" else args.schedule
+    report = run_pipeline(schedule, args.ranks, args.microbatches, args.model, args.virtual,
                           args.recompute, args.trace)
     text = (f"{args.schedule} on {args.ranks} ranks, {args.microbatches} micro-batches: max grad diff "
             f"{report['max_grad_diff']:.1e}, loss diff {report['loss_diff']:.1e} (fp64, against the "
@@ -195,14 +319,16 @@ def _run_arguments(parser):
     tensor.add_argument("--model", choices=("mlp", "block", "gpt"), default="mlp")
     tensor.add_argument("--sequence-parallel", action="store_true")
     pipe = sub.add_parser("pipeline", help="a pipeline schedule on real ranks vs the single-process model")
-    pipe.add_argument("--schedule", required=True, choices=SCHEDULE_NAMES, metavar="NAME",
-                      help=", ".join(SCHEDULE_NAMES))
+    pipe.add_argument("--schedule", required=True, choices=(*SCHEDULE_NAMES, "search"), metavar="NAME",
+                      help=", ".join(SCHEDULE_NAMES) + ", or search (with --max-activations)")
     _ranks_argument(pipe)
     pipe.add_argument("--microbatches", type=int, required=True)
     pipe.add_argument("--virtual", type=int, default=1)
     pipe.add_argument("--model", choices=("mlp", "gpt"), default="mlp")
     pipe.add_argument("--recompute", action="store_true", help="activation recomputation")
     pipe.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace")
+    pipe.add_argument("--costs", help="search: F,I,W per stage (default 1,1,1)")
+    _search_arguments(pipe)
     three = sub.add_parser("3d", help="train the course GPT with dp x pp x tp on real ranks vs one process "
                                       "(under torchrun: one process per rank, NCCL on GPUs)")
     for name in _3D_INTS:
