@@ -558,6 +558,95 @@ def _certificate(args):
             f"(key {fp}); saved to {args.out}", "")
 
 
+def _serve_arguments(parser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (8000)")
+    parser.add_argument("--db", metavar="URL", help="database: sqlite:///PATH (default: DATA/service.db) or "
+                                                    "postgresql://USER:PASSWORD@HOST/DB")
+    parser.add_argument("--data", metavar="DIR", help="the service's folder: SQLite database, issuer key, session "
+                                                      "secret (default: ~/.parallel_lab/service)")
+    parser.add_argument("--worker", action="store_true", help="only grade (no web pages): one of several "
+                                                              "processes sharing the database's queue")
+    parser.add_argument("--jobs", type=int, default=1, help="grading workers in this process (1; 0: none here)")
+    parser.add_argument("--base-url", help="the address learners use (default: http://HOST:PORT)")
+    parser.add_argument("--https-only", action="store_true", help="session cookies only over HTTPS (behind TLS)")
+    parser.add_argument("--queue-limit", type=int, default=200,
+                        help="submissions waiting at most; more are refused (503, nothing stored) (200)")
+    parser.add_argument("--upload-limit-kb", type=int, default=2048, help="largest notebook accepted (2048 kB)")
+    parser.add_argument("--lease", type=float, default=30, metavar="S",
+                        help="seconds a worker's claim on a job lasts without renewal (30)")
+    parser.add_argument("--timeout", type=float, default=300, metavar="S", help="seconds per submission (300)")
+    parser.add_argument("--lessons", metavar="DIR", help="reference lessons (default: the course's lessons/)")
+    parser.add_argument("--issuer", default="parallel-lab course service", help="the issuer's name on credentials")
+    parser.add_argument("--create-instructor", metavar="EMAIL",
+                        help="make an instructor account (password from PARALLEL_LAB_PASSWORD or asked), then exit")
+    parser.add_argument("--name", help="the instructor's name, with --create-instructor")
+
+
+def _serve_config(args):
+    from parallel_lab.course.grading.sandbox import Limits
+    from parallel_lab.service.app import Config
+    from parallel_lab.service.run import default_data_dir
+    from parallel_lab.service.worker import Settings
+
+    for name in ("port", "queue_limit", "upload_limit_kb"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.jobs < 0 or args.lease <= 0 or args.timeout <= 0:
+        raise ValueError(f"--jobs must be >= 0 and --lease, --timeout > 0, got {args.jobs}, {args.lease:g}, "
+                         f"{args.timeout:g}")
+    settings = Settings(lessons_dir=args.lessons, lease_s=args.lease, limits=Limits(wall_s=args.timeout))
+    return Config(data_dir=Path(args.data) if args.data else default_data_dir(), db_url=args.db,
+                  base_url=(args.base_url or f"http://{args.host}:{args.port}").rstrip("/"), issuer=args.issuer,
+                  jobs=args.jobs, upload_limit=args.upload_limit_kb * 1024, queue_limit=args.queue_limit,
+                  https_only=args.https_only, worker=settings)
+
+
+def _serve(args):
+    from parallel_lab.service import run
+
+    config = _serve_config(args)
+    if args.create_instructor:
+        import getpass
+        import os
+
+        password = os.environ.get("PARALLEL_LAB_PASSWORD") or (
+            getpass.getpass("password for the new instructor (at least 10 characters): ") if sys.stdin.isatty()
+            else sys.stdin.readline().rstrip("\n"))
+        email = run.create_instructor(config, args.create_instructor, args.name or "", password)
+        return {"instructor": email}, f"instructor account {email} made; sign in at {config.base_url}/login", ""
+    if args.worker:
+        run.run_workers(config)
+    else:
+        run.serve(config, args.host, args.port)
+    return None, "", ""
+
+
+def _submit_arguments(parser) -> None:
+    parser.add_argument("notebook", metavar="NOTEBOOK", help="the lesson notebook to upload (.ipynb)")
+    parser.add_argument("--server", required=True, help="the course service's address, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--course", required=True, help="the course's short name (in its address)")
+    parser.add_argument("--lesson", required=True, help="the lesson, e.g. 01")
+    parser.add_argument("--token", help="your command-line token (default: $PARALLEL_LAB_TOKEN)")
+    parser.add_argument("--no-wait", action="store_true", help="do not wait for the verdicts")
+
+
+def _submit(args):
+    import os
+
+    from parallel_lab.service import client
+
+    token = args.token or os.environ.get("PARALLEL_LAB_TOKEN", "")
+    try:
+        report = client.submit(args.notebook, args.server, args.course, args.lesson, token)
+        if not args.no_wait:
+            report = client.wait(args.server, report["id"], token)
+    except client.SubmitError as exc:
+        raise ValueError(str(exc)) from None
+    failed = f"submit: {report['state']}: {report.get('error') or ''}" if report["state"] == "failed" else ""
+    return report, client.describe(report), failed
+
+
 COMMANDS = {
     "doctor": (_doctor, "check the installation: torch, gloo, start method, cores, widgets/plotly", None),
     "schedule": (_schedule, "print a schedule's step x rank grid and its simulated numbers",
@@ -572,6 +661,9 @@ COMMANDS = {
     "certificate": (_certificate, "issue and verify Open Badges 3.0 credentials (keys, revocation lists)",
                     _certificate_arguments),
     "bench": (_bench, "side-by-side benchmarks against the peers, as ratios", _bench_arguments),
+    "serve": (_serve, "the course service: uploads, grading workers, credentials and their verification pages",
+              _serve_arguments),
+    "submit": (_submit, "upload a lesson notebook to a course service and print its verdicts", _submit_arguments),
 }
 
 

@@ -17,7 +17,7 @@ LAYERS = (
     ("parallel3d",),
     ("exercises",),
     ("course",),
-    ("bench", "show"),
+    ("bench", "show", "service"),
     ("doctor",),
     ("cli",),
 )

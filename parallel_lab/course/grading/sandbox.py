@@ -218,6 +218,7 @@ class Sandbox:
     kind: str
     missing: str = ""
     mounts: list = field(default_factory=list)
+    hidden: list = field(default_factory=list)  # paths bubblewrap hides (the course service's data)
 
     @classmethod
     def detect(cls, prefer_bwrap: bool = True) -> "Sandbox":
@@ -247,7 +248,7 @@ class Sandbox:
         read_fd, write_fd = os.pipe()
         command = [*argv, "--result-fd", str(write_fd)]
         if self.kind == "bwrap":
-            command = [shutil.which("bwrap"), *_bwrap_base(scratch, self.mounts),
+            command = [shutil.which("bwrap"), *_bwrap_base(scratch, self.mounts, self.hidden),
                        *(a for k, v in environ.items() for a in ("--setenv", k, v)), "--", *command]
         cgroup = _Cgroup(f"parallel-lab-{token[:12]}", limits)
         wrapper = []
@@ -277,10 +278,11 @@ class Sandbox:
         return Result(process.returncode, data, stdout, stderr, killed_for, time.monotonic() - start)
 
 
-def _bwrap_base(scratch: Path, mounts) -> list[str]:
+def _bwrap_base(scratch: Path, mounts, hidden=()) -> list[str]:
     """bubblewrap's view: all of / read-only, private /tmp, /dev/shm and /proc, the scratch directory
     writable, the course and its Python (which may live under /tmp) read-only, no network but
-    loopback, its own PID namespace and an unprivileged user."""
+    loopback, its own PID namespace and an unprivileged user; each ``hidden`` folder an empty
+    tmpfs, each hidden file empty (``/dev/null``)."""
     args = ["--unshare-user", "--uid", "1000", "--gid", "1000", "--unshare-pid", "--unshare-net",
             "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox", "--die-with-parent", "--new-session",
             "--ro-bind", "/", "/", "--dev", "/dev", "--tmpfs", "/dev/shm", "--proc", "/proc", "--tmpfs", "/tmp",
@@ -288,6 +290,11 @@ def _bwrap_base(scratch: Path, mounts) -> list[str]:
     for path in dict.fromkeys([Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), ROOT, *mounts]):
         if str(path).startswith("/tmp/"):  # hidden by the private /tmp: bind it back, read-only
             args += ["--ro-bind", str(path), str(path)]
+    for path in map(Path, hidden):
+        if path.is_dir():
+            args += ["--tmpfs", str(path)]
+        elif path.exists():
+            args += ["--ro-bind", "/dev/null", str(path)]
     if scratch != Path("/"):
         args += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
     return args

@@ -1,0 +1,90 @@
+"""``parallel-lab submit``: upload a lesson notebook to a course service and wait for its verdicts.
+
+    PARALLEL_LAB_TOKEN=plt_... parallel-lab submit 01_ranks_and_collectives.ipynb \\
+        --server https://course.example.edu --course cs-4xx --lesson 01 [--no-wait] [--json]
+
+The token comes from the service's "Command-line token" page. Only the standard library is used
+(urllib), so a learner's environment needs nothing more to submit.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+class SubmitError(RuntimeError):
+    pass
+
+
+def _multipart(fields: dict, filename: str, content: bytes) -> tuple[bytes, str]:
+    boundary = "----parallel-lab-" + secrets.token_hex(12)
+    parts = []
+    for name, value in fields.items():
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode())
+    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="notebook"; filename="{filename}"\r\n'
+                 f"Content-Type: application/x-ipynb+json\r\n\r\n".encode() + content + b"\r\n")
+    parts.append(f"--{boundary}--\r\n".encode())
+    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
+
+
+def _call(request: urllib.request.Request, timeout: float = 60) -> dict:
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        try:
+            reason = json.loads(err.read()).get("error", "")
+        except ValueError:
+            reason = ""
+        raise SubmitError(f"the service refused ({err.code}): {reason or err.reason}") from None
+    except urllib.error.URLError as err:
+        raise SubmitError(f"cannot reach {request.full_url}: {err.reason}") from None
+
+
+def submit(path, server: str, course: str, lesson: str, token: str) -> dict:
+    """Upload ``path``; the service's answer (``id``, ``state``, ``url``, ...)."""
+    path = Path(path)
+    if not token:
+        raise SubmitError("no token: set PARALLEL_LAB_TOKEN or pass --token (the service's Token page makes one)")
+    try:
+        content = path.read_bytes()
+    except OSError as exc:
+        raise SubmitError(f"cannot read {path}: {exc.strerror}") from None
+    body, kind = _multipart({"lesson": lesson}, path.name, content)
+    request = urllib.request.Request(f"{server.rstrip('/')}/api/courses/{course}/submissions", data=body,
+                                     method="POST", headers={"Content-Type": kind,
+                                                             "Authorization": f"Bearer {token}"})
+    return _call(request)
+
+
+def status(server: str, submission: str, token: str) -> dict:
+    request = urllib.request.Request(f"{server.rstrip('/')}/api/submissions/{submission}",
+                                     headers={"Authorization": f"Bearer {token}"})
+    return _call(request)
+
+
+def wait(server: str, submission: str, token: str, timeout: float = 900, every: float = 2.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        report = status(server, submission, token)
+        if report["state"] in ("graded", "failed") or time.monotonic() > deadline:
+            return report
+        time.sleep(every)
+
+
+def describe(report: dict) -> str:
+    lines = [f"lesson {report['lesson']}: {report['state']}" + (" (late)" if report.get("late") else "")
+             + (f", {report['points']:g} of {report['max_points']:g} points" if report.get("points") is not None
+                else "")]
+    if report.get("error"):
+        lines.append(f"  {report['error']}")
+    for c in report.get("checks", []):
+        lines.append(f"  {c['check']}: {'passed' if c['passed'] else 'FAILED: ' + c['reason']} "
+                     f"({c['points']:g}/{c['max_points']:g})")
+    lines.append(f"  {report['url']}")
+    return "\n".join(lines)

@@ -1,0 +1,507 @@
+"""The course service (``parallel-lab serve``): its pages and forms in both languages, bad input
+refused with a clear answer and nothing changed, sessions and forms that cannot be forged or
+replayed, the grading queue graded by the course's grader, credentials issued, verified offline and
+revoked through the status list, and submissions that cannot read the service's database or key.
+
+The heavy runs (50 concurrent uploads, SIGKILL during grading, PostgreSQL with two workers) are in
+``test_service_queue.py``; the browser's walk through the pages in ``test_service_browser.py``."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import nbformat
+import pytest
+from sqlalchemy import func, select
+
+with warnings.catch_warnings():  # Starlette asks for httpx2 instead of httpx; both work
+    warnings.simplefilter("ignore")
+    from starlette.testclient import TestClient
+
+from parallel_lab.course import certificate
+from parallel_lab.service import auth, credentials, pages, queue
+from parallel_lab.service.app import Config, Service
+from parallel_lab.service.grading import Policy
+from parallel_lab.service.models import Course, Credential, FormToken, GradingRun, Submission, Upload
+from parallel_lab.service.worker import Settings, Worker
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+from service_support import lesson01  # noqa: E402
+
+PASSWORD = "a-long-password"
+
+
+# ----------------------------------------------------------------------------------------------
+# No process, no server.
+
+
+def test_every_message_of_the_pages_is_translated_and_none_is_stale():
+    from babel.messages.pofile import read_po
+
+    with open(pages.CATALOG, "rb") as f:
+        catalog = {m.id: m.string for m in read_po(f) if m.id}
+    used = pages.messages()
+    assert set(used) - set(catalog) == set(), "run python -m parallel_lab.service.pages and translate"
+    assert set(catalog) - set(used) == set(), "the catalog keeps messages nothing uses"
+    untranslated = [m for m in used if not catalog[m].strip()]
+    assert untranslated == []
+    for msgid, text in catalog.items():  # the same placeholders in both languages
+        assert sorted(re.findall(r"%\(\w+\)\w", msgid)) == sorted(re.findall(r"%\(\w+\)\w", text)), msgid
+
+
+def test_language_negotiation():
+    assert pages.negotiate(None, "zh-TW,zh;q=0.9,en;q=0.8") == "zh-Hant"
+    assert pages.negotiate(None, "en-US,en;q=0.9,zh-TW;q=0.5") == "en"
+    assert pages.negotiate(None, "fr, zh-Hant;q=0.3") == "zh-Hant"
+    assert pages.negotiate(None, None) == "en"
+    assert pages.negotiate("en", "zh-TW") == "en" and pages.negotiate("zh-Hant", "en") == "zh-Hant"
+    assert pages.negotiate("xx", "de") == "en"
+
+
+def test_status_list_is_the_w3c_bitstring():
+    encoded = credentials.encoded_list([0, 7, 130_000])
+    assert encoded.startswith("u")
+    bits = credentials.decode_list(encoded)
+    assert len(bits) == 131_072 // 8 and bits[0] == 0b1000_0001 and sum(bin(b).count("1") for b in bits) == 3
+    assert [i for i in (0, 1, 6, 7, 130_000, 130_001) if credentials.is_set(encoded, i)] == [0, 7, 130_000]
+    with pytest.raises(ValueError, match="outside the list"):
+        credentials.encoded_list([131_072])
+
+
+def test_policy_refuses_what_cannot_be_graded():
+    known = {"01": None, "02": None}
+    with pytest.raises(auth.Refused, match=r"no graded lesson 07 \(graded lessons: 01, 02\)"):
+        Policy(["07"]).check(known)
+    with pytest.raises(auth.Refused, match=r"share of the points in \(0, 1\], got 1.5"):
+        Policy(["01"], 1.5).check(known)
+    with pytest.raises(auth.Refused, match="a deadline is YYYY-MM-DDTHH:MM"):
+        Policy(["01"], deadlines={"01": "next friday"}).check(known)
+
+
+def test_passwords_are_hashed_with_argon2id():
+    digest = auth.hash_password(PASSWORD)
+    assert digest.startswith("$argon2id$") and PASSWORD not in digest
+    assert auth.password_ok(digest, PASSWORD) and not auth.password_ok(digest, PASSWORD + "x")
+    with pytest.raises(auth.Refused, match="at least 10 characters, got 5"):
+        auth.hash_password("short")
+
+
+# ----------------------------------------------------------------------------------------------
+# The web application, without grading workers (jobs=0): forms, sessions, refusals.
+
+
+class Visitor:
+    """A browser-like client: follows pages, reads each page's form token."""
+
+    def __init__(self, client):
+        self.c = client
+
+    def page(self, path, **kw):
+        r = self.c.get(path, **kw)
+        token = re.search(r'name="form_token" value="([^"]+)"', r.text)
+        self.token = token.group(1) if token else None
+        return r
+
+    def post(self, path, data=None, token=True, **kw):
+        data = dict(data or {})
+        if token:
+            data["form_token"] = self.token
+        return self.c.post(path, data=data, follow_redirects=False, **kw)
+
+    def register(self, name, email):
+        self.page("/register")
+        r = self.post("/register", {"name": name, "email": email, "password": PASSWORD})
+        assert r.status_code == 303, r.text
+        return r
+
+    def login(self, email):
+        self.page("/login")
+        r = self.post("/login", {"email": email, "password": PASSWORD})
+        assert r.status_code == 303, r.text
+
+
+def reason(r) -> str:
+    if r.headers.get("content-type", "").startswith("application/json"):
+        return r.json()["error"]
+    return re.sub(r"&#39;", "'", re.search(r'id="reason">([^<]*)', r.text).group(1))
+
+
+@pytest.fixture
+def service(tmp_path):
+    svc = Service(Config(data_dir=tmp_path / "data", jobs=0, base_url="http://testserver", uploads_per_minute=4,
+                         queue_limit=6, upload_limit=200_000))
+    with svc.Session.begin() as s:
+        auth.create_user(s, "lin@example.org", "Prof. Lin", PASSWORD, "instructor")
+    yield svc
+    svc.engine.dispose()
+
+
+def counts(svc) -> tuple:
+    with svc.Session.begin() as s:
+        return tuple(s.scalar(select(func.count()).select_from(t)) for t in (Upload, Submission, Course, Credential))
+
+
+def make_course(svc, client, slug="mp", enrolment="open", lessons=("01",), threshold="40"):
+    teacher = Visitor(client)
+    teacher.login("lin@example.org")
+    teacher.page("/courses/new")
+    data = {"title": "Model parallelism", "slug": slug, "threshold": threshold, "enrolment": enrolment,
+            "late": "accept"}
+    r = teacher.c.post("/courses/new", data={**data, "form_token": teacher.token, "lessons": list(lessons)},
+                       follow_redirects=False)
+    assert r.status_code == 303, r.text
+    return teacher
+
+
+def test_learner_enrols_and_bad_uploads_change_nothing(service):
+    with TestClient(service.app()) as c1, TestClient(service.app()) as c2:
+        make_course(service, c1)
+        ada = Visitor(c2)
+        ada.register("Ada Lovelace", "ada@example.org")
+        ada.page("/courses/mp")
+        assert ada.post("/courses/mp/enrol").status_code == 303
+        page = ada.page("/courses/mp")
+        assert "Upload for grading" in page.text and "0 of 5 points" in page.text
+        good = lesson01()
+        before = counts(service)
+
+        def upload(filename, content, lesson="01", token=True):
+            ada.page("/courses/mp")
+            return ada.post("/courses/mp/submissions", {"lesson": lesson}, token=token,
+                            files={"notebook": (filename, content, "application/octet-stream")})
+
+        cases = [
+            (upload("notes.txt", b"hello"), 400, "only notebooks (.ipynb) are graded, got 'notes.txt'"),
+            (upload("01.ipynb", b"\x89PNG not json"), 400, "01.ipynb is not a notebook"),
+            (upload("../../etc/01.ipynb", good), 400,
+             "a plain notebook name, without folders, got '../../etc/01.ipynb'"),
+            (upload("big.ipynb", good + b" " * 200_000), 413, "over the limit of 200,000"),
+            (upload("01.ipynb", good, lesson="07"), 400, "lesson '07' is not graded in this course (its lessons: 01)"),
+            (upload("02.ipynb", nbformat.writes(nbformat.v4.new_notebook(cells=[
+                nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["answer:row-parallel"]})])).encode()),
+             400, "02.ipynb is not lesson 01"),
+            (upload("01.ipynb", good, token=False), 403, "the form has no form token"),
+        ]
+        for r, status, words in cases:
+            assert r.status_code == status and words in reason(r), (status, reason(r))
+        assert counts(service) == before
+        # a replayed form: the same token twice
+        ada.page("/courses/mp")
+        first = ada.post("/courses/mp/submissions", {"lesson": "01"},
+                         files={"notebook": ("01_ranks_and_collectives.ipynb", good, "application/json")})
+        assert first.status_code == 303 and first.headers["location"].startswith("/submissions/")
+        again = ada.post("/courses/mp/submissions", {"lesson": "01"},
+                         files={"notebook": ("01_ranks_and_collectives.ipynb", good, "application/json")})
+        assert again.status_code == 409 and "already sent once" in reason(again)
+        after = counts(service)
+        assert after[:2] == (before[0] + 1, before[1] + 1)
+        with service.Session.begin() as s:
+            sub = s.scalars(select(Submission)).one()
+            stored = s.get(Upload, sub.upload_id)
+            assert sub.state == "queued" and stored.content == good and sub.lesson == "01"
+            assert "ranks_and_collectives" not in stored.id  # a name the service made
+
+
+def test_sessions_cannot_be_forged_or_reused_after_signing_out(service):
+    with TestClient(service.app()) as c1, TestClient(service.app()) as c2, TestClient(service.app()) as c3:
+        make_course(service, c1)
+        ada = Visitor(c2)
+        ada.register("Ada", "ada@example.org")
+        assert ada.page("/courses/mp").status_code == 200
+        cookie = c2.cookies.get("pl_session")
+        # no session at all
+        stranger = Visitor(c3)
+        r = stranger.c.get("/courses/mp")
+        assert r.status_code == 401 and "sign in first" in reason(r)
+        # a forged cookie: the right shape, another key
+        import base64
+
+        from itsdangerous import TimestampSigner
+        forged = TimestampSigner("not-the-secret").sign(base64.b64encode(json.dumps({"sid": "x" * 43}).encode()))
+        c3.cookies.set("pl_session", forged.decode())
+        assert c3.get("/courses/mp").status_code == 401
+        # another session's form token is refused
+        stranger.page("/register")
+        ada.page("/courses/mp")
+        r = c3.post("/courses/mp/enrol", data={"form_token": ada.token}, follow_redirects=False)
+        assert r.status_code in (401, 403)
+        # a copied cookie stops working once its owner signs out
+        ada.page("/")
+        assert ada.post("/logout").status_code == 303
+        c3.cookies.clear()
+        c3.cookies.set("pl_session", cookie)
+        assert c3.get("/courses/mp").status_code == 401
+        # the form token rows are bound to sessions; the service never kept a password
+        with service.Session.begin() as s:
+            assert s.scalar(select(func.count()).select_from(FormToken)) > 0
+
+
+def test_wrong_password_is_refused_and_rate_limited(service):
+    with TestClient(service.app()) as c:
+        v = Visitor(c)
+        for _ in range(auth.FAILED_LOGINS):
+            v.page("/login")
+            assert v.post("/login", {"email": "lin@example.org", "password": "wrong-password"}).status_code == 401
+        v.page("/login")
+        r = v.post("/login", {"email": "lin@example.org", "password": PASSWORD})
+        assert r.status_code == 429 and "failed sign-ins" in reason(r)
+
+
+def test_roster_codes_enrol_once(service):
+    with TestClient(service.app()) as c1, TestClient(service.app()) as c2, TestClient(service.app()) as c3:
+        teacher = make_course(service, c1, slug="closed", enrolment="roster")
+        teacher.page("/courses/closed")
+        assert teacher.post("/courses/closed/roster", {"names": "Ada\nGrace"}).status_code == 303
+        codes = re.findall(r"<code>([0-9a-f]{12})</code>", teacher.page("/courses/closed").text)
+        assert len(codes) == 2
+        ada, eve = Visitor(c2), Visitor(c3)
+        ada.register("Ada", "ada@example.org")
+        eve.register("Eve", "eve@example.org")
+        ada.page("/courses/closed")
+        assert ada.post("/courses/closed/enrol", {"code": "0" * 12}).status_code == 403
+        ada.page("/courses/closed")
+        assert ada.post("/courses/closed/enrol", {"code": codes[0]}).status_code == 303
+        eve.page("/courses/closed")
+        r = eve.post("/courses/closed/enrol", {"code": codes[0]})
+        assert r.status_code == 409 and "used already" in reason(r)
+
+
+def test_rate_limit_and_full_queue_refuse_without_storing(service):
+    with TestClient(service.app()) as c1:
+        make_course(service, c1)
+        tokens = []
+        with service.Session.begin() as s:
+            course = s.scalars(select(Course)).one()
+            from parallel_lab.service.models import Enrolment
+            for i in range(3):
+                user = auth.create_user(s, f"l{i}@example.org", f"L{i}", PASSWORD, "learner")
+                s.add(Enrolment(course_id=course.id, user_id=user.id))
+                tokens.append(auth.new_api_token(s, user))
+        good = lesson01()
+
+        def api(token):
+            return c1.post("/api/courses/mp/submissions", data={"lesson": "01"},
+                           files={"notebook": ("01.ipynb", good, "application/json")},
+                           headers={"Authorization": f"Bearer {token}"})
+
+        assert [api(tokens[0]).status_code for _ in range(4)] == [202] * 4
+        r = api(tokens[0])
+        assert r.status_code == 429 and "at most 4" in r.json()["error"] and r.headers["retry-after"]
+        assert [api(tokens[1]).status_code for _ in range(2)] == [202, 202]
+        before = counts(service)
+        r = api(tokens[2])
+        assert r.status_code == 503 and "queue is full (6 waiting): nothing was stored" in r.json()["error"]
+        assert counts(service) == before
+        assert c1.post("/api/courses/mp/submissions", data={"lesson": "01"}).status_code == 401
+        bad = c1.post("/api/courses/mp/submissions", data={"lesson": "01"},
+                      files={"notebook": ("01.ipynb", good, "application/json")},
+                      headers={"Authorization": "Bearer plt_forged"})
+        assert bad.status_code == 401
+
+
+def test_pages_in_traditional_chinese(service):
+    with TestClient(service.app()) as c:
+        r = c.get("/login", headers={"Accept-Language": "zh-TW,zh;q=0.9"})
+        assert '<html lang="zh-Hant">' in r.text and "電子郵件地址" in r.text and "登入" in r.text
+        r = c.get("/lang?to=en&next=/login", headers={"Accept-Language": "zh-TW"})
+        assert c.get("/login", headers={"Accept-Language": "zh-TW"}).text.count("E-mail address") == 1
+        c.get("/lang?to=zh-Hant&next=/")
+        v = Visitor(c)
+        v.page("/register")
+        r = v.post("/register", {"name": "A", "email": "not-an-address", "password": PASSWORD})
+        assert r.status_code == 400 and "不是電子郵件地址" in r.text
+        assert c.get("/lang?to=en&next=//evil.example", follow_redirects=False).headers["location"] == "/"
+
+
+# ----------------------------------------------------------------------------------------------
+# Grading for real (one worker in this process), credentials, revocation, verification.
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(300)
+def test_graded_upload_earns_a_credential_that_verifies_offline_until_revoked(service, tmp_path):
+    service.config.worker.hidden = (str(service.config.data_dir),)
+    worker = Worker(service.Session, service.config.worker, "test-worker")
+    with TestClient(service.app()) as c1, TestClient(service.app()) as c2:
+        teacher = make_course(service, c1)
+        ada = Visitor(c2)
+        ada.register("Ada Lovelace", "ada@example.org")
+        ada.page("/courses/mp")
+        ada.post("/courses/mp/enrol")
+        ada.page("/courses/mp")
+        r = ada.post("/courses/mp/submissions", {"lesson": "01"},
+                     files={"notebook": ("01_ranks_and_collectives.ipynb", lesson01(), "application/json")})
+        sub_url = r.headers["location"]
+        assert "waiting to be graded" in ada.page(sub_url).text
+        assert worker.step() is True and worker.step() is False
+        page = ada.page(sub_url).text
+        assert "2 / 5" in page and "ring-all-reduce" in page and "passed" in page
+        report = c2.get(sub_url, headers={"Accept": "application/json"}).json()
+        assert report["state"] == "graded" and [(x["check"], x["passed"]) for x in report["checks"]] == \
+            [("ring-all-reduce", True), ("quiz:01", False)]
+        ada.page("/courses/mp")
+        r = ada.post("/courses/mp/credential")
+        cred_url = r.headers["location"]
+        cid = cred_url.rsplit("/", 1)[1]
+        download = c2.get(f"/credentials/{cid}/download")
+        assert download.headers["content-disposition"].startswith("attachment")
+        doc = download.json()
+        (tmp_path / "credential.json").write_bytes(download.content)
+        (tmp_path / "issuer.pub").write_bytes(c2.get("/issuer.pub").content)
+        # public verification page, no login: HTML and JSON
+        public = TestClient(service.app())
+        html = public.get(cred_url).text
+        assert "Ada Lovelace" in html and credentials.fingerprint(service.key) in html and 'data-valid="true"' in html
+        info = public.get(cred_url + ".json").json()
+        assert info["valid"] and not info["revoked"] and info["holder"]["name"] == "Ada Lovelace"
+        assert info["holder"]["lessons"] == ["01_ranks_and_collectives"]
+        assert info == public.get(cred_url, headers={"Accept": "application/json"}).json()
+        # offline, with the public key alone
+        out = subprocess.run([str(Path(sys.executable).with_name("parallel-lab")), "certificate", "verify",
+                              str(tmp_path / "credential.json"), "--public-key", str(tmp_path / "issuer.pub"),
+                              "--json"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and json.loads(out.stdout)["valid"], out.stderr
+        edited = {**doc, "name": "Mallory"}
+        assert not certificate.verify(edited, service.key.public_key())["valid"]
+        # revoked: the status list's bit, the page and the JSON say so
+        teacher.page(cred_url)
+        assert teacher.post(f"{cred_url}/revoke", {"reason": "copied work"}).status_code == 303
+        info = public.get(cred_url + ".json").json()
+        assert not info["valid"] and info["revoked"]
+        status = public.get("/status/1").json()
+        assert credentials.is_set(status["credentialSubject"]["encodedList"], info["status"]["index"])
+        assert "Revoked by the issuer" in public.get(cred_url).text
+        assert public.get("/credentials/" + "0" * 32).status_code == 404
+        # the instructor's export is the course gradebook's CSV
+        csv_text = teacher.c.get("/courses/mp/export/grades.csv").text
+        assert csv_text.splitlines()[0] == "student,lesson,exercise,passed,points,max_points,reason,sandbox"
+        assert "ada@example.org,01_ranks_and_collectives,ring-all-reduce,true,2,2" in csv_text
+        summary = teacher.c.get("/courses/mp/export/grades-summary.csv").text
+        assert summary.splitlines()[1].startswith("ada@example.org,2,5")
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(300)
+def test_a_submission_cannot_read_the_database_or_the_key():
+    """The probe exercise (tests/grading_probe.py) lets an answer open files: it tries the
+    service's database, issuer key and session secret, and a file beside them that is not hidden
+    (which it must be able to read, or the test proves nothing)."""
+    root = Path(tempfile.mkdtemp(prefix="pl-service-", dir="/var/tmp"))  # outside the sandbox's private /tmp
+    lessons = root / "lessons"
+    lessons.mkdir()
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("def probe():\n    raise NotImplementedError\n", metadata={"tags": ["answer:probe"]}),
+        nbformat.v4.new_code_cell("check(probe)", metadata={"tags": ["check:probe", "points:1"]})])
+    nbformat.write(nb, lessons / "99_probe.ipynb")
+    visible = root / "visible.txt"
+    visible.write_text("anyone")
+    data = root / "data"
+    settings = Settings(lessons_dir=str(lessons), modules=("grading_probe",), env={"PYTHONPATH": str(TESTS)})
+    svc = Service(Config(data_dir=data, jobs=0, worker=settings), pool=False)
+    try:
+        targets = [data / "service.db", data / "keys" / "issuer.key", data / "session.secret", visible]
+        assert all(p.exists() for p in targets)
+        body = ("out = []\nfor p in %r:\n    try:\n        with open(p, 'rb') as f:\n"
+                "            out.append(f.read()[:6].hex())\n    except Exception as e:\n"
+                "        out.append(type(e).__name__)\nreturn ';'.join(out)") % [str(p) for p in targets]
+        answer = "def probe():\n" + "".join(f"    {line}\n" for line in body.splitlines())
+        content = nbformat.writes(nbformat.v4.new_notebook(cells=[
+            nbformat.v4.new_code_cell(answer, metadata={"tags": ["answer:probe"]})])).encode()
+        with svc.Session.begin() as s:
+            teacher = auth.create_user(s, "t@example.org", "T", PASSWORD, "instructor")
+            course = Course(slug="probe", title="probe", instructor_id=teacher.id, enrolment="open",
+                            policy=Policy(["99"], 1.0).to_json())
+            s.add(course)
+            s.flush()
+            queue.enqueue(s, course_id=course.id, user_id=teacher.id, lesson="99", content=content, sha256="x",
+                          late=False)
+        worker = Worker(svc.Session, svc.config.worker, "probe-worker")
+        assert worker.sandbox.kind == "bwrap" and str(data.resolve()) in worker.sandbox.hidden
+        assert worker.step()
+        with svc.Session.begin() as s:
+            from parallel_lab.service.models import CheckResult
+            said = s.scalars(select(CheckResult)).one().reason
+        assert said == "probe: FAILED: it said " + ";".join(["FileNotFoundError"] * 3 + ["616e796f6e65"]), said
+    finally:
+        svc.engine.dispose()
+        import shutil
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_lost_lease_writes_nothing_and_a_dead_run_is_retried(service):
+    """Two claims of one job: the first run's lease expires (its worker died), the second takes it
+    over; the first run's late completion is refused, the second's recorded: one grade."""
+    with service.Session.begin() as s:
+        teacher = auth.create_user(s, "t2@example.org", "T", PASSWORD, "instructor")
+        course = Course(slug="q", title="q", instructor_id=teacher.id, enrolment="open",
+                        policy=Policy(["01"]).to_json())
+        s.add(course)
+        s.flush()
+        queue.enqueue(s, course_id=course.id, user_id=teacher.id, lesson="01", content=b"{}", sha256="x", late=False)
+    first = queue.claim(service.Session, "a", lease_s=0.01)
+    assert first is not None and queue.claim(service.Session, "b", lease_s=30) is not None  # lease expired: taken over
+    from parallel_lab.course.grading.runner import Row
+    rows = [Row("x", "01", "ring-all-reduce", True, 2, 2, "")]
+    assert queue.complete(service.Session, first, rows) is False
+    with service.Session.begin() as s:
+        run_b = s.scalars(select(GradingRun).where(GradingRun.worker == "b")).one()
+    second = queue.Job(first.submission_id, run_b.id, "01", teacher.id, b"{}")
+    assert queue.renew(service.Session, second, 30) and not queue.renew(service.Session, first, 30)
+    assert queue.complete(service.Session, second, rows) is True
+    assert queue.complete(service.Session, second, rows) is False  # never twice
+    with service.Session.begin() as s:
+        outcomes = sorted((r.worker, r.outcome) for r in s.scalars(select(GradingRun)))
+        sub = s.scalars(select(Submission)).one()
+    assert outcomes == [("a", "lost"), ("b", "graded")] and sub.state == "graded" and sub.attempts == 2
+    assert queue.claim(service.Session, "c", lease_s=30) is None
+
+
+def test_a_job_that_keeps_killing_its_grader_is_failed_not_retried_forever(service):
+    with service.Session.begin() as s:
+        teacher = auth.create_user(s, "t3@example.org", "T", PASSWORD, "instructor")
+        course = Course(slug="k", title="k", instructor_id=teacher.id, enrolment="open",
+                        policy=Policy(["01"]).to_json())
+        s.add(course)
+        s.flush()
+        queue.enqueue(s, course_id=course.id, user_id=teacher.id, lesson="01", content=b"{}", sha256="x", late=False)
+    for _ in range(queue.MAX_ATTEMPTS):
+        assert queue.claim(service.Session, "w", lease_s=0.001, max_attempts=queue.MAX_ATTEMPTS) is not None
+    import time
+    time.sleep(0.01)
+    assert queue.claim(service.Session, "w", lease_s=30) is None
+    with service.Session.begin() as s:
+        sub = s.scalars(select(Submission)).one()
+    assert sub.state == "failed" and "started 3 times" in sub.error
+
+
+def test_concurrent_claims_on_sqlite_take_each_job_once(service):
+    with service.Session.begin() as s:
+        teacher = auth.create_user(s, "t4@example.org", "T", PASSWORD, "instructor")
+        course = Course(slug="c", title="c", instructor_id=teacher.id, enrolment="open",
+                        policy=Policy(["01"]).to_json())
+        s.add(course)
+        s.flush()
+        for _ in range(30):
+            queue.enqueue(s, course_id=course.id, user_id=teacher.id, lesson="01", content=b"{}", sha256="x",
+                          late=False)
+    taken, lock = [], threading.Lock()
+
+    def claimer(name):
+        while (job := queue.claim(service.Session, name, lease_s=60)) is not None:
+            with lock:
+                taken.append(job.submission_id)
+
+    threads = [threading.Thread(target=claimer, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(taken) == 30 and len(set(taken)) == 30
