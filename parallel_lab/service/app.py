@@ -61,12 +61,18 @@ def private_file(path: Path, make) -> bytes:
     return path.read_bytes()
 
 
+def data_folder(config: Config) -> Path:
+    """The service's folder, made (mode 0700) when missing."""
+    data = Path(config.data_dir).resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    os.chmod(data, 0o700)
+    return data
+
+
 class Service:
     def __init__(self, config: Config, pool: bool = True):
         self.config = config
-        data = Path(config.data_dir).resolve()
-        data.mkdir(parents=True, exist_ok=True)
-        os.chmod(data, 0o700)
+        data = data_folder(config)
         self.engine = db.connect(config.url)
         self.Session = db.sessions(self.engine)
         self.key = credentials.issuer_key(data / "keys")

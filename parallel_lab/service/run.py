@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 from parallel_lab.service import auth, credentials, db
-from parallel_lab.service.app import Config, Service
+from parallel_lab.service.app import Config, Service, data_folder
 from parallel_lab.service.worker import Pool
 
 
@@ -30,6 +30,7 @@ def default_data_dir() -> Path:
 
 
 def create_instructor(config: Config, email: str, name: str, password: str) -> str:
+    data_folder(config)
     engine = db.connect(config.url)
     try:
         with db.sessions(engine).begin() as s:
@@ -41,7 +42,7 @@ def create_instructor(config: Config, email: str, name: str, password: str) -> s
 
 def run_workers(config: Config, stop: threading.Event | None = None) -> int:
     """Grade until SIGTERM or SIGINT (or ``stop``): ``config.jobs`` workers on the shared queue."""
-    data = Path(config.data_dir).resolve()
+    data = data_folder(config)
     config.worker.hidden = tuple(dict.fromkeys([*config.worker.hidden, str(data)]))
     engine = db.connect(config.url)
     pool = Pool(db.sessions(engine), config.worker, max(1, config.jobs))
