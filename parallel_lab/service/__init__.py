@@ -9,6 +9,7 @@ that anyone can check at ``/credentials/<id>``.
 - ``grading``: the thin adapter to ``course.grading`` (lessons, policy, standing, exports),
   ``credentials``: the thin adapter to the course's credentials (issue, verify, status list);
 - ``auth``: passwords (argon2id), sessions, one-time form tokens, API tokens;
-- ``pages``: the locale (English, Traditional Chinese) and the templates' catalogs;
+- ``pages``: the request's language (English, Traditional Chinese) and the templates' Jinja2
+  environments, translated with the course's catalog (``parallel_lab.i18n``);
 - ``app``: the web application (Starlette, Jinja2 templates), ``client``: ``parallel-lab submit``.
 """

@@ -76,6 +76,7 @@ class Service:
         self.engine = db.connect(config.url)
         self.Session = db.sessions(self.engine)
         self.key = credentials.issuer_key(data / "keys")
+        self.status = credentials.StatusList(f"{config.base_url}/status/1", self.key)
         self.secret = private_file(data / "session.secret", lambda: secrets.token_hex(32).encode()).decode()
         self.lessons = grading_adapter.catalog(config.worker.lessons_dir)
         # the sandbox hides the whole data folder: database, key, secret
@@ -180,7 +181,7 @@ class BodyLimit:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.limit:
-                raise auth.Refused(413, "the request is over %(limit)s bytes", limit=format(self.limit, ","))
+                raise auth.Refused(413, auth.N_("the request is over %(limit)s bytes"), limit=format(self.limit, ","))
             return message
 
         try:

@@ -32,6 +32,11 @@ FAILED_LOGINS = 10  # per email in LOGIN_WINDOW, then sign-in waits
 LOGIN_WINDOW = dt.timedelta(minutes=15)
 
 
+def N_(message: str) -> str:
+    """Marks a message for the catalog (Babel's no-op keyword); translated where it is shown."""
+    return message
+
+
 class Refused(ValueError):
     """A request refused, with an HTTP status and the reason: ``message`` is a gettext message (its
     ``%(name)s`` filled from ``values``), translated on the page (``translated``), English in logs."""
@@ -50,7 +55,7 @@ class Refused(ValueError):
 
 def hash_password(password: str) -> str:
     if len(password) < MIN_PASSWORD:
-        raise Refused(400, "a password needs at least %(least)s characters, got %(got)s", least=MIN_PASSWORD,
+        raise Refused(400, N_("a password needs at least %(least)s characters, got %(got)s"), least=MIN_PASSWORD,
                       got=len(password))
     return HASHER.hash(password)
 
@@ -65,7 +70,7 @@ def password_ok(stored: str, password: str) -> bool:
 def normal_email(email: str) -> str:
     email = email.strip().lower()
     if "@" not in email or len(email) > 254 or any(c.isspace() for c in email):
-        raise Refused(400, "not an e-mail address: %(email)r", email=email[:60])
+        raise Refused(400, N_("not an e-mail address: %(email)r"), email=email[:60])
     return email
 
 
@@ -78,9 +83,9 @@ def create_user(s, email: str, name: str, password: str, role: str) -> User:
     if role not in ("instructor", "learner"):
         raise ValueError(f"role must be instructor or learner, got {role!r}")
     if not name.strip():
-        raise Refused(400, "a name is needed (it is printed on the credential)")
+        raise Refused(400, N_("a name is needed (it is printed on the credential)"))
     if s.scalar(select(User.id).where(User.email == email)) is not None:
-        raise Refused(400, "%(email)s already has an account: sign in", email=email)
+        raise Refused(400, N_("%(email)s already has an account: sign in"), email=email)
     user = User(email=email, name=" ".join(name.split())[:200], password_hash=hash_password(password), role=role)
     s.add(user)
     s.flush()
@@ -93,12 +98,13 @@ def sign_in(s, email: str, password: str) -> User:
     recent = s.scalar(select(func.count()).select_from(LoginAttempt)
                       .where(LoginAttempt.email == email, LoginAttempt.at > now() - LOGIN_WINDOW))
     if recent >= FAILED_LOGINS:
-        raise Refused(429, "%(count)s failed sign-ins for this address in %(minutes)s minutes: wait, then try again",
+        raise Refused(429, N_("%(count)s failed sign-ins for this address in %(minutes)s minutes: wait, then try "
+                              "again"),
                       count=FAILED_LOGINS, minutes=LOGIN_WINDOW.seconds // 60)
     user = s.scalars(select(User).where(User.email == email)).first()
     if user is None or not password_ok(user.password_hash, password):
         s.add(LoginAttempt(email=email))
-        raise Refused(401, "wrong e-mail address or password")
+        raise Refused(401, N_("wrong e-mail address or password"))
     return user
 
 
@@ -135,15 +141,15 @@ def consume(s, sid: str | None, token: str | None) -> None:
     """Use up a form token; Refused (403) when it is missing, unknown, another session's or too old,
     and (409) when it was used already."""
     if not token:
-        raise Refused(403, "the form has no form token (forms are only accepted from this service's own pages)")
+        raise Refused(403, N_("the form has no form token (forms are only accepted from this service's own pages)"))
     row = s.scalars(select(FormToken).where(FormToken.token == token).with_for_update()).first()
     if row is None or not sid or not secrets.compare_digest(row.session_id, sid):
-        raise Refused(403, "the form's token is not this session's (reload the page and send the form again)")
+        raise Refused(403, N_("the form's token is not this session's (reload the page and send the form again)"))
     if row.used_at is not None:
-        raise Refused(409, "this form was already sent once (each form is good for one submission): reload the "
-                           "page to send it again")
+        raise Refused(409, N_("this form was already sent once (each form is good for one submission): reload the "
+                           "page to send it again"))
     if row.created_at < now() - dt.timedelta(hours=FORM_TOKEN_HOURS):
-        raise Refused(403, "the form is too old: reload the page and send it again")
+        raise Refused(403, N_("the form is too old: reload the page and send it again"))
     row.used_at = now()
 
 

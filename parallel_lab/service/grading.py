@@ -23,7 +23,7 @@ from parallel_lab.course.grading import gradebook
 from parallel_lab.course.grading.reference import ROOT, GradingError, Reference, answer_tag, load_reference
 from parallel_lab.course.grading.runner import Row, grade_submission, read_notebook
 from parallel_lab.course.grading.sandbox import Limits, Sandbox
-from parallel_lab.service.auth import Refused
+from parallel_lab.service.auth import N_, Refused
 
 LESSONS = ROOT / "lessons"
 
@@ -75,16 +75,17 @@ class Policy:
 
     def check(self, known: dict) -> "Policy":
         if not self.lessons:
-            raise Refused(400, "a course needs at least one lesson")
+            raise Refused(400, N_("a course needs at least one lesson"))
         unknown = [x for x in self.lessons if x not in known]
         if unknown:
-            raise Refused(400, "no graded lesson %(unknown)s (graded lessons: %(known)s)", unknown=", ".join(unknown),
+            raise Refused(400, N_("no graded lesson %(unknown)s (graded lessons: %(known)s)"),
+                          unknown=", ".join(unknown),
                           known=", ".join(known))
         if not 0 < self.threshold <= 1:
-            raise Refused(400, "the threshold is a share of the points in (0, 1], got %(threshold)g",
+            raise Refused(400, N_("the threshold is a share of the points in (0, 1], got %(threshold)g"),
                           threshold=self.threshold)
         if self.late not in ("accept", "refuse"):
-            raise Refused(400, "late must be 'accept' or 'refuse', got %(late)r", late=self.late)
+            raise Refused(400, N_("late must be 'accept' or 'refuse', got %(late)r"), late=self.late)
         for lesson, when in self.deadlines.items():
             deadline(when)
         return self
@@ -101,7 +102,7 @@ def deadline(text: str) -> dt.datetime:
     try:
         when = dt.datetime.fromisoformat(text)
     except ValueError:
-        raise Refused(400, "a deadline is YYYY-MM-DDTHH:MM (UTC), got %(text)r", text=text) from None
+        raise Refused(400, N_("a deadline is YYYY-MM-DDTHH:MM (UTC), got %(text)r"), text=text) from None
     return when.astimezone(dt.timezone.utc).replace(tzinfo=None) if when.tzinfo else when
 
 
@@ -113,12 +114,12 @@ def screen_upload(filename: str, content: bytes, lesson: Lesson, limit: int) -> 
     """Why the upload cannot be stored for ``lesson`` (Refused), else its SHA-256. The file name is
     only looked at, never used to store anything."""
     if not filename or any(c in filename for c in "/\\\0") or filename in (".", "..") or ".." in filename:
-        raise Refused(400, "the file name must be a plain notebook name, without folders, got %(name)r",
+        raise Refused(400, N_("the file name must be a plain notebook name, without folders, got %(name)r"),
                       name=filename[:80])
     if not filename.endswith(".ipynb"):
-        raise Refused(400, "only notebooks (.ipynb) are graded, got %(name)r", name=filename[:80])
+        raise Refused(400, N_("only notebooks (.ipynb) are graded, got %(name)r"), name=filename[:80])
     if len(content) > limit:
-        raise Refused(413, "the notebook is %(size)s bytes, over the limit of %(limit)s",
+        raise Refused(413, N_("the notebook is %(size)s bytes, over the limit of %(limit)s"),
                       size=format(len(content), ","),
                       limit=format(limit, ","))
     with tempfile.NamedTemporaryFile(suffix=".ipynb") as f:
@@ -126,12 +127,12 @@ def screen_upload(filename: str, content: bytes, lesson: Lesson, limit: int) -> 
         f.flush()
         nb = read_notebook(Path(f.name))
     if isinstance(nb, str):
-        raise Refused(400, "%(name)s is not a notebook (%(why)s)", name=filename,
+        raise Refused(400, N_("%(name)s is not a notebook (%(why)s)"), name=filename,
                       why=nb.removeprefix("not a notebook: "))
     tags = {answer_tag(c) for c in nb.cells} - {None}
     wanted = [c.id for c in lesson.reference.checks]
     if not tags & set(wanted):
-        raise Refused(400, "%(name)s is not lesson %(lesson)s (%(title)s): none of its cells is tagged %(tags)s",
+        raise Refused(400, N_("%(name)s is not lesson %(lesson)s (%(title)s): none of its cells is tagged %(tags)s"),
                       name=filename, lesson=lesson.id, title=lesson.title,
                       tags=" or ".join(f"answer:{w}" for w in wanted))
     return hashlib.sha256(content).hexdigest()

@@ -41,10 +41,11 @@ from parallel_lab.service.models import (
     Override,
     Submission,
     User,
+    new_id,
     now,
 )
 
-Refused = auth.Refused
+Refused, N_ = auth.Refused, auth.N_
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{1,62}$")
 
 
@@ -71,11 +72,11 @@ def redirect(url: str) -> RedirectResponse:
 def signed_in(request, s, role: str | None = None) -> User:
     user = auth.session_user(s, request.session.get("sid"))
     if user is None:
-        raise Refused(401, "sign in first (no session, or it has ended)")
+        raise Refused(401, N_("sign in first (no session, or it has ended)"))
     if role and user.role != role:
         if role == "instructor":
-            raise Refused(403, "this page is for instructors")
-        raise Refused(403, "this page is for learners")
+            raise Refused(403, N_("this page is for instructors"))
+        raise Refused(403, N_("this page is for learners"))
     return user
 
 
@@ -86,7 +87,7 @@ def checked_form(request, s, form) -> None:
 def course_or_404(s, slug: str) -> Course:
     course = s.scalars(select(Course).where(Course.slug == slug)).first()
     if course is None:
-        raise Refused(404, "no such course")
+        raise Refused(404, N_("no such course"))
     return course
 
 
@@ -190,23 +191,23 @@ def new_course(request, form):
         checked_form(request, s, form)
         slug, title = str(form.get("slug", "")).strip().lower(), " ".join(str(form.get("title", "")).split())
         if not SLUG.match(slug):
-            raise Refused(400, "a course's short name is 2-63 lowercase letters, digits and dashes, got %(slug)r",
+            raise Refused(400, N_("a course's short name is 2-63 lowercase letters, digits and dashes, got %(slug)r"),
                           slug=slug[:70])
         if not title:
-            raise Refused(400, "a course needs a title")
+            raise Refused(400, N_("a course needs a title"))
         if s.scalar(select(Course.id).where(Course.slug == slug)) is not None:
-            raise Refused(400, "a course %(slug)r exists already", slug=slug)
+            raise Refused(400, N_("a course %(slug)r exists already"), slug=slug)
         try:
             threshold = float(form.get("threshold", "80")) / 100
         except ValueError:
-            raise Refused(400, "the threshold is a number of percent, got %(text)r",
+            raise Refused(400, N_("the threshold is a number of percent, got %(text)r"),
                           text=str(form.get("threshold"))[:20]) from None
         deadlines = {x: str(form.get(f"deadline-{x}")) for x in form.getlist("lessons") if form.get(f"deadline-{x}")}
         policy = Policy(sorted(form.getlist("lessons")), threshold, deadlines,
                         str(form.get("late", "accept"))).check(service.lessons)
         enrolment = str(form.get("enrolment", "open"))
         if enrolment not in ("open", "roster"):
-            raise Refused(400, "enrolment is open or roster, got %(text)r", text=enrolment[:20])
+            raise Refused(400, N_("enrolment is open or roster, got %(text)r"), text=enrolment[:20])
         s.add(Course(slug=slug, title=title, instructor_id=user.id, enrolment=enrolment, policy=policy.to_json()))
     return redirect(f"/courses/{slug}")
 
@@ -286,9 +287,9 @@ def enrol(request, form):
                                                         EnrolmentCode.course_id == course.id)
                             .with_for_update()).first()
             if row is None:
-                raise Refused(403, "this enrolment code is not one of this course's")
+                raise Refused(403, N_("this enrolment code is not one of this course's"))
             if row.used_by is not None:
-                raise Refused(409, "this enrolment code was used already (each code enrols one learner)")
+                raise Refused(409, N_("this enrolment code was used already (each code enrols one learner)"))
             row.used_by, row.used_at = user.id, now()
         s.add(Enrolment(course_id=course.id, user_id=user.id))
     return redirect(f"/courses/{course.slug}")
@@ -300,7 +301,7 @@ def roster(request, form):
         user = signed_in(request, s, "instructor")
         course = course_or_404(s, request.path_params["slug"])
         if course.instructor_id != user.id:
-            raise Refused(403, "only the course's instructor can change its roster")
+            raise Refused(403, N_("only the course's instructor can change its roster"))
         checked_form(request, s, form)
         for label in str(form.get("names", "")).splitlines():
             if label.strip():
@@ -314,29 +315,29 @@ def accept_upload(service, s, course: Course, user: User, lesson_id: str, upload
     """Check an upload against the course, the limits and the notebook's lesson, then store it and
     queue it, in ``s``'s transaction. Refused, with nothing stored, when any check fails."""
     if not enrolled(s, course, user):
-        raise Refused(403, "you are not enrolled in this course")
+        raise Refused(403, N_("you are not enrolled in this course"))
     policy = Policy.from_json(course.policy)
     if lesson_id not in policy.lessons:
-        raise Refused(400, "lesson %(lesson)r is not graded in this course (its lessons: %(lessons)s)",
+        raise Refused(400, N_("lesson %(lesson)r is not graded in this course (its lessons: %(lessons)s)"),
                       lesson=lesson_id[:8], lessons=", ".join(policy.lessons))
     if not isinstance(upload, UploadFile):
-        raise Refused(400, "no notebook file in the upload (field 'notebook')")
+        raise Refused(400, N_("no notebook file in the upload (field 'notebook')"))
     content = upload.file.read(service.config.upload_limit + 1)
     digest = grading_adapter.screen_upload(upload.filename or "", content, service.lessons[lesson_id],
                                            service.config.upload_limit)
     t = now()
     late = grading_adapter.is_late(policy, lesson_id, t)
     if late and policy.late == "refuse":
-        raise Refused(400, "the deadline of lesson %(lesson)s (%(deadline)s UTC) has passed", lesson=lesson_id,
+        raise Refused(400, N_("the deadline of lesson %(lesson)s (%(deadline)s UTC) has passed"), lesson=lesson_id,
                       deadline=policy.deadlines[lesson_id])
     recent = s.scalar(select(func.count()).select_from(Submission)
                       .where(Submission.user_id == user.id, Submission.submitted_at > t - dt.timedelta(minutes=1)))
     if recent >= service.config.uploads_per_minute:
-        raise Refused(429, "%(recent)s uploads in the last minute (at most %(limit)s): wait a minute, then upload "
-                           "again", recent=recent, limit=service.config.uploads_per_minute)
+        raise Refused(429, N_("%(recent)s uploads in the last minute (at most %(limit)s): wait a minute, then upload "
+                           "again"), recent=recent, limit=service.config.uploads_per_minute)
     if queue.waiting(s) >= service.config.queue_limit:
-        raise Refused(503, "the grading queue is full (%(limit)s waiting): nothing was stored; upload again in a "
-                           "minute", limit=service.config.queue_limit)
+        raise Refused(503, N_("the grading queue is full (%(limit)s waiting): nothing was stored; upload again in a "
+                           "minute"), limit=service.config.queue_limit)
     return queue.enqueue(s, course_id=course.id, user_id=user.id, lesson=lesson_id, content=content,
                          sha256=digest, late=late)
 
@@ -361,10 +362,10 @@ def api_upload(request, form):
     with service.Session.begin() as s:
         user = auth.api_user(s, request.headers.get("authorization"))
         if user is None:
-            raise Refused(401, "no valid token (Authorization: Bearer TOKEN; make one on the service's Token page)")
+            raise Refused(401, N_("no valid token (Authorization: Bearer TOKEN; make one on the service's Token page)"))
         course = course_or_404(s, request.path_params["slug"])
         if form is None:
-            raise Refused(400, "send the notebook as multipart/form-data (fields lesson and notebook)")
+            raise Refused(400, N_("send the notebook as multipart/form-data (fields lesson and notebook)"))
         sub = accept_upload(service, s, course, user, str(form.get("lesson", "")), form.get("notebook"))
         report = submission_json(service, s, sub)
     if service.pool:
@@ -384,11 +385,11 @@ def submission_json(service, s, sub: Submission) -> dict:
 def visible_submission(request, s, sub_id: str):
     user = auth.session_user(s, request.session.get("sid")) or auth.api_user(s, request.headers.get("authorization"))
     if user is None:
-        raise Refused(401, "sign in first (no session, or it has ended)")
+        raise Refused(401, N_("sign in first (no session, or it has ended)"))
     sub = s.get(Submission, sub_id)
     course = s.get(Course, sub.course_id) if sub else None
     if sub is None or (sub.user_id != user.id and course.instructor_id != user.id):
-        raise Refused(404, "no such submission")
+        raise Refused(404, N_("no such submission"))
     return user, sub, course
 
 
@@ -420,7 +421,7 @@ def own_course(request, s):
     user = signed_in(request, s, "instructor")
     course = course_or_404(s, request.path_params["slug"])
     if course.instructor_id != user.id:
-        raise Refused(403, "only the course's instructor can do this")
+        raise Refused(403, N_("only the course's instructor can do this"))
     return user, course
 
 
@@ -433,15 +434,16 @@ def override(request, form):
         policy = Policy.from_json(course.policy)
         lesson, learner = str(form.get("lesson", "")), s.get(User, int(form.get("learner", "0") or 0))
         if lesson not in policy.lessons or learner is None or not enrolled(s, course, learner):
-            raise Refused(400, "an override names an enrolled learner and one of the course's lessons")
+            raise Refused(400, N_("an override names an enrolled learner and one of the course's lessons"))
         top = service.lessons[lesson].max_points
         try:
             points = float(form.get("points", ""))
         except ValueError:
-            raise Refused(400, "points must be a number from 0 to %(top)g", top=top) from None
+            raise Refused(400, N_("points must be a number from 0 to %(top)g"), top=top) from None
         reason = " ".join(str(form.get("reason", "")).split())
         if not 0 <= points <= top or not reason:
-            raise Refused(400, "an override needs points from 0 to %(top)g and a reason, got %(points)g and %(reason)r",
+            raise Refused(400, N_("an override needs points from 0 to %(top)g and a reason, got %(points)g and "
+                                  "%(reason)r"),
                           top=top, points=points, reason=reason[:40])
         row = s.scalars(select(Override).where(Override.course_id == course.id, Override.user_id == learner.id,
                                                Override.lesson == lesson)).first()
@@ -462,7 +464,7 @@ def export(request, form):
     service = service_of(request)
     which = request.path_params["which"]
     if which not in ("grades.csv", "grades-summary.csv"):
-        raise Refused(404, "the exports are grades.csv and grades-summary.csv")
+        raise Refused(404, N_("the exports are grades.csv and grades-summary.csv"))
     with service.Session.begin() as s:
         _, course = own_course(request, s)
         rows = []
@@ -497,36 +499,48 @@ def get_credential(request, form):
         if existing is not None:
             return redirect(f"/credentials/{existing.id}")
         if not enrolled(s, course, user):
-            raise Refused(403, "you are not enrolled in this course")
+            raise Refused(403, N_("you are not enrolled in this course"))
         policy = Policy.from_json(course.policy)
         standing = standing_of(service, s, course, user.id)
         if not standing.passed(policy):
-            raise Refused(400, "not yet: %(points)g of %(max)g points, the course needs %(share)s",
+            raise Refused(400, N_("not yet: %(points)g of %(max)g points, the course needs %(share)s"),
                           points=standing.points, max=standing.max_points, share=format(policy.threshold, ".0%"))
-        issued = now()
+        issued, cid, base = now(), new_id(), service.config.base_url
         index = (s.scalar(select(func.max(Credential.status_index))) or 0) + 1
-        lessons = [service.lessons[x].name for x in standing.lessons_passed(policy)]
-        document = credentials.issue(service.key, name=user.name, course=course.title, lessons=lessons,
-                                     issuer=service.config.issuer, issued=issued)
-        cred = Credential(course_id=course.id, user_id=user.id, status_index=index, issued_at=issued,
-                          document=json.dumps(document, ensure_ascii=False))
-        s.add(cred)
-        s.flush()
-        cid = cred.id
+        latest = latest_graded(s, course, user.id)
+        lessons = {}
+        for x in standing.lessons_passed(policy):  # the checks passed in the upload that counts
+            sub = latest.get((user.id, x))
+            lessons[x] = [] if standing.lessons[x][2] == "override" or sub is None else list(s.scalars(
+                select(CheckResult.check).where(CheckResult.submission_id == sub.id, CheckResult.passed)))
+        document = credentials.issue(service.key, name=user.name, email=user.email, lessons=lessons,
+                                     course=course.title, issuer=service.config.issuer, issuer_url=base,
+                                     credential_url=f"{base}/credentials/{cid}", status_url=service.status.url,
+                                     status_index=index, issued=issued)
+        s.add(Credential(id=cid, course_id=course.id, user_id=user.id, status_index=index, issued_at=issued,
+                         document=json.dumps(document, ensure_ascii=False)))
     return redirect(f"/credentials/{cid}")
 
 
-def credential_report(service, cred: Credential) -> dict:
+def revoked_indices(s) -> list[int]:
+    return list(s.scalars(select(Credential.status_index).where(Credential.revoked_at.is_not(None))))
+
+
+def credential_report(service, s, cred: Credential) -> dict:
+    """What the verification page shows: the course's verifier run with the service's public key and
+    its current status list, and whom, what and when the credential says."""
     document = json.loads(cred.document)
-    result = credentials.verify(document, service.key.public_key(), cred.revoked_at is not None)
+    result = credentials.verify(document, service.key, service.status.document(revoked_indices(s)))
     base = service.config.base_url
+    subject, achievement = result["subject"] or {}, result["achievement"] or {}
     return {"id": cred.id, "url": f"{base}/credentials/{cred.id}", "valid": result["valid"],
-            "reason": result["reason"], "revoked": result["revoked"],
+            "reason": result["reason"], "revoked": bool(result["revoked"]),
             "revoked_at": cred.revoked_at.isoformat() + "Z" if cred.revoked_at else None,
-            "holder": credentials.holder(document), "issued_at": cred.issued_at.isoformat() + "Z",
-            "issuer": {"name": service.config.issuer, "fingerprint": credentials.fingerprint(service.key),
-                       "public_key": f"{base}/issuer.pub"},
-            "status": {"list": f"{base}/status/1", "index": cred.status_index, "purpose": "revocation"},
+            "holder": {"name": subject.get("name"), "achievement": achievement.get("name"),
+                       "criteria": achievement.get("criteria"), "valid_from": result["valid_from"]},
+            "issuer": {"name": (result["issuer"] or {}).get("name"), "id": (result["issuer"] or {}).get("id"),
+                       "fingerprint": result["fingerprint"], "public_key": f"{base}/issuer.pub"},
+            "status": {"list": service.status.url, "index": cred.status_index, "purpose": "revocation"},
             "credential": document}
 
 
@@ -539,8 +553,8 @@ def credential_page(request, form):
     with service.Session.begin() as s:
         cred = s.get(Credential, cid)
         if cred is None:
-            raise Refused(404, "no credential with this ID was issued here")
-        report = credential_report(service, cred)
+            raise Refused(404, N_("no credential with this ID was issued here"))
+        report = credential_report(service, s, cred)
         if as_json:
             return JSONResponse(report)
         user = auth.session_user(s, request.session.get("sid"))
@@ -557,7 +571,7 @@ def credential_download(request, form):
         user = signed_in(request, s)
         course = s.get(Course, cred.course_id) if cred else None
         if cred is None or (cred.user_id != user.id and course.instructor_id != user.id):
-            raise Refused(404, "no such credential")
+            raise Refused(404, N_("no such credential"))
         body = json.dumps(json.loads(cred.document), indent=2, ensure_ascii=False) + "\n"
     return Response(body.encode(), media_type="application/json",
                     headers={"Content-Disposition": f'attachment; filename="credential-{cred.id}.json"'})
@@ -569,11 +583,11 @@ def revoke(request, form):
         user = signed_in(request, s, "instructor")
         cred = s.get(Credential, request.path_params["cid"])
         if cred is None or s.get(Course, cred.course_id).instructor_id != user.id:
-            raise Refused(404, "no such credential of your courses")
+            raise Refused(404, N_("no such credential of your courses"))
         checked_form(request, s, form)
         reason = " ".join(str(form.get("reason", "")).split())
         if not reason:
-            raise Refused(400, "say why the credential is revoked")
+            raise Refused(400, N_("say why the credential is revoked"))
         if cred.revoked_at is None:
             cred.revoked_at, cred.revoked_reason = now(), reason[:500]
     return redirect(f"/credentials/{cred.id}")
@@ -583,9 +597,8 @@ def revoke(request, form):
 def status_list(request, form):
     service = service_of(request)
     with service.Session.begin() as s:
-        revoked = list(s.scalars(select(Credential.status_index).where(Credential.revoked_at.is_not(None))))
-    body = credentials.status_list(f"{service.config.base_url}/status/1", service.config.issuer, revoked, now())
-    return JSONResponse(body, headers={"Cache-Control": "no-cache"})
+        revoked = revoked_indices(s)
+    return JSONResponse(service.status.document(revoked), headers={"Cache-Control": "no-cache"})
 
 
 async def issuer_pub(request: Request):
