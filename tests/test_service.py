@@ -512,3 +512,63 @@ def test_concurrent_claims_on_sqlite_take_each_job_once(service):
     for t in threads:
         t.join()
     assert len(taken) == 30 and len(set(taken)) == 30
+
+
+def test_resubmission_replaces_the_grade_overrides_replace_both_and_deadlines_hold(service):
+    """The latest graded upload of a lesson counts (even when it scores less), an instructor's
+    override replaces it with its reason, a late upload is marked late or refused by the policy."""
+    from parallel_lab.course.grading.runner import Row
+
+    def graded(points):
+        job = queue.claim(service.Session, "w", lease_s=30)
+        rows = [Row("x", "01", "ring-all-reduce", points > 0, points, 2, ""),
+                Row("x", "01", "quiz:01", False, 0, 3, "")]
+        assert queue.complete(service.Session, job, rows)
+
+    with TestClient(service.app()) as c1, TestClient(service.app()) as c2:
+        teacher = make_course(service, c1)
+        ada = Visitor(c2)
+        ada.register("Ada", "ada@example.org")
+        ada.page("/courses/mp")
+        ada.post("/courses/mp/enrol")
+        for points in (2, 0):
+            ada.page("/courses/mp")
+            r = ada.post("/courses/mp/submissions", {"lesson": "01"},
+                         files={"notebook": ("01_ranks_and_collectives.ipynb", lesson01(), "application/json")})
+            assert r.status_code == 303
+            graded(points)
+            time.sleep(0.01)  # distinct upload times
+        page = ada.page("/courses/mp").text
+        assert "0 of 5 points" in page and "latest graded upload" in page and page.count("/submissions/") == 2
+        with service.Session.begin() as s:
+            ada_id = s.scalars(select(Submission)).first().user_id
+        teacher.page("/courses/mp")
+        r = teacher.post("/courses/mp/overrides", {"learner": str(ada_id), "lesson": "01", "points": "9",
+                                                   "reason": "regraded"})
+        assert r.status_code == 400 and "from 0 to 5" in reason(r)
+        teacher.page("/courses/mp")
+        r = teacher.post("/courses/mp/overrides", {"learner": str(ada_id), "lesson": "01", "points": "4",
+                                                   "reason": "the ring was right; the grader timed out"})
+        assert r.status_code == 303
+        assert "4 of 5 points" in ada.page("/courses/mp").text
+        assert "the ring was right" in teacher.page("/courses/mp").text
+        summary = teacher.c.get("/courses/mp/export/grades-summary.csv").text
+        assert summary.splitlines()[1].startswith("ada@example.org,4,5")
+        # deadlines: one past, late accepted and marked; another course refuses late uploads
+        with service.Session.begin() as s:
+            course = s.scalars(select(Course).where(Course.slug == "mp")).one()
+            course.policy = Policy(["01"], 0.4, {"01": "2020-01-01T00:00"}, "accept").to_json()
+        ada.page("/courses/mp")
+        r = ada.post("/courses/mp/submissions", {"lesson": "01"},
+                     files={"notebook": ("01_ranks_and_collectives.ipynb", lesson01(), "application/json")})
+        assert r.status_code == 303 and "late" in ada.page(r.headers["location"]).text
+        with service.Session.begin() as s:
+            assert s.scalars(select(Submission).order_by(Submission.submitted_at.desc())).first().late is True
+            course = s.scalars(select(Course).where(Course.slug == "mp")).one()
+            course.policy = Policy(["01"], 0.4, {"01": "2020-01-01T00:00"}, "refuse").to_json()
+        before = counts(service)
+        ada.page("/courses/mp")
+        r = ada.post("/courses/mp/submissions", {"lesson": "01"},
+                     files={"notebook": ("01_ranks_and_collectives.ipynb", lesson01(), "application/json")})
+        assert r.status_code == 400 and "the deadline of lesson 01 (2020-01-01T00:00 UTC) has passed" in reason(r)
+        assert counts(service) == before
