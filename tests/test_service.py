@@ -35,7 +35,7 @@ from parallel_lab.service.worker import Settings, Worker
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
-from service_support import lesson01  # noqa: E402
+from service_support import lesson01, require_bwrap  # noqa: E402
 
 PASSWORD = "a-long-password"
 
@@ -325,6 +325,7 @@ def test_pages_in_traditional_chinese(service):
 @pytest.mark.ranks
 @pytest.mark.timeout(300)
 def test_graded_upload_earns_a_credential_that_verifies_offline_until_revoked(service, tmp_path):
+    require_bwrap()
     service.config.worker.hidden = (str(service.config.data_dir),)
     worker = Worker(service.Session, service.config.worker, "test-worker")
     with TestClient(service.app()) as c1, TestClient(service.app()) as c2:
@@ -401,6 +402,7 @@ def test_a_submission_cannot_read_the_database_or_the_key():
     """The probe exercise (tests/grading_probe.py) lets an answer open files: it tries the
     service's database, issuer key and session secret, and a file beside them that is not hidden
     (which it must be able to read, or the test proves nothing)."""
+    require_bwrap()
     root = Path(tempfile.mkdtemp(prefix="pl-service-", dir="/var/tmp"))  # outside the sandbox's private /tmp
     lessons = root / "lessons"
     lessons.mkdir()

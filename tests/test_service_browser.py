@@ -21,7 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from browser_support import SCREENSHOTS, Browser, chromium_path, in_ci  # noqa: E402
-from service_support import ServiceProcess, exe, lesson01  # noqa: E402
+from service_support import ServiceProcess, exe, lesson01, require_bwrap  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.ranks, pytest.mark.timeout(900)]
 
@@ -102,6 +102,7 @@ def learner_walk(browser, server, notebook: Path, locale: str, name: str, email:
 
 
 def test_instructor_and_learners_in_both_languages(browser, tmp_path):
+    require_bwrap()
     data = tmp_path / "data"
     made = subprocess.run([exe(), "serve", "--data", str(data), "--create-instructor", "lin@example.org",
                            "--name", "Prof. Lin"], env={**os.environ, "PARALLEL_LAB_PASSWORD": PASSWORD},

@@ -32,6 +32,7 @@ from service_support import (  # noqa: E402
     exe,
     lesson01,
     postgres_or_skip,
+    require_bwrap,
     setup_course,
     wait_for,
 )
@@ -101,6 +102,7 @@ def check_graded_once(Session, sent: dict) -> Counter:
 @pytest.mark.ranks
 @pytest.mark.timeout(1200)
 def test_fifty_uploads_a_sigkill_and_a_restart_on_sqlite(tmp_path):
+    require_bwrap()
     data = tmp_path / "data"
     url = f"sqlite:///{data / 'service.db'}"
     data.mkdir()
@@ -143,6 +145,7 @@ def test_fifty_uploads_a_sigkill_and_a_restart_on_sqlite(tmp_path):
 @pytest.mark.ranks
 @pytest.mark.timeout(1200)
 def test_postgresql_with_two_workers_and_one_killed(tmp_path):
+    require_bwrap()
     with postgres_or_skip() as pg:
         course = setup_course(pg.url, LEARNERS)
         engine = db.connect(pg.url)
