@@ -83,6 +83,21 @@ def test_policy_refuses_what_cannot_be_graded():
         Policy(["01"], deadlines={"01": "next friday"}).check(known)
 
 
+def test_a_database_of_another_schema_version_is_refused(tmp_path):
+    from parallel_lab.service import db
+    from parallel_lab.service.models import Meta
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = db.connect(url)
+    with db.sessions(engine).begin() as s:
+        s.get(Meta, "schema_version").value = "0"
+    engine.dispose()
+    with pytest.raises(db.DatabaseError, match="the database has schema version 0, this service needs 1"):
+        db.connect(url)
+    with pytest.raises(db.DatabaseError, match="--db must be sqlite:///PATH or postgresql://"):
+        db.connect("mysql://x/y")
+
+
 def test_passwords_are_hashed_with_argon2id():
     digest = auth.hash_password(PASSWORD)
     assert digest.startswith("$argon2id$") and PASSWORD not in digest

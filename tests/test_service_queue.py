@@ -147,16 +147,17 @@ def test_fifty_uploads_a_sigkill_and_a_restart_on_sqlite(tmp_path):
 def test_postgresql_with_two_workers_and_one_killed(tmp_path):
     require_bwrap()
     with postgres_or_skip() as pg:
-        course = setup_course(pg.url, LEARNERS)
-        engine = db.connect(pg.url)
-        Session = db.sessions(engine)
         web = ServiceProcess(tmp_path / "web", ["--db", pg.url, "--jobs", "0"], name="pg-web")
         workers = [ServiceProcess(tmp_path / f"worker{i}", ["--db", pg.url, "--jobs", "1", "--lease", "5"],
                                   worker=True, name=f"pg-worker{i}") for i in range(2)]
+        engine = None
         try:
-            web.start()
-            for w in workers:
+            for w in workers:  # all three at once on the empty database: one of them makes the schema
                 w.start()
+            web.start()
+            course = setup_course(pg.url, LEARNERS)
+            engine = db.connect(pg.url)
+            Session = db.sessions(engine)
             sent = upload_all(web.url, course)
             good_ids = [sid for sid, (_, _, good, _) in sent.items() if good]
             victim = workers[0]
@@ -176,4 +177,5 @@ def test_postgresql_with_two_workers_and_one_killed(tmp_path):
             for w in workers:
                 w.stop()
             web.stop()
-            engine.dispose()
+            if engine is not None:
+                engine.dispose()

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from sqlalchemy import create_engine, event, select
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from parallel_lab.service.models import SCHEMA_VERSION, Base, Meta
 
 SQLITE_BUSY_MS = 60_000
+SCHEMA_LOCK = 0x70617261  # the advisory lock held while the schema is made ("para")
 
 
 class DatabaseError(RuntimeError):
@@ -70,12 +71,18 @@ def sessions(engine: Engine) -> sessionmaker:
 
 
 def init_schema(engine: Engine) -> None:
-    """Create the tables that are missing; refuse a database of another schema version."""
-    Base.metadata.create_all(engine)
-    with sessions(engine).begin() as s:
+    """Create the tables that are missing; refuse a database of another schema version. One process
+    at a time: a web process and workers started together on a new PostgreSQL database would
+    otherwise race to create the same tables (an advisory lock; SQLite's write lock)."""
+    with engine.begin() as connection:
+        if not is_sqlite(engine):
+            connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
+        Base.metadata.create_all(connection)
+        s = Session(bind=connection)
         row = s.scalars(select(Meta).where(Meta.key == "schema_version")).first()
         if row is None:
             s.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+            s.flush()
         elif row.value != str(SCHEMA_VERSION):
             raise DatabaseError(f"the database has schema version {row.value}, this service needs "
                                 f"{SCHEMA_VERSION}: use a new database or the service's version that made it")
