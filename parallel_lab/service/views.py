@@ -270,7 +270,7 @@ def instructor_page(request, s, service, user, course, policy, lessons):
     counts = dict(s.execute(select(Submission.state, func.count()).where(Submission.course_id == course.id)
                             .group_by(Submission.state)).all())
     return render(request, s, "instructor.html", user=user, course=course, policy=policy, lessons=lessons,
-                  rows=rows, credentials=creds, codes=codes, counts=counts, overrides=overrides)
+                  rows=rows, credentials=creds, codes=codes, counts=counts, overrides=overrides, latest=latest)
 
 
 @view
