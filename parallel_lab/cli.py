@@ -23,8 +23,11 @@ from pathlib import Path
 
 
 def _doctor(args):
+    from parallel_lab import i18n
     from parallel_lab.doctor import doctor
 
+    if args.lang:
+        i18n.set_language(args.lang)
     report = doctor()
     lines = [f"{'ok ' if c['ok'] else 'NO '} {name:13} {c['why']}" for name, c in report["checks"].items()]
     failed = [name for name, c in report["checks"].items() if not c["ok"]]
@@ -648,7 +651,10 @@ def _submit(args):
 
 
 COMMANDS = {
-    "doctor": (_doctor, "check the installation: torch, gloo, start method, cores, widgets/plotly", None),
+    "doctor": (_doctor, "check the installation: torch, gloo, start method, cores, widgets/plotly",
+               lambda parser: parser.add_argument("--lang", choices=("en", "zh-Hant"),
+                                                  help="the language of the reasons (default: $PARALLEL_LAB_LANG, "
+                                                       "else en)")),
     "schedule": (_schedule, "print a schedule's step x rank grid and its simulated numbers",
                  _schedule_arguments),
     "run": (_run, "run tensor, pipeline, 3D, expert (moe), sharded data (zero) or context parallelism on real "

@@ -11,6 +11,8 @@ import os
 import sys
 import time
 
+from parallel_lab.i18n import _
+
 
 def _version(dist_name: str) -> str:
     return metadata.version(dist_name)
@@ -18,7 +20,9 @@ def _version(dist_name: str) -> str:
 
 def check_python():
     ok = sys.version_info >= (3, 10)
-    return ok, f"Python {sys.version.split()[0]}" + ("" if ok else " (the course needs 3.10 or newer)")
+    version = sys.version.split()[0]
+    return ok, f"Python {version}" if ok else _("Python {version} (the course needs 3.10 or newer)").format(
+        version=version)
 
 
 def check_torch():
@@ -36,21 +40,23 @@ def check_gloo():
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_gloo_available():
-        return False, "this torch build has no gloo backend; install the CPU wheel from pytorch.org"
-    return True, "gloo backend available"
+        return False, _("this torch build has no gloo backend; install the CPU wheel from pytorch.org")
+    return True, _("gloo backend available")
 
 
 def check_start_method():
     from parallel_lab.runtime.pool import start_method
 
     method = start_method()
-    return method in ("forkserver", "spawn"), f"ranks start with {method!r} (never fork: it hangs after torch ran)"
+    return method in ("forkserver", "spawn"), _("ranks start with {method!r} (never fork: it hangs after torch ran)"
+                                                ).format(method=method)
 
 
 def check_cores():
     cores = os.cpu_count() or 1
     threads = os.environ.get("OMP_NUM_THREADS", "unset")
-    return True, f"{cores} cores (each rank uses 1 thread; OMP_NUM_THREADS={threads})"
+    return True, _("{cores} cores (each rank uses 1 thread; OMP_NUM_THREADS={threads})").format(
+        cores=cores, threads=threads)
 
 
 def check_ranks():
@@ -60,29 +66,32 @@ def check_ranks():
     results = launcher.run(demos.hello, 2, timeout=60)
     elapsed = time.perf_counter() - start
     ok = [r["sum"] for r in results] == [3.0, 3.0]
-    return ok, f"2 ranks started and all-reduced in {elapsed:.1f} s" if ok else f"wrong all-reduce: {results}"
+    return ok, _("2 ranks started and all-reduced in {seconds:.1f} s").format(seconds=elapsed) if ok else \
+        _("wrong all-reduce: {results}").format(results=results)
 
 
 def check_widgets():
     ipywidgets = importlib.import_module("ipywidgets")
     major = int(ipywidgets.__version__.split(".")[0])
     if major < 8:
-        return False, f"ipywidgets {ipywidgets.__version__} is too old for JupyterLab 4 (need >= 8)"
+        return False, _("ipywidgets {version} is too old for JupyterLab 4 (need >= 8)").format(
+            version=ipywidgets.__version__)
     try:
         lab = _version("jupyterlab_widgets")
     except metadata.PackageNotFoundError:
-        return False, "jupyterlab_widgets is missing: widgets will show as text in JupyterLab"
+        return False, _("jupyterlab_widgets is missing: widgets will show as text in JupyterLab")
     return True, f"ipywidgets {ipywidgets.__version__}, jupyterlab_widgets {lab}"
 
 
 def check_plotly():
     plotly = importlib.import_module("plotly")
     if int(plotly.__version__.split(".")[0]) < 6:
-        return False, f"plotly {plotly.__version__}: the course needs plotly >= 6"
+        return False, _("plotly {version}: the course needs plotly >= 6").format(version=plotly.__version__)
     import plotly.graph_objects as go
 
     go.FigureWidget()  # needs anywidget with plotly >= 6
-    return True, f"plotly {plotly.__version__} with FigureWidget (anywidget {_version('anywidget')})"
+    return True, _("plotly {version} with FigureWidget (anywidget {anywidget})").format(
+        version=plotly.__version__, anywidget=_version("anywidget"))
 
 
 CHECKS = {

@@ -171,3 +171,39 @@ def test_course_py_start_in_chinese_opens_the_edition_with_jupyterlabs_chinese_l
     assert target.parent.name == "settings-zh-Hant"  # the English start's settings stay as they are
     assert "@jupyterlab/translation-extension:plugin" not in json.loads(
         course.install_lab_settings(tmp_path).read_text())
+
+
+@pytest.mark.timeout(300)
+def test_an_exercises_not_yet_verdict_is_chinese_in_a_chinese_lesson():
+    """Lesson 01's exercise as its zh-Hant edition will run it: the first cell's setup() in
+    zh-Hant, the student's stub, the check cell, in a kernel: the verdict is Chinese."""
+    from nbclient import NotebookClient
+
+    source = ROOT / "lessons" / "src" / "01_ranks_and_collectives.py"
+    cells = build_lessons.parse(source.read_text(encoding="utf-8"))
+    first = next(c for c in cells if c.cell_type == "code" and "setup(" in c.source)
+    answer = build_lessons.answer_cells(cells)["ring-all-reduce"]
+    check = next(c for c in cells if "check:ring-all-reduce" in c.metadata.get("tags", []))
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell(editions.with_language(first.source, LANG).replace("setup(", "setup(ranks=False, ")),
+        nbformat.v4.new_code_cell(build_lessons.student_source(answer.source)),
+        nbformat.v4.new_code_cell(check.source)], metadata=dict(build_lessons.METADATA))
+    NotebookClient(nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "lessons")}}
+                   ).execute()
+    shown = "".join(o.get("text", "") for o in nb.cells[2].outputs)
+    assert shown.startswith("環狀 all-reduce：尚未完成：my_ring_all_reduce 仍然引發 NotImplementedError"), shown
+    assert "NOT YET" not in shown
+
+
+def test_doctor_and_the_validator_speak_the_chosen_language():
+    from parallel_lab import doctor
+    from parallel_lab.pipeline.schedules import ScheduleError, as_schedule
+    from parallel_lab.pipeline.validate import validate
+
+    with i18n.using(LANG):
+        assert doctor.check_gloo() == (True, "gloo 後端可用")
+        with pytest.raises(ScheduleError) as err:
+            validate(as_schedule([["0F0", "0B0"], ["1B0", "1F0"]], p=2, m=1, name="swapped"))
+    assert str(err.value).startswith("swapped: rank 1，第 0 步：1B0 在它的輸入 1F0（階段 1，微批次 0）之前執行，"
+                                     "而該輸入排在同一個 rank 的更後面（第 1 步）"), str(err.value)
+    assert "\n步驟 " in str(err.value)  # the grid's header

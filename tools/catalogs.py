@@ -39,7 +39,8 @@ from parallel_lab.i18n import translate
 ROOT = Path(__file__).resolve().parent.parent
 LANGS = [lang for lang in translate.LANGUAGES if lang != translate.DEFAULT]
 KEYWORDS = ["-k", "_l", "-k", "lazy_gettext"]
-PLACEHOLDER = re.compile(r"(?<!\{)\{([^{}]*)\}(?!\})")
+# str.format fields ({stage}, {bubble:.1%}) and %-style ones (%(limit)s: Jinja2's newstyle gettext)
+PLACEHOLDER = re.compile(r"(?<!\{)\{([^{}]*)\}(?!\})|%\((\w+)\)[-#0 +]*\d*(?:\.\d+)?[a-zA-Z]")
 
 
 def pybabel(*argv: str) -> None:
@@ -117,16 +118,19 @@ def library_problems(template: Path, catalog: Path, locale: str) -> list[str]:
         elif not (got.string if isinstance(got.string, str) else all(got.string)):
             found.append(f"untranslated: {name}")
         else:
-            english = {p for text in _forms(message.id) for p in PLACEHOLDER.findall(text)}
+            english = {p for text in _forms(message.id) for p in _fields(text)}
             for text in _forms(got.string):
-                if set(PLACEHOLDER.findall(text)) != english:
-                    found.append(f"placeholders {sorted(set(PLACEHOLDER.findall(text)))} != the English "
-                                 f"{sorted(english)}: {name}")
+                if _fields(text) != english:
+                    found.append(f"placeholders {sorted(_fields(text))} != the English {sorted(english)}: {name}")
     for message in have:
         key = (message.id if isinstance(message.id, str) else message.id[0], message.context)
         if message.id and key not in keys:
             found.append(f"stale: the sources no longer have it (run tools/catalogs.py update): {_name(message)}")
     return found
+
+
+def _fields(text: str) -> set[str]:
+    return {match.group(0) for match in PLACEHOLDER.finditer(text)}
 
 
 def _forms(text) -> list[str]:

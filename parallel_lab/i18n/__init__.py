@@ -17,6 +17,7 @@ for Jinja2's i18n extension (``env.install_gettext_translations(translations("zh
 from parallel_lab.i18n.translate import (
     DEFAULT,
     LANGUAGES,
+    N_,
     LazyString,
     _,
     _l,
@@ -25,11 +26,13 @@ from parallel_lab.i18n.translate import (
     language,
     lazy_gettext,
     ngettext,
+    pad,
     pgettext,
     set_language,
     translations,
     using,
+    width,
 )
 
-__all__ = ["DEFAULT", "LANGUAGES", "LazyString", "_", "_l", "check_language", "gettext", "language",
-           "lazy_gettext", "ngettext", "pgettext", "set_language", "translations", "using"]
+__all__ = ["N_", "DEFAULT", "LANGUAGES", "LazyString", "_", "_l", "check_language", "gettext", "language",
+           "lazy_gettext", "ngettext", "pad", "pgettext", "set_language", "translations", "using", "width"]

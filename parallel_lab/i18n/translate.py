@@ -6,6 +6,7 @@ from __future__ import annotations
 import gettext as _gettext
 import io
 import os
+import unicodedata
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -146,8 +147,27 @@ class LazyString:
         return getattr(str(self), name)
 
 
+def N_(message: str) -> str:
+    """Marks ``message`` for the catalog and returns it as it is: for a key that code compares in
+    English and translates only where it is shown (``_(key)``)."""
+    return message
+
+
 def lazy_gettext(message: str) -> LazyString:
     return LazyString(message)
 
 
 _l = lazy_gettext
+
+
+def width(text: str) -> int:
+    """Columns ``text`` takes in a monospace font: a CJK (wide) character takes two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in str(text))
+
+
+def pad(text, columns: int, align: str = "<") -> str:
+    """``text`` padded with spaces to ``columns`` display columns (``<`` left, ``>`` right): what
+    ``f"{text:<10}"`` does for ASCII, for text tables whose headers may be Chinese."""
+    text = str(text)
+    fill = " " * max(0, columns - width(text))
+    return text + fill if align == "<" else fill + text

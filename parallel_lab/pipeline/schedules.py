@@ -29,6 +29,7 @@ from itertools import repeat
 from typing import Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from parallel_lab.checks import positive_int
+from parallel_lab.i18n import _, pad
 
 KINDS = ("F", "B", "I", "W")
 MAX_STAGES = 64  # caps for `build`: keep validation and simulation interactive on a laptop
@@ -390,7 +391,7 @@ def _dualpipe_v_rank(r: int, p: int, m: int) -> list[Action]:
             split = split or (k == (r + 1) // 2 and r % 2 == stage)  # odd ranks split B1 first
             tokens += [i] if split else [i, w]
             deferred += [w] if split else []
-    for _ in range(p - r - 1):  # 7. a deferred W, then I of the down stage (its W deferred)
+    for _step in range(p - r - 1):  # 7. a deferred W, then I of the down stage (its W deferred)
         tokens += [deferred.pop(0), i0]
         deferred.append(w0)
     return _issue(tokens + deferred)  # 8. the remaining r + 1 W's
@@ -541,7 +542,7 @@ def format_grid(
         cells[mark[0]][mark[1]] = f">{cells[mark[0]][mark[1]]}<"
     width = max([len(f"rank {len(cells) - 1}")] + [len(t) for c in cells for t in c]) + 2
     first, last = (0, n_steps - 1) if rows is None else (max(0, rows[0]), min(n_steps - 1, rows[1]))
-    lines = ["step " + "".join(f"rank {r}".center(width) for r in range(len(cells)))]
+    lines = [pad(_("step"), 4) + " " + "".join(f"rank {r}".center(width) for r in range(len(cells)))]
     if first > 0:
         lines.append("  ...")
     for step in range(first, last + 1):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from parallel_lab.i18n import _
 from parallel_lab.pipeline.schedules import KINDS, Action, Schedule, ScheduleError, format_grid
 
 
@@ -29,7 +30,8 @@ def _describe(key: tuple[int, str, int], where: Mapping) -> str:
     s, kind, j = key
     if kind == "G":
         kind = "B" if (s, "B", j) in where else "I"
-    return f"{Action(s, kind, j)} (stage {s}, microbatch {j})"
+    return _("{action} (stage {stage}, microbatch {microbatch})").format(action=Action(s, kind, j), stage=s,
+                                                                          microbatch=j)
 
 
 def _error(schedule: Schedule, message: str, mark: tuple[int, int] | None = None) -> ScheduleError:
@@ -42,20 +44,24 @@ def _check_structure(schedule: Schedule) -> None:
     p, m, n_stages = schedule.n_ranks, schedule.n_microbatches, schedule.n_stages
     owner = schedule.stage_to_rank
     if len(schedule.ranks) != p:
-        raise _error(schedule, f"has {len(schedule.ranks)} rank lists, expected n_ranks {p}")
+        raise _error(schedule, _("has {n} rank lists, expected n_ranks {p}").format(n=len(schedule.ranks), p=p))
     bad = [s for s, r in enumerate(owner) if not 0 <= r < p]
     if bad:
-        raise _error(schedule, f"stage {bad[0]} maps to rank {owner[bad[0]]}, not in 0..{p - 1}")
+        raise _error(schedule, _("stage {stage} maps to rank {rank}, not in 0..{last}").format(
+            stage=bad[0], rank=owner[bad[0]], last=p - 1))
     for rank, step, a in schedule.actions():
         if not isinstance(a, Action) or a.kind not in KINDS:
-            problem = f"is not an Action with kind in {KINDS}"
+            problem = _("is not an Action with kind in {kinds}").format(kinds=KINDS)
         elif not (0 <= a.stage < n_stages and 0 <= a.microbatch < m):
-            problem = f"is out of range (stages 0..{n_stages - 1}, microbatches 0..{m - 1})"
+            problem = _("is out of range (stages 0..{stages}, microbatches 0..{microbatches})").format(
+                stages=n_stages - 1, microbatches=m - 1)
         elif owner[a.stage] != rank:
-            problem = f"is on rank {rank} but stage {a.stage} lives on rank {owner[a.stage]}"
+            problem = _("is on rank {rank} but stage {stage} lives on rank {owner}").format(
+                rank=rank, stage=a.stage, owner=owner[a.stage])
         else:
             continue
-        raise _error(schedule, f"rank {rank}, step {step}: {a} {problem}", (rank, step))
+        raise _error(schedule, _("rank {rank}, step {step}: {action} {problem}").format(
+            rank=rank, step=step, action=a, problem=problem), (rank, step))
 
 
 def _index(schedule: Schedule) -> dict[tuple[int, str, int], tuple[int, int]]:
@@ -67,15 +73,18 @@ def _index(schedule: Schedule) -> dict[tuple[int, str, int], tuple[int, int]]:
         s, kind, j = a
         if a in where:
             r0, s0 = where[a]
-            message = f"rank {rank}, step {step}: {a} appears twice (first at rank {r0}, step {s0})"
+            message = _("rank {rank}, step {step}: {action} appears twice (first at rank {rank0}, "
+                        "step {step0})").format(rank=rank, step=step, action=a, rank0=r0, step0=s0)
             raise _error(schedule, message, (rank, step))
         if kind != "F":
             full, r0, s0 = backward.setdefault((s, j), (kind == "B", rank, step))
             if full != (kind == "B"):
                 raise _error(
                     schedule,
-                    f"rank {rank}, step {step}: {a} mixes full backward B with split I/W for stage {s}, "
-                    f"microbatch {j} ({schedule.ranks[r0][s0]} is at rank {r0}, step {s0})",
+                    _("rank {rank}, step {step}: {action} mixes full backward B with split I/W for stage {stage}, "
+                      "microbatch {microbatch} ({other} is at rank {rank0}, step {step0})").format(
+                        rank=rank, step=step, action=a, stage=s, microbatch=j, other=schedule.ranks[r0][s0],
+                        rank0=r0, step0=s0),
                     (rank, step),
                 )
         where[a] = (rank, step)
@@ -98,9 +107,9 @@ def _check_complete(schedule: Schedule, where: Mapping) -> None:
             if missing:
                 raise _error(
                     schedule,
-                    f"{_describe((s, missing, j), where)} is missing (expected on rank "
-                    f"{schedule.stage_to_rank[s]}); every (stage, microbatch) needs one F and either one B "
-                    "or one I and one W",
+                    _("{action} is missing (expected on rank {rank}); every (stage, microbatch) needs one F and "
+                      "either one B or one I and one W").format(action=_describe((s, missing, j), where),
+                                                                 rank=schedule.stage_to_rank[s]),
                 )
 
 
@@ -169,8 +178,9 @@ def _raise_order_error(schedule: Schedule, where: Mapping, rank: int, step: int,
         if r0 == rank and s0 > step:
             raise _error(
                 schedule,
-                f"rank {rank}, step {step}: {a} runs before its input {_describe(need, where)}, "
-                f"which comes later on the same rank (step {s0})",
+                _("rank {rank}, step {step}: {action} runs before its input {need}, which comes later on the same "
+                  "rank (step {step0})").format(rank=rank, step=step, action=a, need=_describe(need, where),
+                                                step0=s0),
                 (rank, step),
             )
     raise AssertionError(f"rank {rank}, step {step}: {a} blocked on its own rank without an order error")
@@ -185,10 +195,11 @@ def _deadlock_message(stuck: Mapping[int, tuple], where: Mapping) -> tuple[str, 
         step, a, missing = stuck[rank]
         source = where[missing][0]
         need = _describe(missing, where)
-        parts.append(f"rank {rank}, step {step}: {a} waits for its input {need} from rank {source}")
+        parts.append(_("rank {rank}, step {step}: {action} waits for its input {need} from rank {source}").format(
+            rank=rank, step=step, action=a, need=need, source=source))
         rank = source
-    cycle = f"; back to rank {rank}, a cycle" if rank in seen else ""
-    return "no rank can progress (deadlock): " + "; ".join(parts) + cycle, (first, stuck[first][0])
+    cycle = _("; back to rank {rank}, a cycle").format(rank=rank) if rank in seen else ""
+    return _("no rank can progress (deadlock): ") + "; ".join(parts) + cycle, (first, stuck[first][0])
 
 
 def validate(schedule: Schedule) -> Schedule:

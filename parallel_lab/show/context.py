@@ -26,6 +26,8 @@ from plotly.subplots import make_subplots
 from parallel_lab import hardware
 from parallel_lab.context.blockwise import step_block, zigzag_positions
 from parallel_lab.context.cost import context_cost
+from parallel_lab.i18n import _, pad
+from parallel_lab.i18n import width as text_width
 from parallel_lab.show.pipeline import plain_layout
 
 RANK_COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#b279a2", "#9d755d", "#72b7b2", "#ff9da6")
@@ -59,17 +61,20 @@ def ring_table(cp: int = 4, seq: int = 16, causal: bool = True) -> str:
     """Step x rank: ``K/V of r<src>, <rows>x<cols>`` -- the block held and the size of the score
     block computed (a diagonal block counts whole: it is computed, then masked)."""
     local = seq // cp
-    head = (f"{'step':>4} | " + " | ".join(f"{'rank ' + str(r):<16}" for r in range(cp))).rstrip()
-    lines = [f"seq {seq}, cp {cp}, {local} positions per rank ({'causal, zig-zag' if causal else 'no mask'})",
-             head, "-" * len(head)]
+    head = (f"{pad(_('step'), 4, '>')} | " + " | ".join(pad(_("rank {rank}").format(rank=r), 16)
+                                                      for r in range(cp))).rstrip()
+    mask = _("causal, zig-zag") if causal else _("no mask")
+    lines = [_("seq {seq}, cp {cp}, {local} positions per rank ({mask})").format(
+        seq=seq, cp=cp, local=local, mask=mask), head, "-" * text_width(head)]
     for step in range(cp):
         cells = []
         for rank in range(cp):
             src = source_of(rank, step, cp)
             b = step_block(rank, src, cp, local, causal)
             rows, cols = b.rows.stop - b.rows.start, b.cols.stop - b.cols.start
-            cells.append(f"{'K/V of r' + str(src) + ',':<9}{rows:>2}x{cols:<2}{'◣' if b.diagonal else ' '}")
-        lines.append((f"{step:>4} | " + " | ".join(f"{c:<16}" for c in cells)).rstrip())
+            held = _("K/V of r{rank},").format(rank=src)
+            cells.append(f"{pad(held, 9)}{rows:>2}x{cols:<2}{'◣' if b.diagonal else ' '}")
+        lines.append((f"{step:>4} | " + " | ".join(pad(c, 16) for c in cells)).rstrip())
     return "\n".join(lines)
 
 
@@ -78,23 +83,24 @@ def ring_steps_figure(cp: int = 4, seq: int = 16, causal: bool = True) -> go.Fig
     positions), each score coloured by the rank that computes it at that step; blank: masked, or
     computed at another step."""
     cells = computed_cells(cp, seq, causal)
-    fig = make_subplots(1, cp, subplot_titles=[f"step {s}" for s in range(cp)], horizontal_spacing=0.03)
+    fig = make_subplots(1, cp, subplot_titles=[_("step {step}").format(step=s) for s in range(cp)],
+                        horizontal_spacing=0.03)
     for step in range(cp):
         z = [[None] * seq for _ in range(seq)]
         for rank, pairs in enumerate(cells[step]):
             for q, k in pairs:
                 z[q][k] = rank
         fig.add_trace(go.Heatmap(z=z, zmin=-0.5, zmax=cp - 0.5, showscale=step == cp - 1, xgap=1, ygap=1,
-                                 colorscale=_discrete(cp), hovertemplate="query %{y}, key %{x}: rank %{z}"
-                                 "<extra></extra>", colorbar=dict(title="rank", tickvals=list(range(cp)))),
+                                 colorscale=_discrete(cp), hovertemplate=_("query %{y}, key %{x}: rank %{z}")
+                                 + "<extra></extra>", colorbar=dict(title="rank", tickvals=list(range(cp)))),
                       1, step + 1)
         fig.update_yaxes(autorange="reversed", showticklabels=step == 0, row=1, col=step + 1)
         fig.update_xaxes(showticklabels=False, row=1, col=step + 1)
-    mask = "causal, zig-zag split" if causal else "no mask"
+    mask = _("causal, zig-zag split") if causal else _("no mask")
     fig.update_layout(**plain_layout(height=300, width=220 * cp + 120,
-                                     title=f"Ring attention, cp = {cp}, seq = {seq} ({mask}): who computes "
-                                           f"which scores at each step"))
-    fig.update_yaxes(title_text="query position", row=1, col=1)
+                                     title=_("Ring attention, cp = {cp}, seq = {seq} ({mask}): who computes which "
+                                             "scores at each step").format(cp=cp, seq=seq, mask=mask)))
+    fig.update_yaxes(title_text=_("query position"), row=1, col=1)
     return fig
 
 
@@ -124,11 +130,12 @@ def causal_work(cp: int, seq: int) -> dict:
 def work_figure(cp: int = 4, seq: int = 16) -> go.Figure:
     """Bars per rank: scores computed per forward, contiguous split against zig-zag (causal)."""
     work = causal_work(cp, seq)
-    ranks = [f"rank {r}" for r in range(cp)]
-    fig = go.Figure([go.Bar(x=ranks, y=work["contiguous"], name="contiguous split", marker_color="#bab0ac"),
-                     go.Bar(x=ranks, y=work["zigzag"], name="zig-zag split", marker_color="#4c78a8")])
-    fig.update_layout(**plain_layout(height=320, barmode="group", yaxis_title="scores computed (one forward)",
-                                     title=f"Causal mask, cp = {cp}, seq = {seq}: the slowest rank paces the ring"))
+    ranks = [_("rank {rank}").format(rank=r) for r in range(cp)]
+    fig = go.Figure([go.Bar(x=ranks, y=work["contiguous"], name=_("contiguous split"), marker_color="#bab0ac"),
+                     go.Bar(x=ranks, y=work["zigzag"], name=_("zig-zag split"), marker_color="#4c78a8")])
+    fig.update_layout(**plain_layout(height=320, barmode="group", yaxis_title=_("scores computed (one forward)"),
+                                     title=_("Causal mask, cp = {cp}, seq = {seq}: the slowest rank paces the "
+                                             "ring").format(cp=cp, seq=seq)))
     return fig
 
 
@@ -136,9 +143,10 @@ def runs_table(results: Sequence[Mapping]) -> str:
     """``run_context`` results side by side: max output and gradient differences against the dense
     attention, the largest score tensor per rank (measured, predicted, one process, s²/cp of it),
     and the bytes each rank sent (measured, predicted)."""
-    head = (f"{'variant':<8} {'cp':>2}  {'max |Δout|':>10} {'max |Δgrad|':>11}  {'scores/rank B':>13} "
-            f"{'predicted':>9} {'1 process':>9} {'1 proc ÷':>8} {'sent/rank B':>11} {'predicted':>9}")
-    lines = [head, "-" * len(head)]
+    head = (f"{pad(_('variant'), 8)} {'cp':>2}  {'max |Δout|':>10} {'max |Δgrad|':>11}  "
+            f"{pad(_('scores/rank B'), 13, '>')} {pad(_('predicted'), 9, '>')} {pad(_('1 process'), 9, '>')} "
+            f"{pad(_('1 proc ÷'), 8, '>')} {pad(_('sent/rank B'), 11, '>')} {pad(_('predicted'), 9, '>')}")
+    lines = [head, "-" * text_width(head)]
     for r in results:
         s = r["score_bytes_per_rank"]
         lines.append(f"{r['variant']:<8} {r['cp']:>2}  {_tiny(r['max_output_diff']):>10} "
@@ -175,9 +183,10 @@ def compare_costs(cps: Sequence[int] = (2, 4, 8), link_name: str = "nvlink4", fl
 
 def cost_table(rows: Sequence[Mapping]) -> str:
     """``compare_costs`` rows as text (one step: forward + backward of one attention layer)."""
-    head = (f"{'cp':>3} {'variant':<8} {'messages':>8} {'GB sent':>8} {'comm ms':>8} {'exposed ms':>10} "
-            f"{'compute ms':>10} {'largest scores GB':>17}")
-    lines, last = [head, "-" * len(head)], None
+    head = (f"{'cp':>3} {pad(_('variant'), 8)} {pad(_('messages'), 8, '>')} {pad(_('GB sent'), 8, '>')} "
+            f"{pad(_('comm ms'), 8, '>')} {pad(_('exposed ms'), 10, '>')} {pad(_('compute ms'), 10, '>')} "
+            f"{pad(_('largest scores GB'), 17, '>')}")
+    lines, last = [head, "-" * text_width(head)], None
     for r in rows:
         if last is not None and r["cp"] != last:
             lines.append("")
@@ -196,10 +205,11 @@ def score_memory_figure(seqs: Sequence[int] = (8192, 32768, 131072, 524288), cps
         gb = [round(heads * s * s * dtype_bytes / cp / 1e9, 3) for s in seqs]
         fig.add_trace(go.Scatter(x=list(seqs), y=gb, mode="lines+markers", name=f"cp = {cp}",
                                  line=dict(color=RANK_COLOURS[i])))
-    fig.add_hline(y=141, line_dash="dot", annotation_text="one H200: 141 GB")
-    fig.update_layout(**plain_layout(height=340, xaxis_title="sequence length s (tokens)",
-                                     yaxis_title="GB of scores per rank (one layer, batch 1)",
-                                     title=f"The s² wall: {heads} heads × s² × {dtype_bytes} bytes, ÷ cp"))
+    fig.add_hline(y=141, line_dash="dot", annotation_text=_("one H200: 141 GB"))
+    fig.update_layout(**plain_layout(height=340, xaxis_title=_("sequence length s (tokens)"),
+                                     yaxis_title=_("GB of scores per rank (one layer, batch 1)"),
+                                     title=_("The s² wall: {heads} heads × s² × {bytes} bytes, ÷ cp").format(
+                                         heads=heads, bytes=dtype_bytes)))
     fig.update_xaxes(type="log", tickvals=list(seqs))
     fig.update_yaxes(type="log")
     return fig

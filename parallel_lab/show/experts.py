@@ -24,13 +24,15 @@ import torch
 
 from parallel_lab import models
 from parallel_lab.hardware import LINKS, Link, ring_all_reduce_time
+from parallel_lab.i18n import _, _l, pad
+from parallel_lab.i18n import width as text_width
 from parallel_lab.moe import cost
 from parallel_lab.moe.run import Case, reference
 from parallel_lab.show.pipeline import plain_layout
 
 KEPT = ("#4c78a8", "#72b7b2", "#54a24b", "#b279a2")  # first, second, third, fourth choice kept
 DROPPED = "#e45756"
-_ORDINAL = ("1st", "2nd", "3rd", "4th")
+_ORDINAL = (_l("1st kept"), _l("2nd kept"), _l("3rd kept"), _l("4th kept"))
 
 
 def dense_routing(case: Case | None = None, shift: float = 0.0) -> models.Routing:
@@ -64,14 +66,15 @@ def load_table(routing: models.Routing) -> str:
     """``loads`` as text, one row per expert."""
     data = loads(routing)
     k = len(data["kept"])
-    columns = " ".join(f"{_ORDINAL[s] + ' kept' if s < 4 else f'kept {s + 1}':>8}" for s in range(k))
-    head = f"{'expert':>6} {'routed':>7} {columns} {'dropped':>8}"
-    lines = [head, "-" * len(head)]
+    columns = " ".join(pad(_ORDINAL[s] if s < 4 else _("kept {n}").format(n=s + 1), 8, ">") for s in range(k))
+    head = f"{pad(_('expert'), 6, '>')} {pad(_('routed'), 7, '>')} {columns} {pad(_('dropped'), 8, '>')}"
+    lines = [head, "-" * text_width(head)]
     for e, routed in enumerate(data["routed"]):
         lines.append(f"{e:>6} {routed:>7} " + " ".join(f"{data['kept'][s][e]:>8}" for s in range(k)) +
                      f" {data['dropped'][e]:>8}")
-    lines.append(f"capacity {data['capacity']} per expert; {routing.dropped} assignments dropped, "
-                 f"{int(routing.dropped_tokens.sum())} tokens with every choice dropped")
+    lines.append(_("capacity {capacity} per expert; {dropped} assignments dropped, {lost} tokens with every choice "
+                   "dropped").format(capacity=data["capacity"], dropped=routing.dropped,
+                                     lost=int(routing.dropped_tokens.sum())))
     return "\n".join(lines)
 
 
@@ -80,18 +83,20 @@ def load_figure(routing: models.Routing, title: str = "") -> go.Figure:
     capacity as a dashed line."""
     data = loads(routing)
     experts = list(range(len(data["routed"])))
-    ordinal = ["first", "second", "third", "fourth"]
-    bars = [go.Bar(x=experts, y=row, name=f"{ordinal[s] if s < 4 else s + 1} choices kept",
+    ordinal = [_("first choices kept"), _("second choices kept"), _("third choices kept"), _("fourth choices kept")]
+    bars = [go.Bar(x=experts, y=row, name=ordinal[s] if s < 4 else _("{n} choices kept").format(n=s + 1),
                    marker_color=KEPT[s % len(KEPT)]) for s, row in enumerate(data["kept"])]
-    bars.append(go.Bar(x=experts, y=data["dropped"], name="dropped (beyond the capacity)", marker_color=DROPPED,
+    bars.append(go.Bar(x=experts, y=data["dropped"], name=_("dropped (beyond the capacity)"), marker_color=DROPPED,
                        marker_pattern_shape="/"))
     fig = go.Figure(bars)
     fig.add_hline(y=data["capacity"], line=dict(color="black", dash="dash"),
-                  annotation_text=f"capacity {data['capacity']}", annotation_position="top left")
+                  annotation_text=_("capacity {capacity}").format(capacity=data["capacity"]),
+                  annotation_position="top left")
     fig.update_layout(**plain_layout(barmode="stack", height=360, width=720,
-                                     title=title or f"assignments per expert: {routing.dropped} dropped"))
-    fig.update_xaxes(title="expert", tickvals=experts)
-    fig.update_yaxes(title="assignments (token, choice)")
+                                     title=title or _("assignments per expert: {dropped} dropped").format(
+                                         dropped=routing.dropped)))
+    fig.update_xaxes(title=_("expert"), tickvals=experts)
+    fig.update_yaxes(title=_("assignments (token, choice)"))
     return fig
 
 
@@ -103,14 +108,15 @@ def drops_figure(routing: models.Routing, title: str = "") -> go.Figure:
     text = [[str(int(routing.expert[t, s])) for t in range(n)] for s in range(k)]
     fig = go.Figure(go.Heatmap(z=z, text=text, texttemplate="%{text}", zmin=-0.5, zmax=k + 0.5,
                                colorscale=_steps(k), showscale=False, xgap=1, ygap=1,
-                               hovertemplate="token %{x}, choice %{y}: expert %{text}<extra></extra>"))
+                               hovertemplate=_("token %{x}, choice %{y}: expert %{text}") + "<extra></extra>"))
     lost = [int(t) for t in routing.dropped_tokens.nonzero().flatten()]
     fig.update_layout(**plain_layout(
         height=140 + 40 * k, width=900, margin=dict(l=70, r=20, t=50, b=40),
-        title=title or (f"each token's choices (the number: the expert); red: dropped ({routing.dropped}); "
-                        f"tokens with nothing kept: {lost or 'none'}")))
-    fig.update_xaxes(title="token", dtick=4, showgrid=False)
-    fig.update_yaxes(tickvals=list(range(k)), ticktext=[f"choice {s + 1}" for s in range(k)], autorange="reversed",
+        title=title or _("each token's choices (the number: the expert); red: dropped ({dropped}); tokens with "
+                         "nothing kept: {lost}").format(dropped=routing.dropped, lost=lost or _("none"))))
+    fig.update_xaxes(title=_("token"), dtick=4, showgrid=False)
+    fig.update_yaxes(tickvals=list(range(k)), ticktext=[_("choice {n}").format(n=s + 1) for s in range(k)],
+                     autorange="reversed",
                      showgrid=False)
     return fig
 
@@ -146,14 +152,15 @@ def dispatch_figure(counts: Sequence[Sequence[int]], hidden: int | None = None,
     text = [[f"{c}" + (f"<br>{c * hidden * bytes_per_element:,} B" if hidden else "") for c in row] for row in counts]
     fig = go.Figure(go.Heatmap(z=[list(row) for row in counts], text=text, texttemplate="%{text}",
                                colorscale="Blues", showscale=False, xgap=2, ygap=2,
-                               hovertemplate="rank %{y} -> rank %{x}: %{z} rows<extra></extra>"))
+                               hovertemplate=_("rank %{y} -> rank %{x}: %{z} rows") + "<extra></extra>"))
     sent = [sum(row) - row[s] for s, row in enumerate(counts)]
     fig.update_layout(**plain_layout(
         height=140 + 70 * ep, width=620, margin=dict(l=80, r=20, t=80, b=60),
-        title=dict(text=f"dispatch: token rows rank s (row) sends rank d (column)<br>leaving each rank "
-                        f"(off the diagonal): {sent}", font=dict(size=14))))
-    fig.update_xaxes(title="to rank (holds experts)", tickvals=list(range(ep)), showgrid=False, side="bottom")
-    fig.update_yaxes(title="from rank (holds tokens)", tickvals=list(range(ep)), autorange="reversed", showgrid=False)
+        title=dict(text=_("dispatch: token rows rank s (row) sends rank d (column)<br>leaving each rank (off the "
+                          "diagonal): {sent}").format(sent=sent), font=dict(size=14))))
+    fig.update_xaxes(title=_("to rank (holds experts)"), tickvals=list(range(ep)), showgrid=False, side="bottom")
+    fig.update_yaxes(title=_("from rank (holds tokens)"), tickvals=list(range(ep)), autorange="reversed",
+                     showgrid=False)
     return fig
 
 
@@ -173,8 +180,9 @@ def imbalance_rows(case: Case | None = None, shifts: Sequence[float] = (0.0, 0.5
 
 
 def imbalance_table(rows: Sequence[dict]) -> str:
-    head = f"{'shift':>5}  {'demand per expert':<34} {'max/mean':>8} {'dropped':>8} {'lost tokens':>11} {'aux loss':>9}"
-    lines = [head, "-" * len(head)]
+    head = (f"{pad(_('shift'), 5, '>')}  {pad(_('demand per expert'), 34)} {pad(_('max/mean'), 8, '>')} "
+            f"{pad(_('dropped'), 8, '>')} {pad(_('lost tokens'), 11, '>')} {pad(_('aux loss'), 9, '>')}")
+    lines = [head, "-" * text_width(head)]
     for r in rows:
         lines.append(f"{r['shift']:>5g}  {str(r['routed']):<34} {r['max_over_mean']:>8.2f} {r['dropped']:>8} "
                      f"{r['dropped_tokens']:>11} {r['aux_loss']:>9.3f}")
@@ -184,14 +192,16 @@ def imbalance_table(rows: Sequence[dict]) -> str:
 def imbalance_figure(rows: Sequence[dict]) -> go.Figure:
     """Demand per expert for each shift (grouped bars), the capacity dashed."""
     experts = list(range(len(rows[0]["routed"])))
-    fig = go.Figure([go.Bar(x=experts, y=r["routed"], name=f"shift {r['shift']:g}: {r['dropped']} dropped")
+    fig = go.Figure([go.Bar(x=experts, y=r["routed"], name=_("shift {shift:g}: {dropped} dropped").format(
+        shift=r["shift"], dropped=r["dropped"]))
                      for r in rows])
     fig.add_hline(y=rows[0]["capacity"], line=dict(color="black", dash="dash"),
-                  annotation_text=f"capacity {rows[0]['capacity']}", annotation_position="top left")
+                  annotation_text=_("capacity {capacity}").format(capacity=rows[0]["capacity"]),
+                  annotation_position="top left")
     fig.update_layout(**plain_layout(barmode="group", height=360, width=720,
-                                     title="demand per expert as the tokens grow alike"))
-    fig.update_xaxes(title="expert", tickvals=experts)
-    fig.update_yaxes(title="assignments routed")
+                                     title=_("demand per expert as the tokens grow alike")))
+    fig.update_xaxes(title=_("expert"), tickvals=experts)
+    fig.update_yaxes(title=_("assignments routed"))
     return fig
 
 
@@ -216,8 +226,9 @@ def cost_rows(tokens: int = 4096, hidden: int = 4096, top_k: int = 2, ranks: int
 
 
 def cost_table(rows: Sequence[dict]) -> str:
-    head = f"{'link':<52} {'EP MB sent':>10} {'EP ms':>7} {'TP MB sent':>10} {'TP ms':>7}"
-    lines = [head, "-" * len(head)]
+    head = (f"{pad(_('link'), 52)} {pad(_('EP MB sent'), 10, '>')} {pad(_('EP ms'), 7, '>')} "
+            f"{pad(_('TP MB sent'), 10, '>')} {pad(_('TP ms'), 7, '>')}")
+    lines = [head, "-" * text_width(head)]
     for r in rows:
         lines.append(f"{r['link']:<52} {r['ep_sent_mb']:>10.1f} {r['ep_ms']:>7.3f} {r['tp_sent_mb']:>10.1f} "
                      f"{r['tp_ms']:>7.3f}")

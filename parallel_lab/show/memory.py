@@ -16,12 +16,13 @@ import ipywidgets as w
 import plotly.graph_objects as go
 from IPython.display import display
 
+from parallel_lab.i18n import _, _l
 from parallel_lab.planning import memory
 from parallel_lab.planning.memory import GB, GPUS, MODELS, PRECISIONS
 
 PARTS = ("weights", "gradients", "optimizer", "activations")
-LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "Adam state",
-          "activations": "activations", "total": "total"}
+LABELS = {"weights": _l("weights"), "gradients": _l("gradients"), "optimizer": _l("Adam state"),
+          "activations": _l("activations"), "total": _l("total")}
 COLORS = {"weights": "#4c78a8", "gradients": "#f58518", "optimizer": "#e45756",
           "activations": "#72b7b2", "total": "#54a24b"}
 _LAYOUT = dict(template="plotly_white", height=420, margin=dict(l=60, r=150, t=60, b=50))
@@ -55,12 +56,14 @@ def models_figure(models=tuple(MODELS), micro_batch: int = 1, precision="mixed",
     """Training memory of each model preset on one device, stacked by component (GB, log scale),
     against the memory of each GPU preset."""
     parts = {name: memory.breakdown(name, micro_batch, None, precision, recompute) for name in models}
-    fig = go.Figure([go.Bar(name=LABELS[part], x=list(models), y=[_gb(parts[m][part]) for m in models],
+    fig = go.Figure([go.Bar(name=str(LABELS[part]), x=list(models), y=[_gb(parts[m][part]) for m in models],
                             marker_color=COLORS[part]) for part in PARTS])
     fig.update_layout(**_LAYOUT, barmode="stack",
-                      title=f"Training memory on one device ({precision} Adam, micro-batch {micro_batch}"
-                            f"{', recomputation' if recompute else ''})",
-                      yaxis=dict(type="log", title="GB (log scale)"),
+                      title=(_("Training memory on one device ({precision} Adam, micro-batch {micro_batch}, "
+                               "recomputation)") if recompute else
+                             _("Training memory on one device ({precision} Adam, micro-batch {micro_batch})")).format(
+                          precision=precision, micro_batch=micro_batch),
+                      yaxis=dict(type="log", title=_("GB (log scale)")),
                       legend=dict(x=0.01, y=0.99, bgcolor="rgba(255,255,255,0.8)"))
     _gpu_lines(fig, gpus)
     return fig
@@ -72,11 +75,11 @@ def config_figure(model="GPT-3 175B", micro_batch: int = 1, seq: int = 2048, pre
     parts = memory.breakdown(model, micro_batch, seq, precision, recompute)
     names = [*PARTS, "total"]
     values = [_gb(parts[p]) for p in names]
-    fig = go.Figure(go.Bar(x=[LABELS[p] for p in names], y=values, texttemplate="%{y:,.1f} GB",
+    fig = go.Figure(go.Bar(x=[str(LABELS[p]) for p in names], y=values, texttemplate="%{y:,.1f} GB",
                            textposition="outside", marker_color=[COLORS[p] for p in names]))
     low, high = min(values), max(*values, GPUS[gpu] / GB)  # the GPU's line must stay in view
-    fig.update_layout(**_LAYOUT, title=f"Where the bytes go: {model} on one {gpu}",
-                      yaxis=dict(type="log", title="GB (log scale)",
+    fig.update_layout(**_LAYOUT, title=_("Where the bytes go: {model} on one {gpu}").format(model=model, gpu=gpu),
+                      yaxis=dict(type="log", title=_("GB (log scale)"),
                                  range=[round(math.log10(low) - 0.5, 2), round(math.log10(high) + 0.5, 2)]))
     _gpu_line(fig, GPUS[gpu] / GB, gpu)
     return fig
@@ -91,19 +94,19 @@ def memory_widget(model="GPT-3 175B", micro_batch=1, seq=2048, precision="mixed"
     plotly's whole JavaScript bundle (5 MB) into the executed notebook's widget state."""
     style = dict(description_width="110px")
     controls = dict(
-        model=w.Dropdown(options=list(MODELS), value=model, description="model", style=style),
+        model=w.Dropdown(options=list(MODELS), value=model, description=_("model"), style=style),
         precision=w.Dropdown(options=[(p.name, key) for key, p in PRECISIONS.items()], value=precision,
-                             description="precision", style=style),
+                             description=_("precision"), style=style),
         micro_batch=w.SelectionSlider(options=[1, 2, 4, 8, 16, 32], value=micro_batch,
-                                      description="micro-batch", style=style),
+                                      description=_("micro-batch"), style=style),
         seq=w.SelectionSlider(options=[512, 1024, 2048, 4096, 8192], value=seq,
-                              description="sequence length", style=style),
-        recompute=w.Checkbox(value=recompute, description="full recomputation", style=style),
+                              description=_("sequence length"), style=style),
+        recompute=w.Checkbox(value=recompute, description=_("full recomputation"), style=style),
         gpu=w.Dropdown(options=list(GPUS), value=gpu, description="GPU", style=style),
     )
     chart, text = w.Output(), w.HTML()
 
-    def update(_=None):
+    def update(change=None):
         values = {key: c.value for key, c in controls.items()}
         with chart:
             chart.clear_output(wait=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from parallel_lab.i18n import _
 from parallel_lab.runtime.mesh import ParallelDims
 
 # Fixed palette (plotly's "Plotly" qualitative colours), cycled for more stages than colours.
@@ -21,24 +22,25 @@ def mesh_figure(dims: ParallelDims, title: str | None = None) -> go.Figure:
     for node in range(dims.nodes):
         fig.add_shape(type="rect", x0=-0.55, x1=dpn - 0.45, y0=node - 0.45, y1=node + 0.45,
                       line=dict(color="#555555", width=2), fillcolor="#F2F2F2", layer="below")
-        fig.add_annotation(x=-0.6, y=node, text=f"node {node}", showarrow=False, xanchor="right")
+        fig.add_annotation(x=-0.6, y=node, text=_("node {node}").format(node=node), showarrow=False, xanchor="right")
     rows = dims.table()
     for stage in range(dims.pp):
         mine = [row for row in rows if row["pp"] == stage]
         fig.add_trace(go.Scatter(
             x=[row["rank"] % dpn for row in mine], y=[row["node"] for row in mine],
-            mode="markers+text", name=f"pp stage {stage}",
+            mode="markers+text", name=_("pp stage {stage}").format(stage=stage),
             marker=dict(symbol="square", size=46, color=STAGE_COLOURS[stage % len(STAGE_COLOURS)],
                         line=dict(color="white", width=1)),
             text=[f"r{row['rank']}<br>tp{row['tp']} dp{row['dp']}" for row in mine],
             textfont=dict(color="white", size=10),
             customdata=[[row["rank"], row["dp"], row["pp"], row["tp"], row["node"]] for row in mine],
-            hovertemplate="rank %{customdata[0]}: dp %{customdata[1]}, pp %{customdata[2]}, "
-                          "tp %{customdata[3]} (node %{customdata[4]})<extra></extra>",
+            hovertemplate=_("rank %{customdata[0]}: dp %{customdata[1]}, pp %{customdata[2]}, "
+                            "tp %{customdata[3]} (node %{customdata[4]})") + "<extra></extra>",
         ))
     fig.update_xaxes(visible=False, range=[-1.6, dpn - 0.3])
     fig.update_yaxes(visible=False, range=[dims.nodes - 0.4, -0.6])  # node 0 on top
-    fig.update_layout(title=title or f"{dims}<br><sup>rank grid arange({dims.world_size}).view(dp, pp, tp)</sup>",
+    fig.update_layout(title=title or f"{dims}<br><sup>" + _("rank grid arange({world}).view(dp, pp, tp)").format(
+                          world=dims.world_size) + "</sup>",
                       width=max(420, 110 + 62 * dpn), height=150 + 80 * dims.nodes,
                       plot_bgcolor="white", margin=dict(l=20, r=20, t=80, b=20),
                       legend=dict(orientation="h", y=-0.05))

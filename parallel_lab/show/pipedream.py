@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from parallel_lab.i18n import _, pad
 from parallel_lab.pipeline.pipedream import MODES
 from parallel_lab.show.pipeline import plain_layout
 
@@ -34,8 +35,8 @@ def versions_text(modes: Mapping, stage: int, modes_shown: Sequence[str] = MODES
     mode (``f/b``; a ``*`` marks a backward that used other weights than its forward)."""
     tables = {mode: _versions(modes, mode)[stage] for mode in modes_shown}
     n = len(next(iter(tables.values())))
-    lines = [f"stage {stage}, weight version of F/B per microbatch ('*': B used other weights than F)",
-             f"{'microbatch':<12}" + "".join(f"{j:>6}" for j in range(n))]
+    lines = [_("stage {stage}, weight version of F/B per microbatch ('*': B used other weights than F)").format(
+        stage=stage), pad(_("microbatch"), 12) + "".join(f"{j:>6}" for j in range(n))]
     for mode, rows in tables.items():
         cells = [f"{f}/{b}{'*' if f != b else ''}" for _, f, b in rows]
         lines.append(f"{mode:<12}" + "".join(f"{c:>6}" for c in cells))
@@ -58,17 +59,17 @@ def versions_figure(modes: Mapping, modes_shown: Sequence[str] = MODES, microbat
         fig.add_trace(go.Heatmap(
             z=z, text=text, texttemplate="%{text}", x=[j for j, _, _ in rows[0]], y=list(range(p)),
             coloraxis="coloraxis", xgap=2, ygap=2,
-            hovertemplate="stage %{y}, microbatch %{x}: version %{text}<extra></extra>"), row=i, col=1)
+            hovertemplate=_("stage %{y}, microbatch %{x}: version %{text}") + "<extra></extra>"), row=i, col=1)
         fig.update_yaxes(autorange="reversed", tickvals=list(range(p)),
-                         ticktext=[f"stage {s}" for s in range(p)], row=i, col=1)
+                         ticktext=[_("stage {stage}").format(stage=s) for s in range(p)], row=i, col=1)
         if microbatches:
             for edge in range(microbatches, len(rows[0]), microbatches):
                 fig.add_vline(x=edge - 0.5, line=dict(color="#333", width=1), row=i, col=1)
     fig.update_xaxes(showgrid=False, zeroline=False)
     fig.update_yaxes(showgrid=False, zeroline=False)
-    fig.update_xaxes(title_text="microbatch", dtick=1, row=len(data), col=1)
+    fig.update_xaxes(title_text=_("microbatch"), dtick=1, row=len(data), col=1)
     fig.update_layout(**plain_layout(
-        height=120 + 150 * len(data), title="Weight version used by each forward (→ by its backward, if different)",
+        height=120 + 150 * len(data), title=_("Weight version used by each forward (→ by its backward, if different)"),
         coloraxis=dict(colorscale=[[0, "#ffffff"], [1, "#d62728"]], cmin=0, cmax=top,
                        colorbar=dict(title="B − F", dtick=1, len=0.8))))
     return fig

@@ -22,6 +22,7 @@ import ipywidgets as w
 import plotly.graph_objects as go
 
 from parallel_lab.hardware import SYSTEMS
+from parallel_lab.i18n import N_, _, _l, pad
 from parallel_lab.planning import memory, memory_model, planner
 from parallel_lab.planning.cost import tp_layer_step
 
@@ -30,8 +31,10 @@ SYSTEM = SYSTEMS["DGX H100"]
 CLUSTER = SYSTEM.cluster(64)  # 64 DGX H100 nodes: 512 GPUs of 80 GB, 8 per NVLink domain
 BATCH = 1536  # GPT-3's batch: 1536 sequences of 2048 tokens (Brown et al. 2020)
 PARTS = ("compute_s", "tp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s")
-LABELS = {"compute_s": "compute", "tp_comm_s": "TP all-reduce", "bubble_s": "bubble",
-          "pp_comm_s": "PP send/recv", "dp_comm_s": "DP exposed", "dp_hidden_s": "DP hidden"}
+LABELS = {"compute_s": _l("compute"), "tp_comm_s": _l("TP all-reduce"), "bubble_s": _l("bubble"),
+          "pp_comm_s": _l("PP send/recv"), "dp_comm_s": _l("DP exposed"), "dp_hidden_s": _l("DP hidden")}
+COLUMNS = {"compute_s": _l("compute"), "tp_comm_s": "TP", "bubble_s": _l("bubble"), "pp_comm_s": "PP",
+           "dp_comm_s": "DP"}
 COLORS = {"compute_s": "#4c78a8", "tp_comm_s": "#e45756", "bubble_s": "#bab0ac",
           "pp_comm_s": "#f58518", "dp_comm_s": "#54a24b"}
 
@@ -44,22 +47,23 @@ def in_flight_table(pp: int = 4, microbatches: int = 8) -> str:
     """Micro-batches' activations each pipeline rank holds at its peak, per schedule, counted until W
     (from the simulator, as ``memory_model`` uses them: ZB-H1 holds M_W = 32/34 of a micro-batch's
     activations from I until W, Qi et al. 2023, Table 1)."""
-    lines = [f"{'schedule':<31}" + "".join(f"{'rank ' + str(r):>8}" for r in range(pp))]
+    lines = [pad(_("schedule"), 31) + "".join(pad(_("rank {rank}").format(rank=r), 8, ">") for r in range(pp))]
     for name, v in (("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2)):
-        label = name + (f" (v={v}, chunks)" if v > 1 else "")
-        lines.append(f"{label:<31}" + "".join(f"{x:>8.3g}" for x in memory_model.in_flight(name, pp, microbatches, v)))
+        label = name + (_(" (v={v}, chunks)").format(v=v) if v > 1 else "")
+        lines.append(pad(label, 31) + "".join(f"{x:>8.3g}" for x in memory_model.in_flight(name, pp, microbatches, v)))
     return "\n".join(lines)
 
 
 def memory_table(rows: dict) -> str:
     """GB per device of the most loaded stage for each labelled configuration: ``rows`` maps a label
     to the keyword arguments of ``memory_model.max_device_memory`` (model included)."""
-    lines = [f"{'configuration':<40} {'weights':>8} {'grads':>6} {'Adam':>6} {'buffers':>7} {'activ.':>7} "
-             f"{'total':>7}  stage, in flight"]
+    lines = [f"{pad(_('configuration'), 40)} {pad(_('weights'), 8, '>')} {pad(_('grads'), 6, '>')} {'Adam':>6} "
+             f"{pad(_('buffers'), 7, '>')} {pad(_('activ.'), 7, '>')} {pad(_('total'), 7, '>')}  "
+             f"{_('stage, in flight')}"]
     for label, kwargs in rows.items():
         m = memory_model.max_device_memory(**kwargs)
         gb = {k: m[k] / memory.GB for k in ("weights", "gradients", "optimizer", "buffers", "activations", "total")}
-        lines.append(f"{label:<40} {gb['weights']:>8.1f} {gb['gradients']:>6.1f} {gb['optimizer']:>6.1f} "
+        lines.append(f"{pad(label, 40)} {gb['weights']:>8.1f} {gb['gradients']:>6.1f} {gb['optimizer']:>6.1f} "
                      f"{gb['buffers']:>7.1f} {gb['activations']:>7.1f} {gb['total']:>7.1f}  "
                      f"{m['stage']}, {m['in_flight']}")
     return "\n".join(lines)
@@ -80,8 +84,9 @@ def plans_table(plans: list[dict]) -> str:
     """The plans with their ZeRO stage (``Z``), their step time split into the planner's parts
     (seconds; ``DP`` is the exposed data-parallel communication, ``hidden`` what the backward hid of
     it, not in the step) and their memory."""
-    lines = [f"{'dp':>3} {'pp':>3} {'tp':>3} {'Z':>1} {'schedule':<20} {'recompute':<9} {'m':>4} "
-             + " ".join(f"{LABELS[k].split()[0][:7]:>7}" for k in PARTS) + f" {'hidden':>7} {'step s':>7} {'GB':>5}"]
+    lines = [f"{'dp':>3} {'pp':>3} {'tp':>3} {'Z':>1} {pad(_('schedule'), 20)} {pad(_('recompute'), 9)} {'m':>4} "
+             + " ".join(pad(COLUMNS[k], 7, ">") for k in PARTS)
+             + f" {pad(_('hidden'), 7, '>')} {pad(_('step s'), 7, '>')} {'GB':>5}"]
     for p in plans:
         schedule = p["schedule"] + (f" v={p['virtual']}" if p["virtual"] > 1 else "")
         parts = " ".join(f"{p['breakdown'][k]:>7.2f}" for k in PARTS)
@@ -98,13 +103,13 @@ def best_plan(plans: list[dict], **match) -> dict | None:
 
 
 _KINDS = (
-    (re.compile(r"^tp \d+ > devices_per_node"), "TP group would cross nodes"),
-    (re.compile(r"^layers \d+ % pp"), "layers do not split into pp equal stages"),
-    (re.compile(r"^heads \d+ % tp|^hidden \d+ % tp"), "heads or width do not split by tp"),
-    (re.compile(r"^batch \d+ % dp"), "batch does not split into dp replicas"),
-    (re.compile(r"^pp \d+ > "), "more stages than the simulator handles"),
-    (re.compile(r"^interleaved-1f1b needs"), "interleaving needs m % pp == 0"),
-    (re.compile(r"^needs [\d.]+ GB > "), "does not fit in memory"),
+    (re.compile(r"^tp \d+ > devices_per_node"), N_("TP group would cross nodes")),
+    (re.compile(r"^layers \d+ % pp"), N_("layers do not split into pp equal stages")),
+    (re.compile(r"^heads \d+ % tp|^hidden \d+ % tp"), N_("heads or width do not split by tp")),
+    (re.compile(r"^batch \d+ % dp"), N_("batch does not split into dp replicas")),
+    (re.compile(r"^pp \d+ > "), N_("more stages than the simulator handles")),
+    (re.compile(r"^interleaved-1f1b needs"), N_("interleaving needs m % pp == 0")),
+    (re.compile(r"^needs [\d.]+ GB > "), N_("does not fit in memory")),
 )
 
 
@@ -120,13 +125,13 @@ def rejections_table(result: dict) -> str:
     groups: dict[str, list[dict]] = {}
     for r in result["rejected"]:
         groups.setdefault(rejection_kind(r["reason"]), []).append(r)
-    lines = [f"{result['considered']} candidates considered: {result['feasible']} fit, "
-             f"{len(result['rejected'])} rejected"]
+    lines = [_("{considered} candidates considered: {feasible} fit, {rejected} rejected").format(
+        considered=result["considered"], feasible=result["feasible"], rejected=len(result["rejected"]))]
     for kind, rows in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        lines.append(f"{len(rows):>4} x {kind}")
-        examples = [("e.g.", rows[0])]
+        lines.append(f"{len(rows):>4} x {_(kind)}")
+        examples = [(_("e.g."), rows[0])]
         if kind == "does not fit in memory" and len(rows) > 1:  # the largest and the nearest miss
-            examples.append(("nearest miss:", min(rows, key=lambda r: float(r["reason"].split()[1]))))
+            examples.append((_("nearest miss:"), min(rows, key=lambda r: float(r["reason"].split()[1]))))
         for label, r in examples:
             layout = "dp {dp} x pp {pp} x tp {tp}".format(**r["plan"])
             extra = "".join(f", {r['plan'][k]}" for k in ("schedule", "recompute") if k in r["plan"])
@@ -135,17 +140,17 @@ def rejections_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def breakdown_figure(plans: dict, title: str = "Where a training step goes (predicted, seconds)",
-                     parts=PARTS):
+def breakdown_figure(plans: dict, title: str | None = None, parts=PARTS):
     """Horizontal stacked bars: for each labelled plan, its step time split into the planner's
     ``parts`` (all five by default; leave out ``compute_s`` to see the overheads). Deterministic
     (values rounded to 3 decimals) and compact, so nbval compares it."""
     labels = list(plans)
-    fig = go.Figure([go.Bar(name=LABELS[k], y=labels, x=[round(plans[n]["breakdown"][k], 3) for n in labels],
+    fig = go.Figure([go.Bar(name=str(LABELS[k]), y=labels, x=[round(plans[n]["breakdown"][k], 3) for n in labels],
                             orientation="h", marker_color=COLORS[k]) for k in parts])
     fig.update_layout(template="none", plot_bgcolor="white", barmode="stack", height=170 + 45 * len(labels),
                       margin=dict(l=200, r=20, t=50, b=110), font=dict(family="sans-serif", size=12),
-                      title=title, title_x=0.01, xaxis=dict(title="seconds per step", gridcolor="#e5e5e5"),
+                      title=title or _("Where a training step goes (predicted, seconds)"), title_x=0.01,
+                      xaxis=dict(title=_("seconds per step"), gridcolor="#e5e5e5"),
                       yaxis=dict(autorange="reversed"),
                       legend=dict(orientation="h", x=0, y=-0.45, yanchor="top", traceorder="normal"))
     return fig
@@ -155,14 +160,15 @@ def zero_table(plans: dict) -> str:
     """Labelled plans side by side for ZeRO (lesson 10, section 9): layout, stage, GB per GPU, the
     DP/ZeRO communication of a step (all of it, and the part the backward could not hide) and the
     step (``planner.plan`` rows, or ``None`` for "no plan")."""
-    lines = [f"{'plan':<34} {'layout':<22} {'ZeRO':>4} {'GB':>5} {'DP comm s':>10} {'exposed s':>10} {'step s':>7}"]
+    lines = [f"{pad(_('plan'), 34)} {pad(_('layout'), 22)} {'ZeRO':>4} {'GB':>5} {pad(_('DP comm s'), 10, '>')} "
+             f"{pad(_('exposed s'), 10, '>')} {pad(_('step s'), 7, '>')}"]
     for label, p in plans.items():
         if p is None:
-            lines.append(f"{label:<34} {'no plan fits':<22}")
+            lines.append(f"{pad(label, 34)} {pad(_('no plan fits'), 22)}")
             continue
         b = p["breakdown"]
         layout = f"dp {p['dp']} x pp {p['pp']} x tp {p['tp']}"
-        lines.append(f"{label:<34} {layout:<22} {p['zero']:>4} {p['memory_gb']:>5.1f} "
+        lines.append(f"{pad(label, 34)} {layout:<22} {p['zero']:>4} {p['memory_gb']:>5.1f} "
                      f"{b['dp_comm_s'] + b['dp_hidden_s']:>10.2f} {b['dp_comm_s']:>10.2f} {p['step_s']:>7.2f}")
     return "\n".join(lines)
 
@@ -177,8 +183,8 @@ def tp_link_table(model=GPT3, system=SYSTEM, micro_batch: int = 1, tps=(2, 4, 8,
     network (``planning.cost.tp_layer_step`` on ``system``'s links and achieved FLOP/s: the same
     computation and numbers as lessons 02 and 09)."""
     tokens, flops = model.seq * micro_batch, system.tflops * 1e12
-    lines = [f"{'tp':>3} {'compute ms':>10} {'4 all-reduces, NVLink ms':>25} {'(share)':>8} "
-             f"{'4 all-reduces, network ms':>26} {'(share)':>8}"]
+    lines = [f"{'tp':>3} {pad(_('compute ms'), 10, '>')} {pad(_('4 all-reduces, NVLink ms'), 25, '>')} "
+             f"{pad(_('(share)'), 8, '>')} {pad(_('4 all-reduces, network ms'), 26, '>')} {pad(_('(share)'), 8, '>')}"]
     for tp in tps:
         compute, intra = tp_layer_step(tokens, model.hidden, tp, system.nvlink, flops)
         inter = tp_layer_step(tokens, model.hidden, tp, system.network, flops)[1]
@@ -195,10 +201,12 @@ def cost_table(plan: dict, prices=(1.0, 2.0, 4.0), tokens: float = planner.GPT3_
     """GPU-hours, days and price of training on ``tokens`` tokens with ``plan``, for each price in $
     per GPU-hour (``planner.training_cost``)."""
     base = planner.training_cost(plan, tokens, 1.0)
-    lines = [f"{plan_name(plan)}: {base['steps']:,.0f} steps of {plan['step_s']:.2f} s on "
-             f"{plan['world_size']} GPUs = {base['days']:.1f} days, {base['gpu_hours']:,.0f} GPU-hours"]
+    lines = [_("{plan}: {steps:,.0f} steps of {step:.2f} s on {gpus} GPUs = {days:.1f} days, {hours:,.0f} "
+               "GPU-hours").format(plan=plan_name(plan), steps=base["steps"], step=plan["step_s"],
+                                   gpus=plan["world_size"], days=base["days"], hours=base["gpu_hours"])]
     for price in prices:
-        lines.append(f"  at ${price:.2f} per GPU-hour: ${planner.training_cost(plan, tokens, price)['cost']:,.0f}")
+        lines.append("  " + _("at ${price:.2f} per GPU-hour: ${cost:,.0f}").format(
+            price=price, cost=planner.training_cost(plan, tokens, price)["cost"]))
     return "\n".join(lines)
 
 
@@ -219,31 +227,33 @@ def planner_widget(layers: int = 96, hidden: int = 12288, heads: int = 96, vocab
         return kind(options=options, value=value, description=description, style=style, layout=layout)
 
     controls = dict(
-        nodes=slider(w.SelectionSlider, nodes, [1, 2, 4, 8, 16, 32, 64, 128, 256], "nodes"),
-        gpus_per_node=slider(w.SelectionSlider, gpus_per_node, [4, 8, 16, 36, 72], "GPUs per NVLink domain"),
-        gpu_mem_gb=slider(w.SelectionSlider, gpu_mem_gb, [16, 24, 40, 48, 80, 96, 141, 180, 186], "GPU memory, GB"),
-        intra_gbps=slider(w.SelectionSlider, intra_gbps, [50, 100, 150, 300, 450, 900], "NVLink GB/s per GPU"),
-        inter_gbps=slider(w.SelectionSlider, inter_gbps, [3, 6, 12.5, 25, 50, 100], "network GB/s per GPU"),
+        nodes=slider(w.SelectionSlider, nodes, [1, 2, 4, 8, 16, 32, 64, 128, 256], _("nodes")),
+        gpus_per_node=slider(w.SelectionSlider, gpus_per_node, [4, 8, 16, 36, 72], _("GPUs per NVLink domain")),
+        gpu_mem_gb=slider(w.SelectionSlider, gpu_mem_gb, [16, 24, 40, 48, 80, 96, 141, 180, 186],
+                          _("GPU memory, GB")),
+        intra_gbps=slider(w.SelectionSlider, intra_gbps, [50, 100, 150, 300, 450, 900], _("NVLink GB/s per GPU")),
+        inter_gbps=slider(w.SelectionSlider, inter_gbps, [3, 6, 12.5, 25, 50, 100], _("network GB/s per GPU")),
         tflops=slider(w.SelectionSlider, tflops, [50, 100, 150, 300, SYSTEM.tflops, 900.0, 1000.0],
-                      "achieved TFLOP/s"),
-        batch=slider(w.SelectionSlider, batch, [128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096], "batch (sequences)"),
-        price=w.BoundedFloatText(value=price, min=0, max=100, step=0.25, description="$ per GPU-hour",
+                      _("achieved TFLOP/s")),
+        batch=slider(w.SelectionSlider, batch, [128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096],
+                     _("batch (sequences)")),
+        price=w.BoundedFloatText(value=price, min=0, max=100, step=0.25, description=_("$ per GPU-hour"),
                                  style=style, layout=layout),
     )
-    button = w.Button(description="Plan", button_style="primary")
+    button = w.Button(description=_("Plan"), button_style="primary")
     out = w.Output()
 
-    def run(_=None):
+    def run(button=None):
         values = {k: c.value for k, c in controls.items()}
         with out:
             out.clear_output(wait=True)
-            print("planning ...")
+            print(_("planning ..."))
             try:
                 result = planner.plan_from_args(layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq=seq,
                                                 top=5, **values)
             except ValueError as exc:
                 out.clear_output(wait=True)
-                print(f"cannot plan: {exc}")
+                print(_("cannot plan: {reason}").format(reason=exc))
                 return
             out.clear_output(wait=True)
             if result["plans"]:
@@ -251,7 +261,7 @@ def planner_widget(layers: int = 96, hidden: int = 12288, heads: int = 96, vocab
                 print()
                 print(cost_table(result["plans"][0], prices=(values["price"],)))
             else:
-                print("no plan fits: more GPUs, more memory per GPU, or a smaller batch")
+                print(_("no plan fits: more GPUs, more memory per GPU, or a smaller batch"))
             print()
             print(rejections_table(result))
 

@@ -15,6 +15,7 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
+from parallel_lab.i18n import _
 from parallel_lab.planning import memory, memory_model
 from parallel_lab.planning.cost import recompute_overhead
 from parallel_lab.show.pipeline import plain_layout
@@ -42,21 +43,22 @@ def recompute_tradeoff(model: memory.ModelConfig | str = "GPT-3 175B", micro_bat
     extra compute each costs), one bar per micro-batch size; the dashed line is the GPU's memory."""
     m = memory.MODELS[model] if isinstance(model, str) else model
     points = recompute_points(m, micro_batches, **mesh)
-    names = {q["recompute"]: f"{q['recompute']}<br>+{q['overhead']:.1%} compute" for q in points}
+    names = {q["recompute"]: _("{mode}<br>+{overhead:.1%} compute").format(mode=q["recompute"], overhead=q["overhead"])
+             for q in points}
     traces = []
     for b in micro_batches:
         mine = [q for q in points if q["micro_batch"] == b]
         traces.append(go.Bar(
             x=[names[q["recompute"]] for q in mine], y=[round(q["total_gb"], 1) for q in mine],
-            text=[f"{q['total_gb']:.0f}" for q in mine], textposition="outside", name=f"micro-batch {b}",
-            hovertemplate="%{x}: %{y} GB<extra></extra>"))
+            text=[f"{q['total_gb']:.0f}" for q in mine], textposition="outside",
+            name=_("micro-batch {b}").format(b=b), hovertemplate="%{x}: %{y} GB<extra></extra>"))
     fig = go.Figure(traces)
     fig.add_hline(y=gpu_gb, line=dict(color="#b00", dash="dash", width=1))
     mesh = {"pp": 8, "tp": 8, "microbatches": 64, **mesh}
     fig.update_layout(**plain_layout(
-        height=360, barmode="group", xaxis_title="activation recomputation (and its extra compute per step)",
-        yaxis_title="memory of the busiest GPU (GB)",
-        title=f"{m.name}, TP={mesh['tp']} × PP={mesh['pp']}, 1F1B, m={mesh['microbatches']} "
-              f"(dashed: a {gpu_gb:g} GB GPU)"))
+        height=360, barmode="group", xaxis_title=_("activation recomputation (and its extra compute per step)"),
+        yaxis_title=_("memory of the busiest GPU (GB)"),
+        title=_("{model}, TP={tp} × PP={pp}, 1F1B, m={m} (dashed: a {gpu:g} GB GPU)").format(
+            model=m.name, tp=mesh["tp"], pp=mesh["pp"], m=mesh["microbatches"], gpu=gpu_gb)))
     fig.update_yaxes(rangemode="tozero")
     return fig

@@ -17,6 +17,7 @@ from typing import Iterable, Mapping, Sequence
 
 import plotly.graph_objects as go
 
+from parallel_lab.i18n import _, pad, width
 from parallel_lab.pipeline.communication import messages
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import Costs, simulate
@@ -54,9 +55,9 @@ def compare_schedules(cases: Iterable[tuple[int, int]] = ((4, 8), (4, 16), (8, 1
 
 def schedule_table(rows: Sequence[Mapping]) -> str:
     """``compare_schedules`` rows as a text table (numbers rounded for print)."""
-    head = (f"{'p':>2} {'m':>3}  {'schedule':<20} {'bubble':>7} {'idle/compute':>13} "
-            f"{'peak stash (stages)':>20} {'messages':>9}")
-    lines, last = [head, "-" * len(head)], None
+    head = (f"{'p':>2} {'m':>3}  {pad(_('schedule'), 20)} {pad(_('bubble'), 7, '>')} "
+            f"{pad(_('idle/compute'), 13, '>')} {pad(_('peak stash (stages)'), 20, '>')} {pad(_('messages'), 9, '>')}")
+    lines, last = [head, "-" * width(head)], None
     for row in rows:
         if last is not None and (row["p"], row["m"]) != last:
             lines.append("")
@@ -85,9 +86,10 @@ def bubble_curves(ranks: int = 4, microbatches: Sequence[int] = tuple(range(4, 3
         traces.append(go.Scatter(x=list(ms), y=bubbles, mode="lines+markers", name=label(name, v),
                                  line=dict(color=_COLORS[name], dash=dash)))
     fig = go.Figure(traces)
-    fig.update_layout(**plain_layout(height=340, xaxis_title="microbatches m",
-                                yaxis_title="bubble (idle share of the step)",
-                                title=f"Bubble against microbatches on p={ranks} ranks (simulated, F=I=W)"))
+    fig.update_layout(**plain_layout(height=340, xaxis_title=_("microbatches m"),
+                                yaxis_title=_("bubble (idle share of the step)"),
+                                title=_("Bubble against microbatches on p={p} ranks (simulated, F=I=W)").format(
+                                    p=ranks)))
     fig.update_yaxes(tickformat=".0%", rangemode="tozero")
     fig.update_xaxes(tickvals=list(microbatches))
     return fig

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from parallel_lab.i18n import _
+
 RANK_COLOURS = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A",
                 "#19D3F3", "#FF6692", "#B6E880", "#FF97FF", "#FECB52")
 REPLICATED = "#9E9E9E"  # the same on every rank
@@ -60,18 +62,18 @@ def split_figure(kind: str, tp: int = 2) -> go.Figure:
         raise ValueError(f"tp must divide {K} to draw, got {tp}")
     fig = go.Figure()
     top = 1.4
-    for x, title in ((X0 + K / 2, "input X"), (W0 + M / 2, "weights W"), (Y0 + M / 2, "computed on the rank"),
-                     (R0 + M / 2, "after the collective")):
+    for x, title in ((X0 + K / 2, _("input X")), (W0 + M / 2, _("weights W")), (Y0 + M / 2, _("computed on the rank")),
+                     (R0 + M / 2, _("after the collective"))):
         _text(fig, x, top, f"<b>{title}</b>")
     for r in range(tp):
         yc = -r * ROW_HEIGHT - K / 2  # the row's vertical centre
         colour, s = _colour(r), _sub(r)
-        _text(fig, X0 - 0.4, yc, f"<b>rank {r}</b>", colour=colour, xanchor="right")
+        _text(fig, X0 - 0.4, yc, "<b>" + _("rank {rank}").format(rank=r) + "</b>", colour=colour, xanchor="right")
         for x0, w, h in ((X0, K, N), (W0, M, K), (Y0, M, N), (R0, M, N)):  # outlines of whole matrices
             _rect(fig, x0, yc + h / 2, w, h, "white")
         if kind == "column":
             m = M / tp
-            _rect(fig, X0, yc + N / 2, K, N, REPLICATED, text="X (all)")
+            _rect(fig, X0, yc + N / 2, K, N, REPLICATED, text=_("X (all)"))
             _rect(fig, W0 + r * m, yc + K / 2, m, K, colour, text=f"W{s}")
             _rect(fig, Y0 + r * m, yc + N / 2, m, N, colour, text=f"Y{s}")
             for q in range(tp):  # after the all-gather: every rank holds every Y_q
@@ -80,22 +82,23 @@ def split_figure(kind: str, tp: int = 2) -> go.Figure:
             k = K / tp
             _rect(fig, X0 + r * k, yc + N / 2, k, N, colour, text=f"X{s}")
             _rect(fig, W0, yc + K / 2 - r * k, M, k, colour, text=f"W{s}")
-            _rect(fig, Y0, yc + N / 2, M, N, colour, opacity=0.45, text=f"X{s}·W{s} (partial)",
+            _rect(fig, Y0, yc + N / 2, M, N, colour, opacity=0.45, text=_("X{r}·W{r} (partial)").format(r=s),
                   font_colour="#222222", size=10)
-            _rect(fig, R0, yc + N / 2, M, N, REPLICATED, text="Y = Σ partials")
+            _rect(fig, R0, yc + N / 2, M, N, REPLICATED, text=_("Y = Σ partials"))
         _text(fig, W0 - 0.6, yc, "·", size=20)
         _text(fig, Y0 - 0.6, yc, "=", size=16)
     bottom = -(tp - 1) * ROW_HEIGHT - K
-    label = "<b>all-gather</b><br>(optional)" if kind == "column" else "<b>all-reduce</b><br>(sum)"
+    label = _("<b>all-gather</b><br>(optional)") if kind == "column" else _("<b>all-reduce</b><br>(sum)")
     fig.add_shape(type="rect", x0=C0 + 0.3, x1=C0 + 4.1, y0=round(bottom, 3), y1=0.2,
                   fillcolor="#FFF4D6", line=dict(color="#E0B000", width=1))
-    _text(fig, C0 + 2.2, bottom / 2 + 0.1, label + ("" if tp == 1 else f"<br>over {tp} ranks"), size=12)
+    over = "" if tp == 1 else "<br>" + _("over {p} ranks").format(p=tp)
+    _text(fig, C0 + 2.2, bottom / 2 + 0.1, label + over, size=12)
     if kind == "column":
-        title = (f"Column split on {tp} ranks: rank r holds columns W<sub>r</sub> and computes "
-                 f"Y<sub>r</sub> = X·W<sub>r</sub>, no communication")
+        title = _("Column split on {p} ranks: rank r holds columns W<sub>r</sub> and computes Y<sub>r</sub> = "
+                  "X·W<sub>r</sub>, no communication").format(p=tp)
     else:
-        title = (f"Row split on {tp} ranks: rank r holds X<sub>r</sub> and rows W<sub>r</sub>; "
-                 f"Y = Σ<sub>r</sub> X<sub>r</sub>·W<sub>r</sub> needs an all-reduce")
+        title = _("Row split on {p} ranks: rank r holds X<sub>r</sub> and rows W<sub>r</sub>; Y = Σ<sub>r</sub> "
+                  "X<sub>r</sub>·W<sub>r</sub> needs an all-reduce").format(p=tp)
     return _finish(fig, title, x_range=(-3.2, R0 + M + 0.3), y_range=(bottom - 0.6, top + 0.8))
 
 
@@ -115,27 +118,30 @@ def heads_figure(heads: int = 24, tp: int = 4, head_dim: int = 8) -> go.Figure:
     if heads % tp:
         raise ValueError(f"heads {heads} is not divisible by tp {tp}")
     per = heads // tp
-    rows = ["W_q columns", "W_k columns", "W_v columns", "attention head", "W_o rows"]
+    rows = [_("W_q columns"), _("W_k columns"), _("W_v columns"), _("attention head"), _("W_o rows")]
+    head_row = rows[3]
     owner = [h // per for h in range(heads)]
     scale = []  # discrete colours: rank r fills [r, r+1) / tp of the scale
     for r in range(tp):
         scale += [[r / tp, _colour(r)], [(r + 1) / tp, _colour(r)]]
-    text = [[f"h{h}" for h in range(heads)] if name == "attention head" else [""] * heads for name in rows]
-    hover = [[f"{name} {h * head_dim}–{(h + 1) * head_dim - 1}" if name != "attention head" else f"head {h}"
-              for h in range(heads)] for name in rows]
+    text = [[f"h{h}" for h in range(heads)] if name == head_row else [""] * heads for name in rows]
+    hover = [[f"{name} {h * head_dim}–{(h + 1) * head_dim - 1}" if name != head_row else
+              _("head {head}").format(head=h) for h in range(heads)] for name in rows]
     fig = go.Figure(go.Heatmap(
         z=[owner] * len(rows), x=list(range(heads)), y=rows, zmin=-0.5, zmax=tp - 0.5, colorscale=scale,
         showscale=False, text=text, texttemplate="%{text}", textfont=dict(color="white", size=9),
-        customdata=hover, hovertemplate="%{customdata}: rank %{z}<extra></extra>", xgap=2, ygap=4))
+        customdata=hover, hovertemplate=_("%{customdata}: rank %{z}") + "<extra></extra>", xgap=2, ygap=4))
     for r in range(tp):
         first, last = r * per, (r + 1) * per - 1
         fig.add_annotation(x=(first + last) / 2, y=1.0, yref="paper", yanchor="bottom", showarrow=False,
-                           text=f"<b>rank {r}</b>: heads {first}–{last}", font=dict(color=_colour(r), size=11))
+                           text=_("<b>rank {rank}</b>: heads {first}–{last}").format(rank=r, first=first, last=last),
+                           font=dict(color=_colour(r), size=11))
     fig.update_xaxes(visible=False)
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(
-        title=dict(text=f"Attention split by heads: {heads} heads on {tp} ranks, {per} each<br>"
-                        f"<sup>head_dim {head_dim}: each rank holds {per * head_dim} columns of W_q, W_k, "
-                        f"W_v and the same {per * head_dim} rows of W_o</sup>", font=dict(size=14)),
+        title=dict(text=_("Attention split by heads: {heads} heads on {p} ranks, {per} each<br><sup>head_dim "
+                          "{head_dim}: each rank holds {columns} columns of W_q, W_k, W_v and the same {columns} rows "
+                          "of W_o</sup>").format(heads=heads, p=tp, per=per, head_dim=head_dim, columns=per * head_dim),
+                   font=dict(size=14)),
         width=760, height=320, plot_bgcolor="white", margin=dict(l=110, r=20, t=100, b=20))
     return fig

@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 from IPython.display import display
 
 from parallel_lab.hardware import LINKS, SYSTEMS, Link
+from parallel_lab.i18n import _
 from parallel_lab.planning.cost import tp_layer_step
 
 H100, B200 = SYSTEMS["DGX H100"], SYSTEMS["DGX B200"]
@@ -48,17 +49,18 @@ def _time(seconds: float) -> str:
 def summary(link: Link, hidden: int, tp: int, tokens: int, flops: float, bytes_per_value: int = 2) -> str:
     """One line: compute and communication of a layer's forward and backward on ``link``, their ratio."""
     c, m = tp_layer_step(tokens, hidden, tp, link, flops, bytes_per_value)
-    return (f"{link.name}, {link.bandwidth / 1e9:.3g} GB/s, α {_time(link.latency)}, {flops / 1e12:.0f} TFLOP/s: "
-            f"compute {_time(c)}, communication {_time(m)} per layer (forward + backward) "
-            f"-> comm/compute = {m / c:.2g}")
+    return _("{link}, {bandwidth:.3g} GB/s, α {alpha}, {tflops:.0f} TFLOP/s: compute {compute}, communication "
+             "{communication} per layer (forward + backward) -> comm/compute = {ratio:.2g}").format(
+        link=link.name, bandwidth=link.bandwidth / 1e9, alpha=_time(link.latency), tflops=flops / 1e12,
+        compute=_time(c), communication=_time(m), ratio=m / c)
 
 
 def default_summary() -> str:
     """The widget's starting point on every preset (pure arithmetic: deterministic)."""
     d = DEFAULTS
-    head = (f"h = {d['hidden']}, t = {d['tp']}, {d['tokens']} tokens (b·s), {8 * d['bytes_per_value']}-bit "
-            f"activations; each of the 4 all-reduces sums "
-            f"{d['tokens'] * d['hidden'] * d['bytes_per_value'] / 1e6:.1f} MB")
+    head = _("h = {h}, t = {t}, {tokens} tokens (b·s), {bits}-bit activations; each of the 4 all-reduces sums "
+             "{mb:.1f} MB").format(h=d["hidden"], t=d["tp"], tokens=d["tokens"], bits=8 * d["bytes_per_value"],
+                                   mb=d["tokens"] * d["hidden"] * d["bytes_per_value"] / 1e6)
     return "\n".join([head] + [summary(link, d["hidden"], d["tp"], d["tokens"], flops, d["bytes_per_value"])
                                for link, flops in PRESETS.values()])
 
@@ -73,27 +75,29 @@ def cost_figure(link: Link, hidden: int, tp: int, tokens: int, flops: float, byt
     talking = [i for i, t in enumerate(tps) if t > 1]
     fig = go.Figure([
         go.Scatter(x=list(tps), y=[float(f"{v:.4g}") for v in compute], mode="lines+markers",
-                   name="compute (3 × 24·b·s·h² / t FLOPs)", line=dict(color="#4c78a8")),
+                   name=_("compute (3 × 24·b·s·h² / t FLOPs)"), line=dict(color="#4c78a8")),
         go.Scatter(x=[tps[i] for i in talking], y=[float(f"{comm[i]:.4g}") for i in talking],
-                   mode="lines+markers", name="communication (4 all-reduces)", line=dict(color="#e45756")),
+                   mode="lines+markers", name=_("communication (4 all-reduces)"), line=dict(color="#e45756")),
     ])
     for other in others:  # the other links, for comparison
         fig.add_trace(go.Scatter(
             x=[tps[i] for i in talking], mode="lines", opacity=0.6, line=dict(color="#e45756", dash="dot"),
             y=[float(f"{tp_layer_step(tokens, hidden, tps[i], other, flops, bytes_per_value)[1] * 1e3:.4g}")
-               for i in talking], name=f"communication on {other.name.split(' (')[0]}"))
+               for i in talking], name=_("communication on {link}").format(link=other.name.split(" (")[0])))
     c, m = tp_layer_step(tokens, hidden, tp, link, flops, bytes_per_value)
     fig.add_vline(x=tp, line=dict(color="gray", dash="dot"))
     if tps[-1] > GPUS_PER_NODE:  # a TP group this large spans nodes: its links are the slow ones
         fig.add_vrect(x0=GPUS_PER_NODE, x1=tps[-1] * 1.4, fillcolor="gray", opacity=0.08, line_width=0)
         fig.add_annotation(x=round(math.log10(GPUS_PER_NODE * 2.8), 4), y=1, yref="paper", yanchor="bottom",
-                           text=f"beyond an {GPUS_PER_NODE}-GPU NVLink node (an NVL72 rack: 72)", showarrow=False,
+                           text=_("beyond an {n}-GPU NVLink node (an NVL72 rack: 72)").format(n=GPUS_PER_NODE),
+                           showarrow=False,
                            font_size=10)
-    fig.update_xaxes(type="log", title="tensor-parallel degree t", tickvals=list(tps))
-    fig.update_yaxes(type="log", title="ms per layer, forward + backward")
+    fig.update_xaxes(type="log", title=_("tensor-parallel degree t"), tickvals=list(tps))
+    fig.update_yaxes(type="log", title=_("ms per layer, forward + backward"))
     fig.update_layout(
-        title=dict(text=f"{link.name}: at t = {tp}, compute {_time(c)}, communication {_time(m)} "
-                        f"(ratio {m / c:.2g})", font=dict(size=13)),
+        title=dict(text=_("{link}: at t = {t}, compute {compute}, communication {communication} "
+                          "(ratio {ratio:.2g})").format(link=link.name, t=tp, compute=_time(c),
+                                                        communication=_time(m), ratio=m / c), font=dict(size=13)),
         template="plotly_white", height=420, width=720, margin=dict(l=60, r=20, t=60, b=100),
         legend=dict(orientation="h", x=0, y=-0.22, yanchor="top"))
     return fig
@@ -114,24 +118,24 @@ def cost_widget(machine: dict | None = None):
     layout = w.Layout(width="420px")
     d = DEFAULTS
     hidden = w.SelectionSlider(options=[1024, 2048, 4096, 8192, 12288, 16384, 20480, 25600], value=d["hidden"],
-                               description="model width h", style=style, layout=layout)
-    tp = w.SelectionSlider(options=list(TPS), value=d["tp"], description="TP degree t", style=style, layout=layout)
+                               description=_("model width h"), style=style, layout=layout)
+    tp = w.SelectionSlider(options=list(TPS), value=d["tp"], description=_("TP degree t"), style=style, layout=layout)
     tokens = w.SelectionSlider(options=[2**k for k in range(9, 17)], value=d["tokens"],
-                               description="tokens b·s", style=style, layout=layout)
-    value_bytes = w.Dropdown(options=[("bf16 / fp16 (2 bytes)", 2), ("fp32 (4 bytes)", 4)],
-                             value=d["bytes_per_value"], description="activations", style=style, layout=layout)
-    preset = w.Dropdown(options=[(link.name, key) for key, (link, _) in presets.items()], value="nvlink4",
-                        description="link", style=style, layout=layout)
-    bandwidth = w.BoundedFloatText(min=1e-3, max=1e5, description="bandwidth (GB/s)", style=style, layout=layout)
-    alpha = w.BoundedFloatText(min=0.0, max=1e6, description="latency α (µs)", style=style, layout=layout)
-    tflops = w.BoundedFloatText(min=1e-4, max=1e5, description="device (TFLOP/s)", style=style, layout=layout)
+                               description=_("tokens b·s"), style=style, layout=layout)
+    value_bytes = w.Dropdown(options=[(_("bf16 / fp16 (2 bytes)"), 2), (_("fp32 (4 bytes)"), 4)],
+                             value=d["bytes_per_value"], description=_("activations"), style=style, layout=layout)
+    preset = w.Dropdown(options=[(chosen.name, key) for key, (chosen, _flops) in presets.items()], value="nvlink4",
+                        description=_("link"), style=style, layout=layout)
+    bandwidth = w.BoundedFloatText(min=1e-3, max=1e5, description=_("bandwidth (GB/s)"), style=style, layout=layout)
+    alpha = w.BoundedFloatText(min=0.0, max=1e6, description=_("latency α (µs)"), style=style, layout=layout)
+    tflops = w.BoundedFloatText(min=1e-4, max=1e5, description=_("device (TFLOP/s)"), style=style, layout=layout)
     chart, text = w.Output(), w.HTML()
     busy = []  # set while a preset fills the three fields, so that they redraw once
 
     def link():
         return Link(presets[preset.value][0].name, bandwidth.value * 1e9, alpha.value * 1e-6)
 
-    def update(_=None):
+    def update(change=None):
         if busy:
             return
         values = dict(hidden=hidden.value, tp=tp.value, tokens=tokens.value, flops=tflops.value * 1e12,
@@ -142,11 +146,11 @@ def cost_widget(machine: dict | None = None):
             others = [PRESETS[key][0] for key in PRESETS if key != preset.value] if preset.value in PRESETS else []
             display(cost_figure(link(), **values, others=others))
         n = tokens.value * hidden.value * value_bytes.value  # bytes each all-reduce sums
-        text.value = (f"<b>{summary(link(), **values)}</b><br>each all-reduce sums {n / 1e6:.3g} MB; a ring "
-                      f"sends {2 * (tp.value - 1) / tp.value * n / 1e6:.3g} MB per device, four times per layer "
-                      f"(two in the forward, two in the backward)")
+        text.value = f"<b>{summary(link(), **values)}</b><br>" + _(
+            "each all-reduce sums {mb:.3g} MB; a ring sends {sent:.3g} MB per device, four times per layer (two in "
+            "the forward, two in the backward)").format(mb=n / 1e6, sent=2 * (tp.value - 1) / tp.value * n / 1e6)
 
-    def choose(_=None):
+    def choose(change=None):
         chosen, flops = presets[preset.value]
         busy.append(True)
         bandwidth.value = round(chosen.bandwidth / 1e9, 3)

@@ -23,17 +23,21 @@ from typing import Mapping
 import plotly.graph_objects as go
 
 from parallel_lab.hardware import SYSTEMS
+from parallel_lab.i18n import _, _l, pad
+from parallel_lab.i18n import width as text_width
 from parallel_lab.planning import memory as planning_memory
 from parallel_lab.show.pipeline import plain_layout
 from parallel_lab.zero import memory, traffic
 
 PARTS = ("parameters", "gradients", "optimizer", "buffers")
-LABELS = {"parameters": "parameters", "gradients": "gradients", "optimizer": "Adam state",
-          "buffers": "full units in use (transient)", "activations": "activations"}
+LABELS = {"parameters": _l("parameters"), "gradients": _l("gradients"), "optimizer": _l("Adam state"),
+          "buffers": _l("full units in use (transient)"), "activations": _l("activations")}
+SHORT = {"parameters": _l("parameters"), "gradients": _l("gradients"), "optimizer": _l("Adam state"),
+         "buffers": _l("full units in use")}
 COLORS = {"parameters": "#4c78a8", "gradients": "#f58518", "optimizer": "#e45756", "buffers": "#b279a2",
           "activations": "#72b7b2", "compute": "#4c78a8", "all_reduce": "#e45756",
           "reduce_scatter_single": "#f58518", "all_gather_single": "#54a24b"}
-STAGE_NAMES = {0: "stage 0 (DP)", 1: "stage 1 (P_os)", 2: "stage 2 (P_os+g)", 3: "stage 3 (P_os+g+p)"}
+STAGE_NAMES = {0: _l("stage 0 (DP)"), 1: _l("stage 1 (P_os)"), 2: _l("stage 2 (P_os+g)"), 3: _l("stage 3 (P_os+g+p)")}
 OP_NAMES = {"all_reduce": "all-reduce", "reduce_scatter_single": "reduce-scatter",
             "all_gather_single": "all-gather"}
 
@@ -76,16 +80,16 @@ def stage_memory_figure(rows=None, title: str | None = None) -> go.Figure:
     ZeRO's Figure 1, Ψ = 7.5B, N = 64, mixed precision: 120, 31.4, 16.6, 1.9 GB)."""
     rows = stage_memory() if rows is None else rows
     fig = go.Figure()
-    stages = [STAGE_NAMES[r["stage"]] for r in rows]
+    stages = [str(STAGE_NAMES[r["stage"]]) for r in rows]
     for part in ("parameters", "gradients", "optimizer", "activations"):
         values = [round(r[part] / 1e9, 3) for r in rows]
         if any(values):
-            fig.add_bar(name=LABELS[part], x=stages, y=values, marker_color=COLORS[part])
+            fig.add_bar(name=str(LABELS[part]), x=stages, y=values, marker_color=COLORS[part])
     for stage, r in zip(stages, rows):
         fig.add_annotation(x=stage, y=round(r["total"] / 1e9, 3), text=f"{r['total'] / 1e9:.1f} GB",
                            showarrow=False, yshift=10)
-    return fig.update_layout(**_bar_layout(title or "Bytes per GPU by ZeRO stage (Rajbhandari et al. 2020, Figure 1)",
-                                           "GB per GPU"))
+    return fig.update_layout(**_bar_layout(title or _("Bytes per GPU by ZeRO stage (Rajbhandari et al. 2020, "
+                                                      "Figure 1)"), _("GB per GPU")))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -94,12 +98,12 @@ def stage_memory_figure(rows=None, title: str | None = None) -> go.Figure:
 
 def equality_table(reports: Mapping[int, dict]) -> str:
     """Per report: stage, dp, max parameter difference and loss difference against one process."""
-    lines = ["stage  dp  steps  max |param - one process|  max |loss - one process|  same to 1e-10",
-             "-" * 84]
+    lines = [f"{pad(_('stage'), 5)}  dp  {pad(_('steps'), 5)}  {pad(_('max |param - one process|'), 25)}  "
+             f"{pad(_('max |loss - one process|'), 24)}  {_('same to 1e-10')}", "-" * 84]
     for stage, r in reports.items():
         same = r["max_param_diff"] < 1e-10 and r["loss_diff"] < 1e-10
         lines.append(f"{stage:>5} {r['dp']:>3} {r['steps']:>6} {_tiny(r['max_param_diff']):>26} "
-                     f"{_tiny(r['loss_diff']):>25}  {'yes' if same else 'NO'}")
+                     f"{_tiny(r['loss_diff']):>25}  {_('yes') if same else _('NO')}")
     return "\n".join(lines)
 
 
@@ -122,9 +126,9 @@ def memory_rows(reports: Mapping[int, dict]) -> list[dict]:
 def memory_table(reports: Mapping[int, dict]) -> str:
     """Measured / predicted bytes per rank, per stage and category, and the total against stage 0's."""
     rows = memory_rows(reports)
-    head = f"{'stage':>5} {'dp':>3}  " + "  ".join(f"{LABELS[p].split(' (')[0]:>21}" for p in PARTS) + \
-        f"  {'total':>21}  {'of stage 0':>10}"
-    lines = [head, "measured / predicted bytes per rank (peak of each category)", "-" * len(head)]
+    head = f"{pad(_('stage'), 5, '>')} {'dp':>3}  " + "  ".join(pad(SHORT[p], 21, ">") for p in PARTS) + \
+        f"  {pad(_('total'), 21, '>')}  {pad(_('of stage 0'), 10, '>')}"
+    lines = [head, _("measured / predicted bytes per rank (peak of each category)"), "-" * text_width(head)]
     first = None
     for stage in reports:
         cells = {row["part"]: row for row in rows if row["stage"] == stage}
@@ -139,17 +143,17 @@ def memory_figure(reports: Mapping[int, dict], title: str | None = None) -> go.F
     """Stacked bars of the measured peak bytes per rank by stage and category, with the formula's
     total as a marker on each bar."""
     rows = memory_rows(reports)
-    stages = [STAGE_NAMES[s] for s in reports]
+    stages = [str(STAGE_NAMES[s]) for s in reports]
     fig = go.Figure()
     for part in PARTS:
-        fig.add_bar(name=LABELS[part] + " (measured)", x=stages,
+        fig.add_bar(name=_("{part} (measured)").format(part=LABELS[part]), x=stages,
                     y=[row["measured"] / 1e6 for row in rows if row["part"] == part], marker_color=COLORS[part])
-    fig.add_scatter(name="formula (zero.memory)", x=stages, mode="markers",
+    fig.add_scatter(name=_("formula (zero.memory)"), x=stages, mode="markers",
                     y=[row["predicted"] / 1e6 for row in rows if row["part"] == "total"],
                     marker=dict(symbol="line-ew-open", size=40, line=dict(width=3, color="black")))
     dp = {r["dp"] for r in reports.values()}
-    title = title or f"Model state per rank, measured on dp = {', '.join(map(str, sorted(dp)))} ranks"
-    return fig.update_layout(**_bar_layout(title, "MB per rank (fp64)"))
+    title = title or _("Model state per rank, measured on dp = {dp} ranks").format(dp=", ".join(map(str, sorted(dp))))
+    return fig.update_layout(**_bar_layout(title, _("MB per rank (fp64)")))
 
 
 def traffic_rows(reports: Mapping[int, dict]) -> list[dict]:
@@ -168,8 +172,9 @@ def traffic_rows(reports: Mapping[int, dict]) -> list[dict]:
 
 def traffic_table(reports: Mapping[int, dict]) -> str:
     """One step's collectives per stage and the volume per rank, measured and predicted, in Ψ."""
-    lines = [f"{'stage':>5} {'dp':>3}  {'collectives in one step (calls, bytes this rank passed in)':<62} "
-             f"{'measured':>9} {'predicted':>9}", "-" * 92]
+    lines = [f"{pad(_('stage'), 5, '>')} {'dp':>3}  "
+             f"{pad(_('collectives in one step (calls, bytes this rank passed in)'), 62)} "
+             f"{pad(_('measured'), 9, '>')} {pad(_('predicted'), 9, '>')}", "-" * 92]
     for row in traffic_rows(reports):
         calls = ", ".join(f"{OP_NAMES.get(op, op)} {v['count']}x {v['bytes']:,} B"
                           for op, v in sorted(row["collectives"].items()))
@@ -181,12 +186,13 @@ def traffic_table(reports: Mapping[int, dict]) -> str:
 def traffic_figure(reports: Mapping[int, dict]) -> go.Figure:
     """Bars: values moved per rank and step by stage, in units of Ψ, measured and predicted."""
     rows = traffic_rows(reports)
-    stages = [STAGE_NAMES[row["stage"]] for row in rows]
+    stages = [str(STAGE_NAMES[row["stage"]]) for row in rows]
     fig = go.Figure()
-    fig.add_bar(name="measured (commlog)", x=stages, y=[row["measured_psi"] for row in rows], marker_color="#4c78a8")
-    fig.add_bar(name="ZeRO section 7 (2Ψ, 3Ψ)", x=stages, y=[row["predicted_psi"] for row in rows],
+    fig.add_bar(name=_("measured (commlog)"), x=stages, y=[row["measured_psi"] for row in rows],
+                marker_color="#4c78a8")
+    fig.add_bar(name=_("ZeRO section 7 (2Ψ, 3Ψ)"), x=stages, y=[row["predicted_psi"] for row in rows],
                 marker_color="#bab0ac")
-    return fig.update_layout(**_bar_layout("Communication per rank and step", "values moved, in units of Ψ",
+    return fig.update_layout(**_bar_layout(_("Communication per rank and step"), _("values moved, in units of Ψ"),
                                            barmode="group"))
 
 
@@ -207,30 +213,33 @@ def overlap_gantt(report: dict, which: str = "virtual", title: str | None = None
     (every wait right after its issue). Milliseconds on the virtual clock: not deterministic."""
     timeline = report["timeline"][which]
     ranks = len(timeline["compute"])
-    lanes = [f"rank {r} {kind}" for r in range(ranks) for kind in ("compute", "network")]
+    lane = {kind: _("rank {rank} compute") if kind == "compute" else _("rank {rank} network")
+            for kind in ("compute", "network")}
+    lanes = [lane[kind].format(rank=r) for r in range(ranks) for kind in ("compute", "network")]
     fig = go.Figure()
     kinds: dict[str, list] = {}
     for r in range(ranks):
         for label, start, end in timeline["compute"][r]:
             kind = "adam" if label.startswith("adam") else label.split(" ")[0]
-            kinds.setdefault(("compute", kind), []).append((f"rank {r} compute", start, end, label))
+            kinds.setdefault(("compute", kind), []).append((lane["compute"].format(rank=r), start, end, label))
         for op, unit, start, end in timeline["comm"][r]:
             label = f"{OP_NAMES.get(op, op)} {unit}"
-            kinds.setdefault(("comm", op), []).append((f"rank {r} network", start, end, label))
+            kinds.setdefault(("comm", op), []).append((lane["network"].format(rank=r), start, end, label))
     shades = {"F": "#4c78a8", "B": "#72b7b2", "adam": "#9d755d", "start": "#bab0ac", "step": "#bab0ac"}
-    for (lane, kind), bars in kinds.items():
-        name = {"F": "forward", "B": "backward", "adam": "Adam"}.get(kind, OP_NAMES.get(kind, kind))
-        color = COLORS.get(kind) if lane == "comm" else shades.get(kind, "#bab0ac")
+    for (where, kind), bars in kinds.items():
+        name = {"F": _("forward"), "B": _("backward"), "adam": "Adam"}.get(kind, OP_NAMES.get(kind, kind))
+        color = COLORS.get(kind) if where == "comm" else shades.get(kind, "#bab0ac")
         fig.add_bar(name=name, orientation="h", y=[b[0] for b in bars],
                     x=[round((b[2] - b[1]) * 1e3, 4) for b in bars], base=[round(b[1] * 1e3, 4) for b in bars],
                     text=[b[3] for b in bars], hovertemplate="%{text}<br>%{base:.3f}–%{x:.3f} ms<extra></extra>",
                     marker_color=color, marker_line_width=0)
     span = timeline["makespan"] * 1e3
-    kind = "with overlap" if report["overlap"] and which == "virtual" else "serial (no overlap)"
+    kind = _("with overlap") if report["overlap"] and which == "virtual" else _("serial (no overlap)")
     return fig.update_layout(**plain_layout(
-        title=title or f"ZeRO stage {report['stage']}, dp = {report['dp']}, {kind}: step {span:.2f} ms",
+        title=title or _("ZeRO stage {stage}, dp = {dp}, {kind}: step {span:.2f} ms").format(
+            stage=report["stage"], dp=report["dp"], kind=kind, span=span),
         barmode="overlay", height=120 + 45 * len(lanes),
-        xaxis=dict(title=f"virtual clock, ms (thread CPU time + {report['link']['name']} modelled)",
+        xaxis=dict(title=_("virtual clock, ms (thread CPU time + {link} modelled)").format(link=report["link"]["name"]),
                    gridcolor="#e5e5e5", range=[0, span * 1.02]),
         yaxis=dict(categoryorder="array", categoryarray=lanes[::-1], gridcolor="#e5e5e5")))
 
@@ -258,10 +267,13 @@ def link_table(params: float = 7.5e9, dp: int = 64, value_bytes: float = 2, toke
                system: str = "DGX H100") -> str:
     """``link_rows`` as text."""
     s = SYSTEMS[system]
-    lines = [f"Ψ = {params / 1e9:g}B, N = {dp}, {value_bytes:g}-byte values, {tokens_per_gpu} tokens per GPU "
-             f"per step, {system}",
-             f"{'stage':>5} {'GB sent per GPU':>16} {'on ' + s.nvlink.name.split(' (')[0]:>18} "
-             f"{'on ' + s.network.name.split(' (')[0]:>26} {'compute (6Ψ·tokens)':>21}", "-" * 92]
+    on = _("on {link}")
+    lines = [_("Ψ = {psi:g}B, N = {dp}, {bytes:g}-byte values, {tokens} tokens per GPU per step, {system}").format(
+        psi=params / 1e9, dp=dp, bytes=value_bytes, tokens=tokens_per_gpu, system=system),
+             f"{pad(_('stage'), 5, '>')} {pad(_('GB sent per GPU'), 16, '>')} "
+             f"{pad(on.format(link=s.nvlink.name.split(' (')[0]), 18, '>')} "
+             f"{pad(on.format(link=s.network.name.split(' (')[0]), 26, '>')} "
+             f"{pad(_('compute (6Ψ·tokens)'), 21, '>')}", "-" * 92]
     for row in link_rows(params, dp, value_bytes, tokens_per_gpu, system):
         lines.append(f"{row['stage']:>5} {row['gb_sent']:>16.1f} {row['nvlink_s']:>16.3f} s "
                      f"{row['network_s']:>24.3f} s {row['compute_s']:>19.3f} s")
