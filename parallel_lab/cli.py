@@ -43,11 +43,12 @@ def _bench(args):
 
 def _bench_arguments(parser):
     parser.add_argument("suites", nargs="*", metavar="SUITE",
-                        help="launcher, collectives, simulator, tensor, pipeline, grading, zero, context "
-                             "(default: all)")
+                        help="launcher, collectives, simulator, search, tensor, pipeline, grading, zero, context "
+                             "(default: all), search-gap (only when named: minutes of CP-SAT)")
 
 
 SCHEDULE_NAMES = ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipe-v")
+PLAN_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")  # planning.planner.SCHEDULES, without its import
 
 
 def _ranks_argument(parser) -> None:
@@ -382,7 +383,8 @@ def _plan(args):
     for name in ("ep", "cp"):  # else the planner's defaults (every ep dividing E; cp 1 unless seq is long)
         if getattr(args, name) is not None:
             given[name] = tuple(getattr(args, name))
-    result = planner.plan_from_args(**given, zero=tuple(args.zero), experts=args.experts, top_k=args.top_k)
+    result = planner.plan_from_args(**given, zero=tuple(args.zero), experts=args.experts, top_k=args.top_k,
+                                    schedules=tuple(args.schedules), ends=args.ends)
     return result, planner.format_plans(result), ""
 
 
@@ -406,6 +408,11 @@ def _plan_arguments(parser):
     parser.add_argument("--overlap", type=float,
                         help="share of a backward that DP/ZeRO communication can hide behind (0: none; "
                              "default: the planner's, planning.cost.OVERLAP_SHARE)")
+    parser.add_argument("--schedules", nargs="+", default=list(PLAN_SCHEDULES), metavar="NAME",
+                        help=f"schedules to search (default: {' '.join(PLAN_SCHEDULES)}; also zb-v dualpipe-v)")
+    parser.add_argument("--ends", action="store_true",
+                        help="the embedding on the first rank, the LM head on its own (not spread), and lighter "
+                             "end ranks where pp does not divide the layers")
     parser.add_argument("--experts", type=int, default=0,
                         help="experts E per block (a mixture of experts in every block; 0: dense)")
     parser.add_argument("--top-k", type=int, default=2, help="experts each token is routed to")

@@ -157,7 +157,10 @@ print(inspect.getsource(cost.pipeline_makespan))
 # `planner.plan` tries every (dp, pp, tp) whose product is the number of GPUs, every schedule
 # (GPipe, 1F1B, interleaved 1F1B with 2–4 chunks, ZB-H1), recomputation (none, selective, full) and
 # ZeRO stage (0–3, column `Z`), and for each the number of micro-batches (a divisor of the batch
-# per replica) that is fastest and fits. GPT-3's batch: 1536 sequences of 2048 tokens.
+# per replica) that is fastest and fits. GPT-3's batch: 1536 sequences of 2048 tokens. (ZB-V and
+# DualPipeV have closed forms too, above; `schedules=planner.ALL_SCHEDULES` adds them, and
+# `ends=True` puts the embedding and the LM head on their own ranks instead of spreading their work
+# over all of them. This lesson's plans use neither.)
 
 # %%
 print("planning 512 GPUs (a few seconds) ...")

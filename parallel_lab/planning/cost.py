@@ -17,9 +17,17 @@ The cost model (per training step, on the slowest device; every term is printed 
 - **pipeline bubble**: closed forms of the simulator's makespan (``parallel_lab.pipeline.simulate``; equal
   stage costs, free links -- tested equal): GPipe and 1F1B ``(m + p - 1)(F + B)``, interleaved 1F1B
   ``m(F + B) + (p - 1)(F + B)/v``, ZB-H1 ``m(F + B) + (p - 1)·max(F, B/2)`` (its W passes fill the
-  cool-down). DualPipeV (m >= 2p) has one too, ``m(F + B) + max((p - 1)·max(F - B/2, F/2),
-  (p - 1)·B/4 - F/2)``, but the planner does not search it (not in ``CLOSED_FORMS``): its search
-  knows neither its two stages per rank (the memory model's ``virtual``) nor its m >= 2p.
+  cool-down), and for m >= 2p the V schedules (two stages per rank): DualPipeV ``m(F + B) +
+  max((p - 1)·max(F - B/2, F/2), (p - 1)·B/4 - F/2)`` and ZB-V ``m(F + B) + (p - 1)·max(F/2, B/4) +
+  (p - 2)·max(0, F/2 - B/4)`` (both fitted to the simulator and held against it). The planner
+  searches the first four by default and all six with ``planner.ALL_SCHEDULES``.
+- **uneven end ranks** (``ends=True``, off by default): the first rank also runs the embedding, the
+  LM head's rank (the last; rank 0 in the V schedules) the head and the loss, at 6 FLOPs per
+  parameter and token like the rest (``rank_loads``), and a pp that does not divide the layers
+  gives the end ranks fewer blocks (``memory_model.light_ends_split``). Unequal ranks are priced by
+  ``uneven_makespan``: the closed form at the middle ranks' load, the slowest rank pacing the steady
+  state, every rank's excess once (exact for GPipe and 1F1B, within 10 % of the simulator for the
+  others). Off, the head's and embedding's work is spread over every rank, as the lessons' plans do.
 - **pipeline point-to-point**: every micro-batch chunk sends its activation forward and receives its
   gradient back, ``b·s·h/t`` 2-byte values (Megatron's scatter/gather optimisation), not overlapped;
   inter-node links when a pipeline group spans nodes.
@@ -87,7 +95,8 @@ from parallel_lab.planning import memory, memory_model
 from parallel_lab.runtime.mesh import ParallelDims
 from parallel_lab.zero.memory import check_stage
 
-CLOSED_FORMS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+CLOSED_FORMS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipe-v")
+V_SCHEDULES = memory_model.V_SCHEDULES  # two stages per rank in V order: m >= 2p for their closed forms
 # The share of a backward pass that gradient communication in flight can use (see the module doc).
 # A modelling assumption, checked against ``zero.overlap``'s virtual clock by
 # ``parallel3d.validate_plans.validate_overlap`` (median error under 20 %, tests/test_planner.py):
@@ -111,7 +120,28 @@ def pipeline_makespan(schedule: str, pp: int, microbatches: int, virtual: int, f
         return work + (p - 1) * max(fwd, bwd / 2)
     if schedule == "dualpipe-v":  # per stage F = fwd/2, B = bwd/2, I = W = B/2; needs m >= 2p (tests/test_dualpipe.py)
         return work + max((p - 1) * max(fwd - bwd / 2, fwd / 2), (p - 1) * bwd / 4 - fwd / 2)
+    if schedule == "zb-v":  # the same per-stage costs, m >= 2p; fitted to the simulator, held against it in tests
+        return work + (p - 1) * max(fwd / 2, bwd / 4) + max(0, p - 2) * max(0.0, fwd / 2 - bwd / 4)
     raise ValueError(f"no closed form for schedule {schedule!r}; choose one of {', '.join(CLOSED_FORMS)}")
+
+
+def uneven_makespan(schedule: str, pp: int, microbatches: int, virtual: int, fwd: list[float],
+                    bwd: list[float]) -> float:
+    """The makespan when pipeline ranks differ: ``fwd[r]``, ``bwd[r]`` are one micro-batch's forward and
+    backward through rank r's layers (the ends hold more: the embedding, the LM head). The closed form
+    at the middle ranks' load t (the median), plus (m - 1)(t_max - t) for the slowest rank pacing the
+    steady state, plus every rank's excess once (the fill and drain pass through each). Exact for GPipe
+    and 1F1B; for the others within 10 % of the simulator with ends up to half a rank heavier
+    (tests/test_planner.py), above it for the zero-bubble schedules (their W's absorb part of it)."""
+    loads = [f + b for f, b in zip(fwd, bwd)]
+    # the middle ranks' load: the most common one (the lighter on a tie: two ranks, both ends)
+    common = {}
+    for r, t in enumerate(loads):
+        common.setdefault(round(t, 12), []).append(r)
+    mid = min(common.values(), key=lambda ranks: (-len(ranks), loads[ranks[0]]))[0]
+    base = pipeline_makespan(schedule, pp, microbatches, virtual, fwd[mid], bwd[mid])
+    excess = [t - loads[mid] for t in loads]
+    return base + (microbatches - 1) * max(0.0, max(excess)) + sum(x for x in excess if x > 0)
 
 
 def recompute_extra_forward(model: memory.ModelConfig, recompute: str, seq: int | None = None) -> float:
@@ -215,14 +245,20 @@ def dp_communication(stage: int, shard_bytes: float, dp: int, link: Link, microb
 
 def step_time(model: memory.ModelConfig, cluster: Cluster, batch: int, dp: int, pp: int, tp: int,
               microbatches: int, schedule: str = "1f1b", virtual: int = 1, recompute: str = "none",
-              zero: int = 0, overlap: float = OVERLAP_SHARE, ep: int = 1, cp: int = 1) -> dict:
+              zero: int = 0, overlap: float = OVERLAP_SHARE, ep: int = 1, cp: int = 1,
+              split: tuple[int, ...] | None = None, ends: bool = False) -> dict:
     """Predicted seconds per step and its parts: ``compute_s``, ``tp_comm_s``, ``ep_comm_s``,
     ``cp_comm_s`` (exposed), ``bubble_s``, ``pp_comm_s``, ``dp_comm_s`` (exposed) and their sum
     ``step_s``; ``dp_hidden_s``: the DP/ZeRO communication hidden behind the backward (not in the
     sum). ``zero``: ZeRO stage 0-3 over the dp group; ``overlap``: the share of a backward gradient
     communication can use (0: none); ``ep``, ``cp``: expert and context parallel degrees (the world
-    is dp·pp·cp·tp; ep within dp)."""
-    base = _step_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtual, recompute, ep, cp)
+    is dp·pp·cp·tp; ep within dp); ``split``: blocks per pipeline rank when not equal; ``ends``: the
+    first rank carries the embedding, the head's rank the LM head and the loss (``rank_loads``; off:
+    spread over every rank, the lessons' model). With either, compute, TP, EP and CP parts are the
+    average rank's, and ``bubble_s`` the rest of the pipeline's makespan (its bubble and the waiting
+    for the heavier ranks)."""
+    base = _step_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtual, recompute, ep, cp,
+                      split, ends)
     return with_dp(base, zero, overlap)
 
 
@@ -240,10 +276,9 @@ def with_dp(base: dict, zero: int = 0, overlap: float = OVERLAP_SHARE) -> dict:
     return parts
 
 
-def _step_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtual, recompute,
+def _even_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtual, recompute,
                ep: int = 1, cp: int = 1) -> dict:
-    """Every term of ``step_time`` but the DP one, and what that one needs (the planner computes this
-    once per micro-batching and adds each ZeRO stage's DP term with ``with_dp``)."""
+    """``_step_base`` with equal ranks: the head's and the embedding's work spread over them all."""
     memory_model.check_ep_cp(model, dp, ep, cp)
     if ep == cp == 1:
         crosses = _crossings(dp, pp, tp, cluster.nodes, cluster.gpus_per_node)
@@ -294,7 +329,8 @@ def _step_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtua
     if pp > 1:
         message = 2 * b * s * model.hidden / tp
         pp_comm = 2 * microbatches * virtual * (alpha + message / bandwidth("pp"))
-    splits = {st: memory_model.stage_param_split(model, pp, tp, st, ep) for st in {0, pp - 1}}
+    head = memory_model.head_rank(schedule, pp)  # the V schedules' rank 0 holds the embedding and the head
+    splits = {st: memory_model.stage_param_split(model, pp, tp, st, ep, None, head) for st in {0, pp - 1}}
     shard = max(dense for dense, _ in splits.values()) * 2  # middle stages hold less
     base = {"compute_s": microbatches * (fwd + bwd), "tp_comm_s": microbatches * (tp_fwd + tp_bwd),
             "bubble_s": makespan - work, "pp_comm_s": pp_comm, "dp": dp * cp, "microbatches": microbatches,
@@ -302,6 +338,113 @@ def _step_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtua
             "dp_link": Link("dp", bandwidth("dp"), alpha)}
     if ep > 1 or cp > 1:
         base |= {"ep_comm_s": microbatches * (ep_fwd + ep_bwd), "cp_comm_s": microbatches * (cp_fwd + cp_bwd)}
+    if model.experts:
+        base |= {"expert_shard_bytes": 2 * splits[0][1], "edp": dp * cp // ep,
+                 "edp_link": Link("edp", bandwidth("edp" if "edp" in crosses else "dp"), alpha)}
+    return base
+
+
+def rank_loads(model: memory.ModelConfig, pp: int, schedule: str = "1f1b",
+               split: tuple[int, ...] | None = None) -> list[float]:
+    """Per pipeline rank, its share of the step's compute against the average rank's (1.0 each when
+    equal): its blocks, plus the embedding on rank 0 and the LM head on the head's rank (the last,
+    rank 0 in the V schedules), each at 6 FLOPs per parameter and token as the whole model (the
+    active parameters of a mixture of experts). ``split``: blocks per rank (default layers / pp)."""
+    total = (memory_model.active_param_count(model) if model.experts
+             else memory_model.param_count(model.layers, model.hidden, model.vocab, model.seq))
+    embedding = (model.vocab + model.seq) * model.hidden
+    head = model.vocab * model.hidden + 2 * model.hidden
+    block = (total - embedding - head) / model.layers
+    split = split or memory_model.even_split(model.layers, pp)
+    last = memory_model.head_rank(schedule, pp)
+    loads = [split[r] * block + (embedding if r == 0 else 0) + (head if r == last else 0) for r in range(pp)]
+    return [x * pp / total for x in loads]
+
+
+def _step_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtual, recompute,
+               ep: int = 1, cp: int = 1, split: tuple[int, ...] | None = None, ends: bool = False) -> dict:
+    """Every term of ``step_time`` but the DP one, and what that one needs (the planner computes this
+    once per micro-batching and adds each ZeRO stage's DP term with ``with_dp``). ``split``: blocks
+    per pipeline rank when they are not equal (``memory_model.light_ends_split``); ``ends``: the
+    embedding's and the head's work on their own ranks (``rank_loads``) instead of spread evenly."""
+    if split is None and not ends:
+        return _even_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtual, recompute, ep, cp)
+    memory_model.check_ep_cp(model, dp, ep, cp)
+    if ep == cp == 1:
+        crosses = _crossings(dp, pp, tp, cluster.nodes, cluster.gpus_per_node)
+    else:
+        crosses = _crossings_ep_cp(dp, pp, cp, tp, ep, cluster.nodes, cluster.gpus_per_node)
+    split = split or memory_model.even_split(model.layers, pp)
+    b = batch // (dp * microbatches)
+    s = model.seq // cp  # positions on this rank
+    if model.experts:
+        flops = 6 * memory_model.active_param_count(model) * batch * model.seq
+    else:
+        flops = 6 * memory_model.param_count(model.layers, model.hidden, model.vocab, model.seq) * batch * model.seq
+    per_device = flops / (dp * pp * tp * cp) / (cluster.tflops * 1e12)
+    fwd = per_device / 3 / microbatches  # one micro-batch through the average rank's layers
+    bwd = 2 * fwd + fwd * recompute_extra_forward(model, recompute)
+    alpha = cluster.latency_us * 1e-6
+    head = memory_model.head_rank(schedule, pp)
+
+    def bandwidth(dim):
+        return (cluster.inter_gbps if crosses[dim] else cluster.intra_gbps) * 1e9
+
+    # per-block communication, forward and backward, then each rank's from its blocks
+    block_fwd = block_bwd = 0.0
+    extra = [[0.0, 0.0] for _ in range(pp)]  # forward and backward communication at the ends
+    if tp > 1:
+        one = ring_all_reduce_time(2 * b * s * model.hidden, tp, alpha, bandwidth("tp"))
+        block_fwd, block_bwd = 2 * one, (4 if recompute == "full" else 2) * one
+        # the ends of the model: on the head's rank the LM head's input gradient (one backward) and
+        # the vocab-parallel loss's max, sum of exponentials and target logit (three forward, one fp32
+        # value per token); on rank 0 the embedding sums its partial lookups (one forward)
+        per_token = ring_all_reduce_time(4 * b * s, tp, alpha, bandwidth("tp"))
+        for r in [head] if ends else range(pp):  # without ``ends``: on every rank, as ``_even_base``
+            extra[r][0] += 3 * per_token + (one if pp == 1 or (ends and r == 0) else 0.0)
+            extra[r][1] += one
+        if ends and head != 0:
+            extra[0][0] += one
+    ep_block = cp_block = (0.0, 0.0)
+    if ep > 1:  # two all-to-alls forward, two backward (two more when the forward is recomputed)
+        half = ep_communication(model, b, tp, ep, cp, Link("ep", bandwidth("ep"), alpha)) / 2
+        ep_block = (half, half * (2 if recompute == "full" else 1))
+    if cp > 1:
+        ring_fwd, ring_bwd = cp_communication(model, b, tp, cp, Link("cp", bandwidth("cp"), alpha),
+                                              cluster.tflops * 1e12)
+        cp_block = (ring_fwd, ring_bwd + (ring_fwd if recompute == "full" else 0.0))
+    loads = rank_loads(model, pp, schedule, split) if ends else [x * pp / model.layers for x in split]
+    parts = {"compute": [], "tp": [], "ep": [], "cp": []}  # per rank, forward + backward of one micro-batch
+    fwds, bwds = [], []
+    for r in range(pp):
+        c_f, c_b = fwd * loads[r], bwd * loads[r]
+        t_f, t_b = split[r] * block_fwd + extra[r][0], split[r] * block_bwd + extra[r][1]
+        e_f, e_b = split[r] * ep_block[0], split[r] * ep_block[1]
+        x_f, x_b = split[r] * cp_block[0], split[r] * cp_block[1]
+        parts["compute"].append(c_f + c_b)
+        parts["tp"].append(t_f + t_b)
+        parts["ep"].append(e_f + e_b)
+        parts["cp"].append(x_f + x_b)
+        fwds.append(c_f + t_f + e_f + x_f)
+        bwds.append(c_b + t_b + e_b + x_b)
+    if pp == 1 or max(fwds) - min(fwds) + max(bwds) - min(bwds) <= 1e-12 * (fwds[0] + bwds[0]):
+        makespan = pipeline_makespan(schedule, pp, microbatches, virtual, fwds[0], bwds[0])
+    else:
+        makespan = uneven_makespan(schedule, pp, microbatches, virtual, fwds, bwds)
+    mean = {k: microbatches * sum(v) / pp for k, v in parts.items()}  # the average rank's, per step
+    work = mean["compute"] + mean["tp"] + mean["ep"] + mean["cp"]
+    pp_comm = 0.0
+    if pp > 1:
+        message = 2 * b * s * model.hidden / tp
+        pp_comm = 2 * microbatches * virtual * (alpha + message / bandwidth("pp"))
+    splits = {st: memory_model.stage_param_split(model, pp, tp, st, ep, split[st], head) for st in {0, head, pp - 1}}
+    shard = max(dense for dense, _ in splits.values()) * 2  # middle stages hold less
+    base = {"compute_s": mean["compute"], "tp_comm_s": mean["tp"],
+            "bubble_s": makespan - work, "pp_comm_s": pp_comm, "dp": dp * cp, "microbatches": microbatches,
+            "fwd": sum(fwds) / pp, "bwd": sum(bwds) / pp, "shard_bytes": shard,
+            "dp_link": Link("dp", bandwidth("dp"), alpha)}
+    if ep > 1 or cp > 1:
+        base |= {"ep_comm_s": mean["ep"], "cp_comm_s": mean["cp"]}
     if model.experts:
         base |= {"expert_shard_bytes": 2 * splits[0][1], "edp": dp * cp // ep,
                  "edp_link": Link("edp", bandwidth("edp" if "edp" in crosses else "dp"), alpha)}

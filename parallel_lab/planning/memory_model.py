@@ -139,17 +139,47 @@ def stage_params(model: memory.ModelConfig, pp: int = 1, tp: int = 1, stage: int
     return sum(stage_param_split(model, pp, tp, stage, ep))
 
 
+V_SCHEDULES = ("zb-v", "dualpipe-v")  # rank r holds stages r and 2p-1-r: the first and the last on rank 0
+
+
+def head_rank(schedule: str, pp: int) -> int:
+    """The pipeline rank that holds the LM head: the last one, or rank 0 for the V schedules."""
+    return 0 if schedule in V_SCHEDULES else pp - 1
+
+
+def even_split(layers: int, pp: int) -> tuple[int, ...]:
+    """``layers / pp`` blocks on every pipeline rank (ValueError unless pp divides layers)."""
+    if layers % pp:
+        raise ValueError(f"layers {layers} % pp {pp} != 0: stages would hold unequal numbers of blocks")
+    return (layers // pp,) * pp
+
+
+def light_ends_split(layers: int, pp: int) -> tuple[int, ...] | None:
+    """Blocks per rank when ``pp`` does not divide ``layers``: floor(layers / pp) on every rank and one
+    more on ``layers % pp`` middle ranks, so the first and last ranks, which also hold the embedding
+    and the LM head, get the fewer (Megatron-LM's ``--decoder-first/last-pipeline-num-layers``, here
+    chosen for them). None when it cannot be done (fewer blocks than ranks, or too few middle ranks)."""
+    q, extra = divmod(layers, pp)
+    if not q or not extra or extra > pp - 2:
+        return None
+    middle = range(1, pp - 1)
+    more = {middle[round(i * (pp - 2) / extra)] for i in range(extra)}  # spread over the middle
+    return tuple(q + (r in more) for r in range(pp))
+
+
 @functools.lru_cache(maxsize=65536)
 def stage_param_split(model: memory.ModelConfig, pp: int = 1, tp: int = 1, stage: int = 0,
-                      ep: int = 1) -> tuple[int, int]:
+                      ep: int = 1, layers: int | None = None, head: int | None = None) -> tuple[int, int]:
     """``(dense, expert)``: ``stage_params`` split into what is replicated over the data-parallel
     group and the E/ep experts per block, replicated only over the expert-data-parallel group
-    (dp/ep ranks; DeepSpeed-MoE, Rajbhandari et al. 2022, section 5). ``expert`` is 0 for a dense model."""
+    (dp/ep ranks; DeepSpeed-MoE, Rajbhandari et al. 2022, section 5). ``expert`` is 0 for a dense model.
+    ``layers``: the blocks on this stage (default layers / pp, which pp must divide); ``head``: the
+    stage that holds the LM head (default the last; rank 0 in the V schedules, ``head_rank``)."""
     pp, tp, ep = positive_int("pp", pp), positive_int("tp", tp), positive_int("ep", ep)
     if ep > 1 and not model.experts:
         raise ValueError(f"ep {ep} needs a model with experts, got experts {model.experts}")
-    if model.layers % pp:
-        raise ValueError(f"layers {model.layers} % pp {pp} != 0: stages would hold unequal numbers of blocks")
+    if layers is None:
+        layers = even_split(model.layers, pp)[0]
     if not 0 <= stage < pp:
         raise ValueError(f"stage must be in 0..{pp - 1}, got stage {stage}")
     if model.vocab % tp:  # Megatron pads the vocabulary instead; count the padded rows
@@ -159,12 +189,12 @@ def stage_param_split(model: memory.ModelConfig, pp: int = 1, tp: int = 1, stage
     h = model.hidden
     if model.experts:
         dense, expert = moe_layer_params(h, model.experts, tp, ep)
-        count, experts = model.layers // pp * dense, model.layers // pp * expert
+        count, experts = layers * dense, layers * expert
     else:
-        count, experts = model.layers // pp * layer_params(h, tp), 0
+        count, experts = layers * layer_params(h, tp), 0
     if stage == 0:
         count += vocab_rows * h + model.seq * h  # token embedding split by vocabulary rows; positions replicated
-    if stage == pp - 1:
+    if stage == (pp - 1 if head is None else head):
         count += 2 * h + vocab_rows * h  # final LayerNorm (replicated) + output projection
     return count, experts
 
@@ -278,11 +308,21 @@ def ring_score_bytes(model: memory.ModelConfig, micro_batch: int, tp: int, cp: i
                         dtype_bytes=value_bytes).score_peak_bytes
 
 
+def _per_layer(model, micro_batch, tp, sequence_parallel, recompute, prec, dropout, cp) -> tuple[float, float]:
+    """(bytes one block keeps per micro-batch, M_W / M_B of it)."""
+    top_k = model.top_k if model.experts else 0
+    per_layer = activation_bytes_per_layer(model.seq, micro_batch, model.hidden, model.heads, tp,
+                                           sequence_parallel, recompute, prec.activation, dropout, top_k, cp)
+    share = weight_grad_bytes_per_layer(model.seq // cp, micro_batch, model.hidden, tp, sequence_parallel,
+                                        prec.activation) / per_layer
+    return per_layer, share
+
+
 def device_memory(model: memory.ModelConfig, micro_batch: int = 1, dp: int = 1, pp: int = 1, tp: int = 1,
                   sequence_parallel: bool = False, schedule: str = "1f1b", microbatches: int = 1,
                   virtual: int = 1, recompute: str = "none", zero1: bool = False,
                   precision: str = "mixed", dropout: bool = True, stages=None, zero: int = 0,
-                  ep: int = 1, cp: int = 1) -> list[dict]:
+                  ep: int = 1, cp: int = 1, split: tuple[int, ...] | None = None) -> list[dict]:
     """Bytes on one device of every pipeline stage (a list, stage 0 first; only ``stages`` if given):
     ``stage``, ``params``, ``weights``, ``gradients``, ``optimizer`` (sharded over ``dp`` by ZeRO
     stage ``zero``, 0-3; ``zero1`` means ``zero=1``), ``buffers`` (ZeRO 2-3's transient full units),
@@ -290,21 +330,23 @@ def device_memory(model: memory.ModelConfig, micro_batch: int = 1, dp: int = 1, 
     ``w_share`` = M_W / M_B, plus the head's on the last stage), ``scores`` (ring attention's one
     block, cp > 1), ``zero``, ``ep``, ``cp`` and ``total``. ``ep``: experts over ep ranks of the dp
     group; ``cp``: positions over cp ranks (see the module doc); the dense state is sharded over
-    dp·cp, the experts' over dp·cp/ep."""
+    dp·cp, the experts' over dp·cp/ep. ``split``: blocks per pipeline rank when they are not equal
+    (``light_ends_split``; one chunk per rank). The V schedules keep the head on rank 0."""
     dp = positive_int("dp", dp)
     check_ep_cp(model, dp, ep, cp)
     zero = max(zero_memory.check_stage(zero), 1 if zero1 else 0)
     prec = memory.PRECISIONS[precision] if isinstance(precision, str) else precision
-    if model.layers % (pp * virtual):
+    if split is not None:
+        if len(split) != pp or sum(split) != model.layers or virtual != 1 or min(split) < 1:
+            raise ValueError(f"split {list(split)} must give {pp} ranks (virtual 1) at least one of the "
+                             f"{model.layers} blocks each")
+    elif model.layers % (pp * virtual):
         raise ValueError(f"layers {model.layers} % (pp {pp} x virtual {virtual}) != 0")
     if model.heads % tp:
         raise ValueError(f"heads {model.heads} % tp {tp} != 0")
-    top_k = model.top_k if model.experts else 0
-    per_layer = activation_bytes_per_layer(model.seq, micro_batch, model.hidden, model.heads, tp,
-                                           sequence_parallel, recompute, prec.activation, dropout, top_k, cp)
-    share = weight_grad_bytes_per_layer(model.seq // cp, micro_batch, model.hidden, tp, sequence_parallel,
-                                        prec.activation) / per_layer
-    chunk_layers = model.layers // (pp * virtual)
+    per_layer, share = _per_layer(model, micro_batch, tp, sequence_parallel, recompute, prec, dropout, cp)
+    split = split or (model.layers // pp,) * pp
+    head = head_rank(schedule, pp)
     peaks = in_flight(schedule, pp, microbatches, virtual, share)
     if prec.weights != prec.gradients:
         raise ValueError(f"ZeRO's formula counts one value size for weights and gradients, got "
@@ -316,7 +358,8 @@ def device_memory(model: memory.ModelConfig, micro_batch: int = 1, dp: int = 1, 
     scores = ring_score_bytes(model, micro_batch, tp, cp, prec.activation)
     rows = []
     for stage in range(pp) if stages is None else sorted(set(stages)):
-        params, experts = stage_param_split(model, pp, tp, stage, ep)
+        params, experts = stage_param_split(model, pp, tp, stage, ep, split[stage], head)
+        chunk_layers = split[stage] // virtual
         state = zero_memory.per_rank(params, dp * cp, zero, prec.weights,
                                      unit=min(unit, params) if zero >= 2 else 0,
                                      adam_bytes=prec.optimizer, overlap=True)
@@ -326,7 +369,7 @@ def device_memory(model: memory.ModelConfig, micro_batch: int = 1, dp: int = 1, 
                                         adam_bytes=prec.optimizer, overlap=True)
             state = {k: state[k] + more[k] for k in ("parameters", "gradients", "optimizer", "buffers")}
         acts = peaks[stage] * chunk_layers * per_layer
-        if stage == pp - 1:
+        if stage == head:
             # the head's tensors live from the last forward to its backward: one micro-batch at a time
             # in 1F1B-like schedules, all m in GPipe
             acts += (microbatches if schedule == "gpipe" else 1) * head_activation_bytes(
@@ -342,14 +385,20 @@ def device_memory(model: memory.ModelConfig, micro_batch: int = 1, dp: int = 1, 
 
 
 def max_device_memory(model: memory.ModelConfig, **kwargs) -> dict:
-    """The most loaded device of ``device_memory`` (same arguments). Only three stages can be it:
-    the first (embeddings), the last (head) and the one with the most micro-batches in flight --
-    every other stage holds the same blocks and no more activations than that one."""
-    pp = kwargs.get("pp", 1)
-    peaks = in_flight(kwargs.get("schedule", "1f1b"), pp, kwargs.get("microbatches", 1), kwargs.get("virtual", 1))
-    # rank 0 holds the most activations for every w_share < 1 or schedule without a split backward
-    # (their peaks fall with r); with w_share >= 1 ZB's later ranks can hold more: keep them all
-    candidates = {0, pp - 1, max(range(pp), key=lambda r: peaks[r])}
-    if kwargs.get("schedule") in ("zb-h1", "zb-v", "dualpipe-v"):
+    """The most loaded device of ``device_memory`` (same arguments). With equal blocks per rank, ranks
+    differ only by the ends (the embedding on rank 0, the head and its tensors on the head's rank)
+    and by the micro-batches in flight, so the heaviest is rank 0, the head's rank, the last or the
+    one with the most in flight (counted with the plan's own M_W / M_B: a zero-bubble schedule's
+    later ranks can hold more); with uneven blocks, any rank."""
+    pp, schedule = kwargs.get("pp", 1), kwargs.get("schedule", "1f1b")
+    if kwargs.get("split"):
         candidates = set(range(pp))
+    else:
+        prec = kwargs.get("precision", "mixed")
+        prec = memory.PRECISIONS[prec] if isinstance(prec, str) else prec
+        sp = kwargs.get("sequence_parallel", False) and kwargs.get("tp", 1) > 1
+        _, share = _per_layer(model, kwargs.get("micro_batch", 1), kwargs.get("tp", 1), sp,
+                              kwargs.get("recompute", "none"), prec, kwargs.get("dropout", True), kwargs.get("cp", 1))
+        peaks = in_flight(schedule, pp, kwargs.get("microbatches", 1), kwargs.get("virtual", 1), share)
+        candidates = {0, head_rank(schedule, pp), pp - 1, max(range(pp), key=lambda r: peaks[r])}
     return max(device_memory(model, **kwargs, stages=candidates), key=lambda row: row["total"])

@@ -48,7 +48,11 @@ from parallel_lab.runtime.mesh import ParallelDims
 from parallel_lab.zero.memory import STAGES as ZERO_STAGES
 from parallel_lab.zero.memory import check_stage
 
-SCHEDULES = CLOSED_FORMS  # the schedules the planner searches: those with a closed-form makespan
+# The schedules the planner searches by default (the lessons' plans); ALL_SCHEDULES adds the V
+# schedules, ZB-V and DualPipeV (two stages per rank, m >= 2 pp), whose closed forms cost.py also has.
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+ALL_SCHEDULES = CLOSED_FORMS
+V_SCHEDULES = memory_model.V_SCHEDULES
 RECOMPUTE = memory_model.RECOMPUTE
 VIRTUAL = (2, 3, 4)  # model chunks per rank tried for interleaved 1F1B
 GPT3_TOKENS = 300e9  # tokens GPT-3 was trained on (Brown et al. 2020), the default for costs
@@ -66,7 +70,7 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _structural_reason(model, cluster, batch, dp, pp, tp, cp=1) -> str | None:
+def _structural_reason(model, cluster, batch, dp, pp, tp, cp=1, ends=False) -> str | None:
     """Why (dp, pp, tp, cp) cannot work at all, whatever the schedule (None if it can)."""
     try:
         ParallelDims(dp * cp, pp, tp, cluster.nodes, cluster.gpus_per_node)
@@ -76,8 +80,8 @@ def _structural_reason(model, cluster, batch, dp, pp, tp, cp=1) -> str | None:
         return f"heads {model.heads} % tp {tp} != 0"
     if model.hidden % tp:
         return f"hidden {model.hidden} % tp {tp} != 0"
-    if model.layers % pp:
-        return f"layers {model.layers} % pp {pp} != 0"
+    if model.layers % pp and not (ends and memory_model.light_ends_split(model.layers, pp)):
+        return f"layers {model.layers} % pp {pp} != 0" + (" (and no split with lighter end ranks)" if ends else "")
     if pp > MAX_STAGES:
         return f"pp {pp} > {MAX_STAGES}, the schedule simulator's cap"
     if batch % dp:
@@ -87,31 +91,38 @@ def _structural_reason(model, cluster, batch, dp, pp, tp, cp=1) -> str | None:
 
 def _variants(model, pp, schedules):
     """(schedule, virtual) pairs worth trying; with pp 1 every schedule is gradient accumulation,
-    listed once as 1f1b."""
+    listed once as 1f1b. When pp does not divide the layers only the one-stage-per-rank schedules
+    remain (with lighter end ranks: ``memory_model.light_ends_split``)."""
     if pp == 1:
-        plain = [name for name in schedules if name != "interleaved-1f1b"] or ["1f1b"]
+        plain = [name for name in schedules if name not in ("interleaved-1f1b", *V_SCHEDULES)] or ["1f1b"]
         return [("1f1b" if "1f1b" in plain else plain[0], 1)] if schedules else []
     out = []
     for name in schedules:
         if name == "interleaved-1f1b":
             out += [(name, v) for v in VIRTUAL if model.layers % (pp * v) == 0]
-        else:
+        elif name in V_SCHEDULES:
+            out += [(name, 2)] if model.layers % (2 * pp) == 0 else []
+        elif model.layers % pp == 0 or name in ("gpipe", "1f1b", "zb-h1"):
             out.append((name, 1))
     return out
 
 
-def _choose_microbatches(model, cluster, batch, layout: dict, zeros, sp: bool, overlap: float) -> list[dict]:
+def _choose_microbatches(model, cluster, batch, layout: dict, zeros, sp: bool, overlap: float,
+                         ends: bool = False) -> list[dict]:
     """For one layout (dp, pp, tp, schedule, virtual, recompute), per ZeRO stage in ``zeros`` the plan
     row with the number of micro-batches that is fastest and fits, or a rejection ``{"plan",
     "reason"}``. The terms that do not depend on the stage are computed once per micro-batching."""
     dp, pp, tp = layout["dp"], layout["pp"], layout["tp"]
     ep, cp = layout.get("ep", 1), layout.get("cp", 1)
     schedule, virtual, rc = layout["schedule"], layout["virtual"], layout["recompute"]
-    counts = [m for m in _divisors(batch // dp) if schedule != "interleaved-1f1b" or m % pp == 0]
+    split = tuple(layout["split"]) if layout.get("split") else None
+    counts = [m for m in _divisors(batch // dp) if (schedule != "interleaved-1f1b" or m % pp == 0)
+              and (schedule not in V_SCHEDULES or m >= 2 * pp)]
     if not counts:
-        return [{"plan": layout, "reason": f"interleaved-1f1b needs microbatches % pp {pp} == 0; "
-                                           f"batch / dp = {batch // dp} has no such divisor"}]
-    bases = {m: _step_base(model, cluster, batch, dp, pp, tp, m, schedule, virtual, rc, ep, cp) for m in counts}
+        need = f"microbatches % pp {pp} == 0" if schedule == "interleaved-1f1b" else f"microbatches >= 2 pp = {2 * pp}"
+        return [{"plan": layout, "reason": f"{schedule} needs {need}; batch / dp = {batch // dp} has no such divisor"}]
+    bases = {m: _step_base(model, cluster, batch, dp, pp, tp, m, schedule, virtual, rc, ep, cp, split, ends)
+             for m in counts}
     rows = []
     for zero in zeros:
         times = {m: with_dp(bases[m], zero, overlap) for m in counts}
@@ -120,7 +131,7 @@ def _choose_microbatches(model, cluster, batch, layout: dict, zeros, sp: bool, o
             b = batch // (dp * m)
             mem = memory_model.max_device_memory(model, micro_batch=b, dp=dp, pp=pp, tp=tp, sequence_parallel=sp,
                                                   schedule=schedule, microbatches=m, virtual=virtual,
-                                                  recompute=rc, zero=zero, ep=ep, cp=cp)
+                                                  recompute=rc, zero=zero, ep=ep, cp=cp, split=split)
             if mem["total"] <= cluster.gpu_mem_gb * GB:
                 t = times[m]
                 parts = ("weights", "gradients", "optimizer", "buffers", "activations") + ("scores",) * (cp > 1)
@@ -170,7 +181,7 @@ def _degrees(model, cluster, ep, cp) -> tuple[tuple, tuple]:
 
 def plan(model: memory.ModelConfig, cluster: Cluster, batch: int, *, schedules=SCHEDULES,
          recompute=RECOMPUTE, zero=ZERO_STAGES, zero1: bool = False, overlap: float = OVERLAP_SHARE,
-         sequence_parallel: bool = True, top: int | None = None, ep=None, cp=None) -> dict:
+         sequence_parallel: bool = True, top: int | None = None, ep=None, cp=None, ends: bool = False) -> dict:
     """Rank every plan that fits; say why the others do not.
 
     For each (dp, pp, tp) with ``dp * pp * tp`` = all devices, each schedule (and chunk count for
@@ -189,11 +200,17 @@ def plan(model: memory.ModelConfig, cluster: Cluster, batch: int, *, schedules=S
     the world; 1 for a dense model), each within dp; ``cp``: context-parallel degrees (default 1, or powers of two up to
     a node for ``model.seq`` > ``LONG_SEQ``), with dp·pp·cp·tp the world. Layouts then carry ``ep``
     and ``cp`` in their rejections too.
+
+    ``schedules``: ``SCHEDULES`` by default, ``ALL_SCHEDULES`` adds ZB-V and DualPipeV. ``ends``: the
+    cost model puts the embedding on the first rank and the LM head on its own rank (the last, or
+    rank 0 in the V schedules; ``cost.rank_loads``) instead of spreading them over every rank, and
+    a pp that does not divide the layers is planned with lighter end ranks (``split``: blocks per
+    rank, ``memory_model.light_ends_split``). Off by default: the lessons' plans are the even ones.
     """
     positive_int("batch", batch)  # sequences per step
     for name in schedules:
-        if name not in SCHEDULES:
-            raise ValueError(f"unknown schedule {name!r}; the planner knows {', '.join(SCHEDULES)}")
+        if name not in ALL_SCHEDULES:
+            raise ValueError(f"unknown schedule {name!r}; the planner knows {', '.join(ALL_SCHEDULES)}")
     for name in recompute:
         memory_model.check_recompute(name)
     zeros = (1,) if zero1 else tuple(check_stage(z) for z in zero)
@@ -209,7 +226,7 @@ def plan(model: memory.ModelConfig, cluster: Cluster, batch: int, *, schedules=S
                 dp = world // (c * tp * pp)
                 considered += 1
                 shape = {"dp": dp, "pp": pp, "tp": tp} | ({"ep": 1, "cp": c} if tagged else {})
-                reason = _structural_reason(model, cluster, batch, dp, pp, tp, c)
+                reason = _structural_reason(model, cluster, batch, dp, pp, tp, c, ends)
                 if reason:
                     rejected.append({"plan": shape, "reason": reason})
                     continue
@@ -225,8 +242,10 @@ def plan(model: memory.ModelConfig, cluster: Cluster, batch: int, *, schedules=S
                             considered += len(stages)
                             layout = {"dp": dp, "pp": pp, "tp": tp} | ({"ep": e, "cp": c} if tagged else {}) | {
                                 "schedule": schedule, "virtual": virtual, "recompute": rc}
+                            if model.layers % pp:  # (with ``ends``) blocks per rank, the first and last lighter
+                                layout["split"] = list(memory_model.light_ends_split(model.layers, pp))
                             for row in _choose_microbatches(model, cluster, batch, layout, stages,
-                                                            sequence_parallel and tp > 1, overlap):
+                                                            sequence_parallel and tp > 1, overlap, ends):
                                 (rejected if "reason" in row else plans).append(row)
     plans.sort(key=lambda p: (p["step_s"], p["memory_gb"]))
     return {"plans": plans if top is None else plans[:top], "feasible": len(plans),
@@ -250,14 +269,15 @@ def plan_from_args(layers: int, hidden: int, heads: int, vocab: int, seq: int, b
                    tflops: float = 395.6, latency_us: float = 5.0, price: float | None = None,
                    tokens: float = GPT3_TOKENS, top: int = 10, zero1: bool = False, zero=ZERO_STAGES,
                    overlap: float = OVERLAP_SHARE, experts: int = 0, top_k: int = 2, ep=None,
-                   cp=None) -> dict:
+                   cp=None, schedules=SCHEDULES, ends: bool = False) -> dict:
     """The ``parallel-lab plan --json`` object: ``plan()`` for these sizes, the ``top`` fastest plans,
     each with ``cost`` (``training_cost`` for ``tokens``) when ``price`` ($ per GPU-hour) is given.
     ``experts`` E > 0 with ``top_k``: a mixture of experts in every block; ``ep``, ``cp``: the
-    degrees to search (``plan``'s defaults when None)."""
+    degrees to search (``plan``'s defaults when None); ``schedules``, ``ends``: as ``plan``."""
     model = memory.ModelConfig("custom", layers, hidden, heads, vocab, seq, experts, top_k)
     cluster = Cluster(nodes, gpus_per_node, gpu_mem_gb, intra_gbps, inter_gbps, tflops, latency_us)
-    result = plan(model, cluster, batch, zero=zero, zero1=zero1, overlap=overlap, top=top, ep=ep, cp=cp)
+    result = plan(model, cluster, batch, zero=zero, zero1=zero1, overlap=overlap, top=top, ep=ep, cp=cp,
+                  schedules=tuple(schedules), ends=ends)
     if price is not None:
         for row in result["plans"]:
             row["cost"] = training_cost(row, tokens, price)
