@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parallel_lab.checks import positive_int, positive_number
+from parallel_lab.i18n import _, pad, width
 
 GB = 10**9
 
@@ -212,11 +213,16 @@ def summary(model="GPT-3 175B", micro_batch: int = 1, seq: int | None = None, pr
     gpu_bytes = _lookup(GPUS, "GPU", gpu)
     gpu_name = gpu if isinstance(gpu, str) else f"{gpu / GB:g} GB"
     state, every = min_devices(m.params, gpu_bytes, precision), -(-parts["total"] // gpu_bytes)
-    return (f"{m.name} ({m.params / 1e9:.1f}B params), {_lookup(PRECISIONS, 'precision', precision).name}, "
-            f"micro-batch {micro_batch} x {m.seq if seq is None else seq} tokens, "
-            f"recomputation {'on' if recompute else 'off'}: {parts['total'] / GB:,.1f} GB "
-            f"= {parts['total'] / gpu_bytes:,.2f} x {gpu_name}; at least {state} GPU{'s' * (state > 1)} "
-            f"for the model state, {every} with activations")
+    text = _("{model} ({params:.1f}B params), {precision}, micro-batch {micro_batch} x {seq} tokens, recomputation "
+             "on: {total:,.1f} GB = {gpus:,.2f} x {gpu}; at least {state} {GPUs} for the model state, {every} with "
+             "activations") if recompute else \
+        _("{model} ({params:.1f}B params), {precision}, micro-batch {micro_batch} x {seq} tokens, recomputation "
+          "off: {total:,.1f} GB = {gpus:,.2f} x {gpu}; at least {state} {GPUs} for the model state, {every} with "
+          "activations")
+    return text.format(model=m.name, params=m.params / 1e9, precision=_lookup(PRECISIONS, "precision", precision).name,
+                       micro_batch=micro_batch, seq=m.seq if seq is None else seq, total=parts["total"] / GB,
+                       gpus=parts["total"] / gpu_bytes, gpu=gpu_name, state=state,
+                       GPUs="GPUs" if state > 1 else "GPU", every=every)
 
 
 def table(models=tuple(MODELS), micro_batch: int = 1, precision="mixed", recompute: bool = False,
@@ -224,9 +230,10 @@ def table(models=tuple(MODELS), micro_batch: int = 1, precision="mixed", recompu
     """A text table, one row per model preset: GB per component, the total, and the fewest GPUs of
     memory ``gpu`` for the model state alone and with the activations (both lower bounds)."""
     gpu_bytes = positive_int("gpu memory (bytes)", _lookup(GPUS, "GPU", gpu))
-    head = (f"{'model':<14} {'params':>7} {'weights':>8} {'grads':>8} {'Adam':>8} {'activ.':>8} "
-            f"{'total GB':>9} {'GPUs: state':>11} {'+activ.':>7}")
-    rows = [head, "-" * len(head)]
+    head = (f"{pad(_('model'), 14)} {pad(_('params'), 7, '>')} {pad(_('weights'), 8, '>')} "
+            f"{pad(_('grads'), 8, '>')} {'Adam':>8} {pad(_('activ.'), 8, '>')} {pad(_('total GB'), 9, '>')} "
+            f"{pad(_('GPUs: state'), 11, '>')} {pad(_('+activ.'), 7, '>')}")
+    rows = [head, "-" * width(head)]
     for name in models:
         m = _lookup(MODELS, "model", name)
         p = breakdown(m, micro_batch, None, precision, recompute)
