@@ -648,7 +648,8 @@ def _submit(args):
 
     token = args.token or os.environ.get("PARALLEL_LAB_TOKEN", "")
     try:
-        report = client.submit(args.notebook, args.server, args.course, args.lesson, token)
+        report = client.submit(args.notebook, args.server, args.course, args.lesson, token,
+                               say=lambda text: print(f"parallel-lab submit: {text}", file=sys.stderr, flush=True))
         if not args.no_wait:
             report = client.wait(args.server, report["id"], token)
     except client.SubmitError as exc:

@@ -589,3 +589,43 @@ def test_resubmission_replaces_the_grade_overrides_replace_both_and_deadlines_ho
                      files={"notebook": ("01_ranks_and_collectives.ipynb", lesson01(), "application/json")})
         assert r.status_code == 400 and "the deadline of lesson 01 (2020-01-01T00:00 UTC) has passed" in reason(r)
         assert counts(service) == before
+
+
+def test_submit_waits_when_the_service_is_busy_and_tries_again(tmp_path, capsys):
+    """A full queue (503) or the rate limit (429) stored nothing and says when to come back:
+    ``parallel-lab submit`` waits that long and uploads again."""
+    import http.server
+
+    from parallel_lab import cli
+
+    answers = [(503, {"error": "the grading queue is full"}), (429, {"error": "too many"}),
+               (202, {"id": "s1", "lesson": "01", "state": "queued", "url": "http://x/submissions/s1"})]
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append((self.path, self.headers["Authorization"], len(body)))
+            status, body = answers[len(seen) - 1]
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Retry-After", "0")
+            self.end_headers()
+            self.wfile.write(json.dumps(body).encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        nb = tmp_path / "01_ranks_and_collectives.ipynb"
+        nb.write_bytes(lesson01("student"))
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert cli.main(["submit", str(nb), "--server", url, "--course", "mp", "--lesson", "01", "--token", "plt_x",
+                         "--no-wait", "--json"]) == 0
+    finally:
+        server.shutdown()
+    out = capsys.readouterr()
+    assert json.loads(out.out)["state"] == "queued" and "trying again in 0 s (2 of 5)" in out.err
+    assert [s[:2] for s in seen] == [("/api/courses/mp/submissions", "Bearer plt_x")] * 3

@@ -21,6 +21,14 @@ class SubmitError(RuntimeError):
     pass
 
 
+class TryLater(SubmitError):
+    """The service is busy (503: its queue is full; 429: too many uploads): nothing was stored."""
+
+    def __init__(self, reason: str, after: float):
+        super().__init__(reason)
+        self.after = after
+
+
 def _multipart(fields: dict, filename: str, content: bytes) -> tuple[bytes, str]:
     boundary = "----parallel-lab-" + secrets.token_hex(12)
     parts = []
@@ -41,13 +49,19 @@ def _call(request: urllib.request.Request, timeout: float = 60) -> dict:
             reason = json.loads(err.read()).get("error", "")
         except ValueError:
             reason = ""
-        raise SubmitError(f"the service refused ({err.code}): {reason or err.reason}") from None
+        words = f"the service refused ({err.code}): {reason or err.reason}"
+        if err.code in (429, 503):
+            after = err.headers.get("Retry-After", "30")
+            raise TryLater(words, float(after) if after.isdigit() else 30.0) from None
+        raise SubmitError(words) from None
     except urllib.error.URLError as err:
         raise SubmitError(f"cannot reach {request.full_url}: {err.reason}") from None
 
 
-def submit(path, server: str, course: str, lesson: str, token: str) -> dict:
-    """Upload ``path``; the service's answer (``id``, ``state``, ``url``, ...)."""
+def submit(path, server: str, course: str, lesson: str, token: str, tries: int = 5, say=None) -> dict:
+    """Upload ``path``; the service's answer (``id``, ``state``, ``url``, ...). A busy service (its
+    queue full, or too many uploads a minute) stored nothing: wait as it asks (Retry-After) and try
+    again, ``tries`` times in all."""
     path = Path(path)
     if not token:
         raise SubmitError("no token: set PARALLEL_LAB_TOKEN or pass --token (the service's Token page makes one)")
@@ -59,7 +73,16 @@ def submit(path, server: str, course: str, lesson: str, token: str) -> dict:
     request = urllib.request.Request(f"{server.rstrip('/')}/api/courses/{course}/submissions", data=body,
                                      method="POST", headers={"Content-Type": kind,
                                                              "Authorization": f"Bearer {token}"})
-    return _call(request)
+    for attempt in range(1, tries + 1):
+        try:
+            return _call(request)
+        except TryLater as busy:
+            if attempt == tries:
+                raise
+            if say:
+                say(f"{busy}; trying again in {busy.after:g} s ({attempt} of {tries})")
+            time.sleep(busy.after)
+    raise AssertionError("unreachable")
 
 
 def status(server: str, submission: str, token: str) -> dict:
