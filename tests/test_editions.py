@@ -10,6 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from parallel_lab.course import tags
 from parallel_lab.exercises import REGISTRY
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,7 +24,7 @@ def answers(source: Path) -> dict:
     """check id -> the exercise answer cell's source in the lesson source (solutions included);
     quiz sheets and predictions (tests/test_predictions.py) aside."""
     cells = build_lessons.parse(source.read_text(encoding="utf-8"))
-    return {check: cell.source for check, cell in build_lessons.answer_cells(cells).items()
+    return {check: cell.source for check, cell in tags.answer_cells(cells).items()
             if not check.startswith(("quiz:", "predict:"))}
 
 
@@ -59,7 +60,7 @@ def test_the_student_edition_holds_no_solution(path):
     nb = nbformat.read(path, as_version=4)
     assert "widgets" not in nb.metadata  # no saved widget state (it could hold a quiz's choices)
     for cell in nb.cells:
-        if any(t.startswith("check:") and not t.startswith("check:quiz:") for t in cell.metadata.get("tags", [])):
+        if any(tags.quiz(check) is None for check in tags.checks(cell)):
             shown = "".join(o.get("text", "") for o in cell.get("outputs", []))
             assert (": NOT YET: " in shown or "：尚未完成：" in shown) and "PASSED" not in shown, (path.name, shown)
 

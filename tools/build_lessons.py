@@ -56,7 +56,7 @@ import render_static  # tools/, beside this file
 from nbclient import NotebookClient
 
 from parallel_lab import i18n
-from parallel_lab.course import editions, predictions
+from parallel_lab.course import editions, predictions, tags
 from parallel_lab.course.quiz import bank, text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,8 +75,8 @@ def parse(source: str) -> list:
     """The cells of a percent-format source (jupytext), keeping of each cell's metadata only its tags."""
     cells = []
     for cell in jupytext.reads(source, fmt="py:percent").cells:
-        tags = cell.metadata.get("tags", [])
-        cell.metadata = {"tags": list(tags)} if tags else {}
+        cell_tags = cell.metadata.get("tags", [])
+        cell.metadata = {"tags": list(cell_tags)} if cell_tags else {}
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
         cells.append(cell)
@@ -96,30 +96,19 @@ def solution_source(source: str) -> str:
     return "\n".join(line for line in source.split("\n") if line.strip() not in (BEGIN, END))
 
 
-def answer_cells(cells) -> dict:
-    """check id -> the answer cell tagged ``answer:<id>`` (exercises and quiz sheets alike)."""
-    return {tag[len("answer:"):]: cell for cell in cells for tag in cell.metadata.get("tags", [])
-            if tag.startswith("answer:")}
-
-
 def check_editions(name: str, cells) -> None:
     """Every check cell has its answer cell before it; solution regions sit in answer cells only."""
-    answers, seen = answer_cells(cells), set()
+    seen = set()
     for cell in cells:
-        tags = cell.metadata.get("tags", [])
-        seen |= {t[len("answer:"):] for t in tags if t.startswith("answer:")}
-        for check in (t[len("check:"):] for t in tags if t.startswith("check:")):
+        seen |= set(tags.answers(cell))
+        for check in tags.checks(cell):
             if check not in seen:
                 raise SystemExit(f"{name}: check cell check:{check} has no answer cell (tag answer:{check}) before it")
-        if BEGIN in cell.source and not any(t.startswith("answer:") for t in tags):
+        if BEGIN in cell.source and not tags.answers(cell):
             raise SystemExit(f"{name}: a solution region outside an answer cell (tag it answer:<check id>)")
-    for check, cell in answers.items():
-        if not check.startswith("quiz:") and BEGIN not in cell.source:
+    for check, cell in tags.answer_cells(cells).items():
+        if tags.quiz(check) is None and BEGIN not in cell.source:
             raise SystemExit(f"{name}: answer cell answer:{check} holds no solution region")
-
-
-def is_prediction(cell) -> bool:
-    return any(t.startswith("answer:predict:") for t in cell.metadata.get("tags", []))
 
 
 def check_predictions(name: str, cells) -> None:
@@ -127,14 +116,13 @@ def check_predictions(name: str, cells) -> None:
     (``parallel_lab.course.predictions.GRADED``), and every prediction's student edition leaves
     ``my_prediction = None``."""
     lesson = name[:2]
-    tagged = {t[len("check:predict:"):] for cell in cells for t in cell.metadata.get("tags", [])
-              if t.startswith("check:predict:")}
+    tagged = {tags.prediction(c) for cell in cells for c in tags.checks(cell)} - {None}
     registered = {p.id for p in predictions.GRADED.values() if p.lesson == lesson}
     if tagged != registered:
         raise SystemExit(f"{name}: graded predictions tagged {sorted(tagged)} != registered for lesson "
                          f"{lesson} {sorted(registered)} (parallel_lab.course.predictions.GRADED)")
-    for check, cell in answer_cells(cells).items():
-        if check.startswith("predict:"):
+    for check, cell in tags.answer_cells(cells).items():
+        if tags.prediction(check) is not None:
             try:
                 left = predictions.read_prediction(student_source(cell.source, stub=""))
             except ValueError as err:
@@ -178,7 +166,7 @@ def notebook(source: Path, edition: str = "student", lang: str = "en"):
     check_predictions(source.name, cells)
     for cell in cells:
         if cell.cell_type == "code" and edition == "student":
-            cell.source = student_source(cell.source, stub="" if is_prediction(cell) else STUB)
+            cell.source = student_source(cell.source, stub="" if tags.is_prediction_answer(cell) else STUB)
         elif cell.cell_type == "code":
             cell.source = solution_source(cell.source)
     # A translated edition says its language (the grader writes its feedback in it); English is the default.

@@ -1,17 +1,10 @@
 """The reference lesson of a grading job: which checks are graded, for how many points, and which
 answer cell each one reads.
 
-A lesson (the student edition, ``lessons/NN_*.ipynb``) marks them with tags, written in its source
-as ``# %% tags=[...]``:
-
-- a check cell ``check:ID`` with ``points:N`` (default 1): an exercise (``check:ring-all-reduce``,
-  looked up in ``parallel_lab.exercises.REGISTRY``) or a quiz (``check:quiz:01``, a bank of
-  ``quizzes/``);
-- a graded prediction ``check:predict:ID`` (registered in ``parallel_lab.course.predictions.GRADED``,
-  whose points it takes: no ``points:`` tag);
-- its answer cell, before it, ``answer:ID``: the cell whose source the grader reads from the
-  submission (the exercise's code, the quiz's answer sheet, the prediction's ``my_prediction``).
-  Cell metadata ``{"parallel_lab": {"check": "ID", "points": N}}`` works for check cells too.
+A lesson (the student edition, ``lessons/NN_*.ipynb``) marks them with the cell tags of
+``parallel_lab.course.tags``: a check cell ``check:ID`` with ``points:N`` (an exercise, a quiz
+``quiz:NN``, or a graded prediction ``predict:PID``, whose points are the registry's), and before it
+its answer cell ``answer:ID``, whose source the grader reads from the submission.
 """
 
 from __future__ import annotations
@@ -21,6 +14,7 @@ from pathlib import Path
 
 import nbformat
 
+from parallel_lab.course import tags
 from parallel_lab.course.predictions import GRADED
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -41,13 +35,13 @@ class Check:
     @property
     def quiz(self) -> str | None:
         """The quiz bank's name for a quiz check (``quiz:01`` -> ``01``), else None."""
-        return self.id.split(":", 1)[1] if self.id.startswith("quiz:") else None
+        return tags.quiz(self.id)
 
     @property
     def prediction(self) -> str | None:
         """The graded prediction's id for a prediction check (``predict:gpipe-bubble`` ->
         ``gpipe-bubble``), else None."""
-        return self.id.split(":", 1)[1] if self.id.startswith("predict:") else None
+        return tags.prediction(self.id)
 
 
 @dataclass(frozen=True)
@@ -60,22 +54,10 @@ class Reference:
         return self.path.stem
 
 
-def _tags(cell) -> list:
-    tags = cell.get("metadata", {}).get("tags", [])
-    return [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []
-
-
 def check_tags(cell) -> tuple[str | None, float]:
     """``(check id, points)`` of a cell, or ``(None, 0)`` when it is not a check cell."""
-    meta = cell.get("metadata", {})
-    own = meta.get("parallel_lab", {}) if isinstance(meta.get("parallel_lab"), dict) else {}
-    check, points = own.get("check"), own.get("points")
-    for tag in _tags(cell):
-        if tag.startswith("check:"):
-            check = tag[len("check:"):]
-        elif tag.startswith("points:"):
-            points = tag[len("points:"):]
-    if not check or cell.get("cell_type") != "code":
+    check, points = tags.check(cell)
+    if check is None:
         return None, 0
     try:
         return check, float(1 if points is None else points)
@@ -83,19 +65,14 @@ def check_tags(cell) -> tuple[str | None, float]:
         raise GradingError(f"check {check}: points must be a number, got {points!r}") from None
 
 
-def answer_tag(cell) -> str | None:
-    """The check id a cell answers (tag ``answer:ID``), or None."""
-    return next((t[len("answer:"):] for t in _tags(cell) if t.startswith("answer:")), None)
-
-
 def prediction_points(name: str, cell, check: str) -> float:
     """A graded prediction's points: the registry's; GradingError when it is not registered or the
     cell's own ``points:`` tag says otherwise."""
-    graded = GRADED.get(check[len("predict:"):])
+    graded = GRADED.get(tags.prediction(check))
     if graded is None:
         raise GradingError(f"{name}: check {check!r} names no graded prediction "
                            f"(parallel_lab.course.predictions.GRADED)")
-    tagged = [t[len("points:"):] for t in _tags(cell) if t.startswith("points:")]
+    tagged = tags.points(cell)
     if tagged and tagged[-1] != f"{graded.points:g}":
         raise GradingError(f"{name}: check {check!r} is tagged points:{tagged[-1]}, but a prediction's "
                            f"points are the registry's ({graded.points:g})")
@@ -107,7 +84,7 @@ def load_reference(path) -> Reference:
     or if a check has no answer cell."""
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
-    answers = {answer_tag(c): c.get("id") for c in nb.cells if answer_tag(c)}
+    answers = {tags.answer(c): c.get("id") for c in nb.cells if tags.answer(c)}
     checks, seen = [], set()
     for cell in nb.cells:
         check, points = check_tags(cell)
@@ -117,7 +94,7 @@ def load_reference(path) -> Reference:
             raise GradingError(f"{path.name}: check {check!r} is tagged on two cells; check ids must be unique")
         if check not in answers:
             raise GradingError(f"{path.name}: check {check!r} has no answer cell (tag a cell 'answer:{check}')")
-        if check.startswith("predict:"):
+        if tags.prediction(check) is not None:
             points = prediction_points(path.name, cell, check)
         seen.add(check)
         checks.append(Check(check, points, answers[check]))

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import nbformat
 
-from parallel_lab.course.grading.reference import Check, Reference, answer_tag
+from parallel_lab.course import tags
+from parallel_lab.course.grading.reference import Check, Reference
 from parallel_lab.course.grading.sandbox import Limits, Sandbox
 from parallel_lab.course.predictions import grade as grade_prediction
 from parallel_lab.course.quiz.bank import load
@@ -83,7 +84,7 @@ class Missing(str):
 
 def answer_sources(nb, checks) -> dict:
     """check id -> the source of its answer cell in ``nb``, or ``Missing(reason)``."""
-    by_tag = {answer_tag(c): c for c in nb.cells if answer_tag(c)}
+    by_tag = {tags.answer(c): c for c in nb.cells if tags.answer(c)}
     by_id = {c.get("id"): c for c in nb.cells if c.get("id")}
     found = {}
     for check in checks:
@@ -141,7 +142,7 @@ def run_checks(jobs: list[dict], sandbox: Sandbox, limits: Limits, modules=(), e
         scratch = Path(tmp) / "scratch"
         scratch.mkdir()
         job = json.dumps({"checks": jobs, "modules": list(modules)}).encode()
-        # Ranks fork from the checking process, which runs torch on one thread (see launcher.start_method).
+        # Ranks fork from the checking process, which runs torch on one thread (see runtime.pool.start_method).
         result = sandbox.run(CHECKER, job, scratch, limits, env={"PARALLEL_LAB_START_METHOD": "fork", **(env or {})})
     records = {}
     for line in result.data.decode("utf-8", errors="replace").splitlines():
