@@ -40,7 +40,10 @@ the widget, the text form, the answer sheet and the graded check), so the twelve
 tail is written once. Each notebook gets kernelspec metadata (JupyterLab otherwise asks for a kernel)
 and is executed top to bottom in lessons/ with the course's settings (one thread per process).
 Plotly figures then also get a PNG (tools/render_static.py, which needs kaleido and Chromium) so
-the lessons read on GitHub and nbviewer; without Chromium the build warns and skips that step.
+the lessons read on GitHub and nbviewer. Where the student edition's renderings cannot be made (no
+Chromium, kaleido missing or failing) the build refuses, before it executes anything where it can
+tell, and writes nothing: a lesson without its PNGs would only fail tests/test_static_render.py. The
+solution edition (never committed, never checked for them) is written without PNGs, with a warning.
 """
 
 import argparse
@@ -177,7 +180,21 @@ def notebook(source: Path, edition: str = "student", lang: str = "en"):
     return nb
 
 
+def refuse_without_renderer(names) -> None:
+    """SystemExit naming the lessons when their figures' static renderings cannot be made here."""
+    why = render_static.available()
+    if why:
+        raise SystemExit(f"cannot build {', '.join(names)}: the static renderings of the figures cannot be made "
+                         f"here: {why}. A lesson without them fails tests/test_static_render.py; nothing was "
+                         f"written.")
+
+
 def build(source: Path, edition: str = "student", directory: Path = LESSONS, lang: str = "en") -> Path:
+    """Execute ``source``'s notebook in ``edition`` and ``lang``, render its figures, and only then
+    write it."""
+    why = render_static.available()
+    if edition == "student":
+        refuse_without_renderer([source.name])
     nb = notebook(source, edition, lang)
     os.environ["OMP_NUM_THREADS"] = "1"
     start = time.perf_counter()
@@ -192,15 +209,18 @@ def build(source: Path, edition: str = "student", directory: Path = LESSONS, lan
     # come alive when the student runs the cell. (nbclient's store_widget_state=False breaks on
     # Output widgets, so the state is dropped here.)
     nb.metadata.pop("widgets", None)
+    # Plotly figures also as PNGs, so the lesson reads on GitHub/nbviewer (tools/render_static.py).
+    if why:  # the solution edition only
+        print(f"WARNING: {source.stem}: figures written without static PNGs: {why}", file=sys.stderr)
+    else:
+        try:
+            render_static.render(nb)
+        except Exception as exc:  # kaleido and the browser fail in many ways; all mean the same here
+            raise SystemExit(f"cannot build {source.name}: the static renderings of its figures failed "
+                             f"({type(exc).__name__}: {exc}); nothing was written.") from exc
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"{source.stem}.ipynb"
     nbformat.write(nb, target)
-    # Plotly figures also as PNGs, so the lesson reads on GitHub/nbviewer (tools/render_static.py).
-    why = render_static.available()
-    if why:
-        print(f"WARNING: {target.name}: figures saved without static PNGs: {why}", file=sys.stderr)
-    else:
-        render_static.render_notebook(target)
     print(f"{target}: {edition} edition ({lang}) executed in {time.perf_counter() - start:.1f} s, "
           f"{target.stat().st_size / 1e3:.0f} kB", file=sys.stderr)
     return target
@@ -218,10 +238,12 @@ def main(argv=None) -> None:
     edition, directory = ("solutions", args.solutions.resolve()) if args.solutions else ("student", LESSONS)
     if edition == "solutions" and directory == LESSONS.resolve():
         raise SystemExit("the solution edition never goes into lessons/ (what students open): pick another DIR")
+    chosen = [source for source in sorted(SOURCES.glob("*.py"))
+              if not args.prefixes or any(source.stem.startswith(p) for p in args.prefixes)]
+    if edition == "student":
+        refuse_without_renderer([source.name for source in chosen])  # before the first one runs
     languages = [args.lang] if args.lang else list(i18n.LANGUAGES)
-    for source in sorted(SOURCES.glob("*.py")):
-        if args.prefixes and not any(source.stem.startswith(p) for p in args.prefixes):
-            continue
+    for source in chosen:
         for lang in languages:
             if lang != i18n.DEFAULT and source.stem in editions.NOT_YET_TRANSLATED:
                 if args.lang:

@@ -110,9 +110,8 @@ async def _render(figures: list[dict], timeout: float) -> list[bytes]:
     return pngs
 
 
-def render_notebook(path: Path, timeout: float = 120) -> list[int]:
-    """Add a PNG to every plotly output of ``path`` (rewritten in place); the PNG sizes in bytes."""
-    notebook = nbformat.read(path, as_version=4)
+def render(notebook, timeout: float = 120) -> list[int]:
+    """Add a PNG to every plotly output of ``notebook`` (in memory); the PNG sizes in bytes."""
     found = targets(notebook)
     if not found:
         return []
@@ -122,7 +121,15 @@ def render_notebook(path: Path, timeout: float = 120) -> list[int]:
         png = recompress(png)
         data[PNG] = base64.b64encode(png).decode("ascii")
         sizes.append(len(png))
-    nbformat.write(notebook, path)
+    return sizes
+
+
+def render_notebook(path: Path, timeout: float = 120) -> list[int]:
+    """Add a PNG to every plotly output of ``path`` (rewritten in place); the PNG sizes in bytes."""
+    notebook = nbformat.read(path, as_version=4)
+    sizes = render(notebook, timeout)
+    if sizes:
+        nbformat.write(notebook, path)
     return sizes
 
 
