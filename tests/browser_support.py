@@ -31,6 +31,7 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
@@ -46,7 +47,8 @@ LAB_SETTINGS = {
     "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
 }
 # CSS classes that lesson widgets add for tests (``widget.add_class(...)``). A feature's browser test
-# runs once its lesson notebook exists and the library uses its hook; before that it is skipped.
+# runs once its lesson notebook exists and the library uses its hook; before that it is skipped, and
+# under CI it fails (``feature_lesson``), so a renamed hook cannot turn a test off unseen.
 HOOKS = {
     "pipeline_controls": "pl-pipeline-controls",  # a box holding the schedule sliders, beside its chart
     "quiz": "pl-quiz",                            # one quiz question's box: options, Check button, feedback
@@ -382,6 +384,22 @@ def lesson(prefix: str) -> Path | None:
 def library_has(text: str) -> bool:
     """True when some module of parallel_lab contains ``text`` (e.g. a widget's hook class)."""
     return any(text in path.read_text() for path in (ROOT / "parallel_lab").rglob("*.py"))
+
+
+def unavailable(reason: str):
+    """A browser test cannot run: skipped here, failed under CI (``CI`` set), where the browser, the
+    lessons and the hooks the tests look for must all be there."""
+    (pytest.fail if in_ci() else pytest.skip)(reason)
+
+
+def feature_lesson(prefix: str, hook: str) -> Path:
+    """The lesson notebook of a feature whose widget carries the CSS class ``hook``; ``unavailable``
+    until that notebook exists and some module of parallel_lab uses the class."""
+    path = lesson(prefix)
+    if path is None or not library_has(hook):
+        unavailable(f"lesson not built yet: needs lessons/{prefix}_*.ipynb and a widget with class {hook!r} "
+                    f"in parallel_lab")
+    return path
 
 
 class CourseServer(JupyterServer):

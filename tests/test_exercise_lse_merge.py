@@ -3,6 +3,7 @@ without a process; the solution passes, directly and inside ring attention on 4 
 average and a naive exp (overflow) fail with a reason; the library's merge and torch's shortcuts are
 refused from the source; the expected values are the attention over both blocks, from the scores."""
 
+import pytest
 import torch
 
 from parallel_lab.context.blockwise import merge
@@ -83,6 +84,7 @@ def test_the_expected_values_are_the_attention_over_both_blocks():
     assert torch.isfinite(direct_expected("large")[1]).all()
 
 
+@pytest.mark.ranks
 def test_the_solution_passes_directly_and_on_ranks():
     verdict = EXERCISE.check(SOLUTION)
     assert verdict.passed, str(verdict)
@@ -90,6 +92,7 @@ def test_the_solution_passes_directly_and_on_ranks():
     assert str(EXERCISE.check(SOLUTION)) == str(verdict)  # deterministic text
 
 
+@pytest.mark.ranks
 def test_a_plain_average_fails_with_a_reason():
     verdict = EXERCISE.check(AVERAGE)
     assert not verdict.passed
@@ -97,6 +100,7 @@ def test_a_plain_average_fails_with_a_reason():
     assert "ring attention on 4 ranks: FAILED: causal, zig-zag" in str(verdict)
 
 
+@pytest.mark.ranks
 def test_a_naive_exp_overflows_and_fails():
     verdict = EXERCISE.check(NAIVE)
     assert not verdict.passed

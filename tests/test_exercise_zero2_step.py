@@ -98,6 +98,7 @@ def test_stub_is_not_yet_without_a_process():
     assert not verdict.passed and verdict.not_yet and "NOT YET" in str(verdict)
 
 
+@pytest.mark.ranks
 def test_solution_passes_on_2_and_4_ranks():
     verdict = EXERCISE.check(SOLUTION)
     assert verdict.passed, str(verdict)
@@ -105,12 +106,14 @@ def test_solution_passes_on_2_and_4_ranks():
     assert str(EXERCISE.check(SOLUTION)) == str(verdict)  # deterministic
 
 
+@pytest.mark.ranks
 def test_all_reduce_then_slicing_fails_as_not_sharded():
     verdict = EXERCISE.check(ALL_REDUCE_THEN_SLICE)
     assert not verdict.passed
     assert "all-reduced" in verdict.reason and "not sharded" in verdict.reason and "2x the" in verdict.reason
 
 
+@pytest.mark.ranks
 def test_whole_optimizer_state_fails():
     verdict = EXERCISE.check(FULL_OPTIMIZER)
     assert not verdict.passed
@@ -119,6 +122,7 @@ def test_whole_optimizer_state_fails():
 
 @pytest.mark.parametrize("source, words", [(NO_ALL_GATHER, "all-gather the updated shards"),
                                            (NO_AVERAGE, "one process has")])
+@pytest.mark.ranks
 def test_wrong_numbers_fail_naming_the_shard(source, words):
     verdict = EXERCISE.check(source)
     assert not verdict.passed and words in verdict.reason, str(verdict)

@@ -40,6 +40,7 @@ def test_four_way_keeps_the_activations_at_every_stage():
     assert rows[3]["total"] - rows[3]["activations"] == pytest.approx(16 * rows[0]["parameters"] / 2 / 64)
 
 
+@pytest.mark.ranks
 def test_memory_table_and_figure_show_the_measured_bytes(reports):
     rows = zf.memory_rows(reports)
     for row in rows:
@@ -57,6 +58,7 @@ def test_memory_table_and_figure_show_the_measured_bytes(reports):
     assert list(fig.data[-1].y) == totals and totals == sorted(totals, reverse=True)  # falls stage by stage
 
 
+@pytest.mark.ranks
 def test_traffic_is_two_then_three_psi(reports):
     rows = zf.traffic_rows(reports)
     assert [r["measured_psi"] for r in rows] == [2, 2, 2, 3] == [r["predicted_psi"] for r in rows]
@@ -67,11 +69,13 @@ def test_traffic_is_two_then_three_psi(reports):
     assert "all-reduce 6x" in zf.traffic_table(reports).splitlines()[2]
 
 
+@pytest.mark.ranks
 def test_equality_table_says_every_stage_equals_one_process(reports):
     lines = zf.equality_table(reports).splitlines()[2:]
     assert len(lines) == 4 and all(line.endswith("yes") for line in lines)
 
 
+@pytest.mark.ranks
 def test_overlap_gantt_draws_the_placed_timeline(overlapped):
     placed = overlapped["timeline"]["virtual"]
     fig = zf.overlap_gantt(overlapped)
