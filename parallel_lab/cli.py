@@ -52,8 +52,8 @@ PLAN_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")  # planning.plan
 
 
 def _ranks_argument(parser) -> None:
-    # --stages is the documented contract (DESIGN's table); it always meant pipeline ranks P, so
-    # --ranks says so and both fill the same value.
+    # --stages is the documented contract (ARCHITECTURE.md's command-line table); it always meant
+    # pipeline ranks P, so --ranks says so and both fill the same value.
     parser.add_argument("--ranks", "--stages", dest="ranks", type=int, required=True, metavar="P",
                         help="pipeline ranks P (--stages is the same option)")
 

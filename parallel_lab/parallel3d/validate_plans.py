@@ -32,8 +32,8 @@ not hidden in it:
 - **Split layers keep their overhead.** The planner divides a layer's FLOPs by tp; a shard of this
   small GPT does not run tp times faster (every rank still runs every operation, on narrower
   matrices). ``tp_efficiency`` profiles one block split tp ways against the unsplit block, and a
-  tensor-parallel plan is predicted with its shard's FLOP/s (before this, on 2026-12-02, the
-  tensor-parallel plans were predicted 22-59 % too fast and the grid's median error was 21-36 %).
+  tensor-parallel plan is predicted with its shard's FLOP/s (predicted with the whole block's
+  instead, the tensor-parallel plans came out too fast).
 
 ``validate_overlap`` holds the cost model's overlap term (``planning.cost.dp_communication``: the
 DP/ZeRO communication exposed beyond ``overlap`` x the backward) against ZeRO runs with collectives
