@@ -19,8 +19,9 @@ from pathlib import Path
 
 import nbformat
 
+from parallel_lab.course import tags as cell_tags
 from parallel_lab.course.grading import gradebook
-from parallel_lab.course.grading.reference import ROOT, GradingError, Reference, answer_tag, load_reference
+from parallel_lab.course.grading.reference import ROOT, GradingError, Reference, load_reference
 from parallel_lab.course.grading.runner import Row, grade_submission, read_notebook
 from parallel_lab.course.grading.sandbox import Limits, Sandbox
 from parallel_lab.service.auth import N_, Refused
@@ -129,7 +130,7 @@ def screen_upload(filename: str, content: bytes, lesson: Lesson, limit: int) -> 
     if isinstance(nb, str):
         raise Refused(400, N_("%(name)s is not a notebook (%(why)s)"), name=filename,
                       why=nb.removeprefix("not a notebook: "))
-    tags = {answer_tag(c) for c in nb.cells} - {None}
+    tags = {cell_tags.answer(c) for c in nb.cells} - {None}
     wanted = [c.id for c in lesson.reference.checks]
     if not tags & set(wanted):
         raise Refused(400, N_("%(name)s is not lesson %(lesson)s (%(title)s): none of its cells is tagged %(tags)s"),
