@@ -4,6 +4,7 @@
     .venv/bin/python tools/measure_lessons.py                      # every lessons/NN_*.ipynb
     .venv/bin/python tools/measure_lessons.py 00 01                # lessons whose name starts with 00 or 01
     .venv/bin/python tools/measure_lessons.py --markdown artifacts/budgets.md --json artifacts/budgets.json
+    .venv/bin/python tools/measure_lessons.py --lang zh-Hant        # the Traditional Chinese edition (lessons/zh-Hant/)
 
 Each notebook is executed with nbclient in a fresh kernel (nothing is written back), with the
 course's settings (one thread per process). Wall time counts from the kernel's start to the last
@@ -77,21 +78,21 @@ class PeakPss:
             self._thread.join()
 
 
-def load(path: Path, from_source: bool) -> nbformat.NotebookNode:
+def load(path: Path, from_source: bool, lang: str = "en") -> nbformat.NotebookNode:
     if not from_source:
         return nbformat.read(path, as_version=4)
     sys.path.insert(0, str(ROOT / "tools"))
-    from build_lessons import METADATA, parse  # the same parser as the build
+    from build_lessons import notebook  # the same cells as the build (its edition's language)
 
-    source = LESSONS / "src" / f"{path.stem}.py"
-    return nbformat.v4.new_notebook(cells=parse(source.read_text()), metadata=dict(METADATA))
+    return notebook(LESSONS / "src" / f"{path.stem}.py", "student", lang)
 
 
-def measure(path: Path, from_source: bool = False, timeout: int = 600) -> dict:
-    """Execute one lesson in a fresh kernel; seconds, peak PSS, and the slowest cell."""
-    notebook = load(path, from_source)
+def measure(path: Path, from_source: bool = False, timeout: int = 600, lang: str = "en") -> dict:
+    """Execute one lesson in a fresh kernel, in its edition's folder; seconds, peak PSS, and the
+    slowest cell."""
+    notebook = load(path, from_source, lang)
     client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(LESSONS)}})
+                            resources={"metadata": {"path": str(path.parent)}})
     sampler = PeakPss()
     cells: list[tuple[float, str]] = []
     start = time.perf_counter()
@@ -148,10 +149,13 @@ def main(argv=None) -> int:
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
     parser.add_argument("--json", type=Path, help="write the rows, totals and budgets as JSON to this file")
     parser.add_argument("--source", action="store_true", help="build from lessons/src/*.py instead")
+    parser.add_argument("--lang", default="en", choices=("en", "zh-Hant"),
+                        help="the edition: lessons/ (en) or lessons/zh-Hant/")
     args = parser.parse_args(argv)
 
     os.environ["OMP_NUM_THREADS"] = "1"  # as course.py and binder/start do
-    lessons = [p for p in sorted(LESSONS.glob("[0-9][0-9]_*.ipynb"))
+    folder = LESSONS if args.lang == "en" else LESSONS / args.lang
+    lessons = [p for p in sorted(folder.glob("[0-9][0-9]_*.ipynb"))
                if not args.prefixes or any(p.name.startswith(prefix) for prefix in args.prefixes)]
     if not lessons:
         print(f"no lesson matches {args.prefixes}", file=sys.stderr)
@@ -159,7 +163,7 @@ def main(argv=None) -> int:
     rows = []
     for path in lessons:
         print(f"[measure] {path.name} ...", file=sys.stderr, flush=True)
-        rows.append(measure(path, args.source))
+        rows.append(measure(path, args.source, lang=args.lang))
         print(f"[measure] {path.name}: {rows[-1]['seconds']} s, {rows[-1]['peak_pss_gb']} GB",
               file=sys.stderr, flush=True)
     text, broken = table(rows), check(rows)
