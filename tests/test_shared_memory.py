@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from parallel_lab.runtime import demos, launcher, shared_memory
+from parallel_lab.runtime import demos, launcher, shared_channel, shared_memory
 
 WHY_NOT = shared_memory.why_not_here()
 
@@ -61,8 +61,8 @@ def test_a_rank_one_call_ahead_does_not_overwrite_what_the_other_still_reads(tmp
     # Two ranks' channels on one file, stepped by hand: rank 0 finishes call 1 and posts call 2
     # before rank 1 adds call 1. Call 1's parts must still be there (the two parities).
     path = tmp_path / "channel"
-    path.write_bytes(bytes(shared_memory._FLAGS_BYTES * 2 + 2 * 2 * shared_memory.MAX_BYTES))
-    zero, one = (shared_memory._Channel(None, str(path), 2, r) for r in (0, 1))
+    path.write_bytes(bytes(shared_memory.FLAGS_BYTES * 2 + 2 * 2 * shared_memory.MAX_BYTES))
+    zero, one = (shared_channel.Channel(None, str(path), 2, r) for r in (0, 1))
     x1, y1, x2, y2 = (torch.full((4,), v) for v in (1.0, 10.0, 100.0, 1000.0))
     s, slots0 = zero.post(x1.clone())
     _, slots1 = one.post(y1.clone())
@@ -77,14 +77,14 @@ def test_a_rank_one_call_ahead_does_not_overwrite_what_the_other_still_reads(tmp
 
 def test_the_maximum_is_taken_elementwise_over_the_slots(tmp_path):
     path = tmp_path / "channel"
-    path.write_bytes(bytes(shared_memory._FLAGS_BYTES * 3 + 2 * 3 * shared_memory.MAX_BYTES))
-    ranks = [shared_memory._Channel(None, str(path), 3, r) for r in range(3)]
+    path.write_bytes(bytes(shared_memory.FLAGS_BYTES * 3 + 2 * 3 * shared_memory.MAX_BYTES))
+    ranks = [shared_channel.Channel(None, str(path), 3, r) for r in range(3)]
     parts = [torch.tensor([1.0, -5.0, 3.0]), torch.tensor([2.0, -7.0, 0.5]), torch.tensor([-1.0, -6.0, 3.5])]
     posted = [rank.post(x.clone()) for rank, x in zip(ranks, parts)]
     ranks[0].wait(posted[0][0])
-    got = shared_memory._Channel.add(posted[0][1], torch.empty(3), "max")
+    got = shared_channel.Channel.add(posted[0][1], torch.empty(3), "max")
     assert torch.equal(got, torch.tensor([2.0, -5.0, 3.5]))
-    assert torch.equal(shared_memory._Channel.add(posted[0][1], torch.empty(3)), parts[0] + parts[1] + parts[2])
+    assert torch.equal(shared_channel.Channel.add(posted[0][1], torch.empty(3)), parts[0] + parts[1] + parts[2])
 
 
 # ----------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from parallel_lab import models
 from parallel_lab.hardware import Link
 from parallel_lab.pipeline.profile import one_thread
 from parallel_lab.planning import memory_model
-from parallel_lab.runtime import launcher, shared_memory
+from parallel_lab.runtime import launcher, shared_channel, shared_memory
 from parallel_lab.runtime.collectives import ring_all_reduce
 from parallel_lab.runtime.transport import all_reduce, one_shot_all_reduce
 
@@ -41,7 +41,7 @@ def time_all_reduce(sizes_bytes, repeats: int = 5, algorithm: str = "gloo") -> l
     """Rank function: median seconds of one all-reduce of each size (float32) on this rank's world,
     each after a barrier; ``algorithm`` is ``"gloo"`` (dist.all_reduce), ``"ring"`` (lesson 01's
     ``runtime.collectives.ring_all_reduce``), ``"one-shot"`` (``one_shot_all_reduce``) or
-    ``"shared-memory"`` (``runtime.shared_memory``; a RuntimeError where these ranks cannot share)."""
+    ``"shared-memory"`` (``runtime.shared_channel``; a RuntimeError where these ranks cannot share)."""
     ops = {"gloo": dist.all_reduce, "ring": ring_all_reduce, "one-shot": one_shot_all_reduce,
            "shared-memory": _shared_memory_all_reduce}
     if algorithm not in ops:
@@ -62,7 +62,7 @@ def time_all_reduce(sizes_bytes, repeats: int = 5, algorithm: str = "gloo") -> l
 
 
 def _shared_memory_all_reduce(tensor):
-    channel = shared_memory.channel()
+    channel = shared_channel.for_group()
     if channel is None:
         reason = shared_memory.why_not_here(dist.get_backend()) or "they are not all on one host"
         raise RuntimeError(f"these ranks cannot share memory: {reason}")

@@ -9,7 +9,9 @@
 - ``torchrun``: the same functions on real machines under torchrun (NCCL on GPUs)
 - ``commlog``: every torch.distributed call of a rank, described, counted and timed
 - ``transport``: ``all_reduce`` the package's layers call (shared memory, one shot, or gloo's own)
-- ``shared_memory``: a group's /dev/shm slots and flags (all-reduce), and a pair's links (messages)
+- ``shared_memory``: whether ranks of one host can share memory, its files and wait, and a pair's links
+  (the pipeline's messages)
+- ``shared_channel``: a group's /dev/shm slots and flags: the all-reduce through shared memory
 - ``collectives``: lesson 01's collectives (who holds what before and after) and its ring all-reduce
 - ``mesh``: the (dp, pp, tp) rank grid and its process groups
 - ``demos``: small rank functions (hello world and every failure mode)

@@ -1,48 +1,27 @@
-"""All-reduce through shared memory, for the ranks of a group on one host.
+"""Ranks of one host that share memory: whether they can, the files they map, the wait, and
+point-to-point links.
 
-gloo moves every message over loopback TCP, even between two processes of one machine: a send
-wakes gloo's network thread on the other side, which wakes the waiting rank. On the course's 2-core
-machine one such step costs about 0.6 ms, so a 128 KB all-reduce of two ranks (a ring of 2 steps)
-takes about 1.3 ms, where copying 128 KB takes microseconds; tensor parallelism pays it twice per
-layer (``parallel-lab bench collectives`` measures both). Ranks on one host can instead read each
-other's memory. DeepSpeed does this for tensor parallelism on CPUs ("if all ranks are on the same
-physical machine, use an SHM based low latency allreduce": ``csrc/cpu/comm/shm.cpp``), and NCCL's
-SHM transport does it between GPUs of one node without NVLink.
+gloo moves every message over loopback TCP, even between two processes of one machine (a send
+wakes gloo's network thread on the other side, about 0.6 ms a step on the course's 2-core machine).
+Ranks on one host can instead read each other's memory. This module holds what both uses of that
+share: ``why_not`` (gloo, Linux with ``/dev/shm``, x86-64: the flags rely on x86's store order,
+Intel SDM vol. 3A, 8.2.2), ``new_file`` (a zero-filled file in ``/dev/shm``, unlinked once every
+end has it mapped, so nothing is left behind), and ``spin``, the wait: a spin that gives its core
+away at every look (``os.sched_yield``), so a waiting rank holds no core another rank could compute
+on (with more ranks than cores it is still the faster wait: ``bench tensor`` on 1 core with 2 and 4
+ranks and on 2 cores with 8 ranks, ours within 1.05 x the machine's limit on 1 core, every row
+faster than with gloo). The thread CPU time it spins is kept apart (``waited_seconds``), so the
+pipeline's virtual clock and the benchmarks' compute do not count waiting as work.
 
-The algorithm is one shot (``transport.one_shot_all_reduce``) with memory in place of messages.
-A group shares one file in ``/dev/shm``, mapped by every rank: a slot per rank and a flag per rank.
-Call ``s`` on a group:
-
-1. copy the tensor into this rank's slot (parity ``s % 2``), then set this rank's flag to ``s``;
-2. wait until every rank's flag is at least ``s``;
-3. add the p slots in group-rank order into the tensor -- the same order everywhere, so every rank
-   ends with the same bits (for 2 ranks, the same bits as gloo's ring: a + b = b + a).
-
-Two parities suffice: a rank can write parity ``s % 2`` again only at call ``s + 2``, which needs
-every flag at ``s + 1``, which every rank sets only after it has read call ``s``. Ordering relies
-on x86's memory model (stores become visible in program order, loads are not reordered with loads:
-Intel SDM vol. 3A, 8.2.2), so the data is in a slot before its flag is seen; other processors
-keep gloo. Waiting is a spin that gives its core away at every look (``os.sched_yield``), so a
-waiting rank holds no core another rank could compute on: with more ranks than cores it is still
-the faster wait (``bench tensor`` on 1 core with 2 and 4 ranks and on 2 cores with 8 ranks: ours
-within 1.05 x the machine's limit on 1 core, every row faster than with gloo). The thread CPU time
-it spins is kept apart (``waited_seconds``), so the pipeline's virtual clock and the benchmarks'
-compute do not count waiting as work.
-
-``channel(group)`` decides once per group, on all its ranks together (a collective the first time):
-gloo, Linux with ``/dev/shm``, x86-64, every rank of the group on this host.
-``transport.all_reduce`` then sends tensors of at most ``MAX_BYTES`` through it; everything else
-goes to gloo as before.
-
-Point to point (``links``): the pipeline executor's activations and gradients take the same way.
-A pair of ranks shares one file with a ring of ``depth`` slots in each direction; the sender copies
-a message (and the float64 virtual-clock stamp beside it) into the next slot and then counts it
-``sent``; the receiver waits until ``sent`` passes what it has taken, copies the slot out and then
-counts it ``taken``, which frees the slot (x86 also keeps a store after the loads before it, SDM
-8.2.2). A full ring does not block the sender: ``Link.send`` says no and the executor keeps the
-message until there is room (it retries whenever it waits), so sends stay asynchronous as the
-schedule validator assumes. On this machine a message then costs microseconds instead of gloo's
-0.6 ms (``parallel-lab bench pipeline``).
+The group all-reduce is ``runtime.shared_channel``. Point to point (``links``): the pipeline
+executor's activations and gradients. A pair of ranks shares one file with a ring of ``depth`` slots
+in each direction; the sender copies a message (and the float64 virtual-clock stamp beside it) into
+the next slot and then counts it ``sent``; the receiver waits until ``sent`` passes what it has
+taken, copies the slot out and then counts it ``taken``, which frees the slot (x86 also keeps a store
+after the loads before it, SDM 8.2.2). A full ring does not block the sender: ``Link.send`` says no
+and the executor keeps the message until there is room (it retries whenever it waits), so sends stay
+asynchronous as the schedule validator assumes. On this machine a message then costs microseconds
+instead of gloo's 0.6 ms (``parallel-lab bench pipeline``).
 """
 
 from __future__ import annotations
@@ -63,11 +42,10 @@ from parallel_lab.runtime import commlog
 
 MAX_BYTES = 256 * 2**10  # per slot: tensor parallelism's activations (128 KB in the bench's MLP)
 SHM_DIR = "/dev/shm"
-_FLAGS_BYTES = 64  # per rank: one int64 flag, the rest of a cache line unshared
+FLAGS_BYTES = 64  # per rank: one int64 flag, the rest of a cache line unshared
 _X86 = ("x86_64", "amd64")
 TIMEOUT_S: float | None = None  # how long a rank waits for the others; None: the process group default
 
-_channels: dict = {}  # ProcessGroup -> _Channel | None (None: this group uses gloo)
 _waited = [0.0]  # thread CPU seconds this process has spent waiting for other ranks' flags
 
 
@@ -85,8 +63,8 @@ def why_not(machine: str, shm_dir: bool, backend: str = "gloo") -> str | None:
 
 
 def why_not_here(backend: str = "gloo") -> str | None:
-    """``why_not`` on this machine (no process group needed; ``channel`` also needs every rank of
-    the group on this host)."""
+    """``why_not`` on this machine (no process group needed; a channel or a link also needs every
+    rank involved on this host)."""
     return why_not(platform.machine(), os.path.isdir(SHM_DIR), backend)
 
 
@@ -95,127 +73,14 @@ def waited_seconds() -> float:
     return _waited[0]
 
 
-class _Channel:
-    """One group's shared file: ``flags`` (an int64 per rank) and ``slots[parity, rank]``."""
-
-    def __init__(self, group, path: str, p: int, rank: int):
-        fd = os.open(path, os.O_RDWR)
-        try:
-            self.map = mmap.mmap(fd, _file_bytes(p))
-        finally:
-            os.close(fd)
-        self.group, self.p, self.rank, self.calls = group, p, rank, 0
-        self.flags = memoryview(self.map)[: _FLAGS_BYTES * p].cast("q")
-        self.stride = _FLAGS_BYTES // 8  # rank q's flag is flags[q * stride]
-        self.bytes = torch.frombuffer(self.map, dtype=torch.uint8, offset=_FLAGS_BYTES * p,
-                                      count=2 * p * MAX_BYTES).view(2, p, MAX_BYTES)
-        self._views: dict = {}
-
-    def slots(self, parity: int, tensor: torch.Tensor) -> list:
-        key = (parity, tensor.dtype, tuple(tensor.shape))
-        if key not in self._views:
-            n = tensor.numel() * tensor.element_size()
-            self._views[key] = [self.bytes[parity, q, :n].view(tensor.dtype).view(tensor.shape)
-                                for q in range(self.p)]
-        return self._views[key]
-
-    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        """Sum ``tensor`` over the group in place (steps 1-3 of the module doc); ``op="max"`` takes
-        the elementwise maximum instead (exact in any order)."""
-        s, slots = self.post(tensor)
-        self.wait(s)
-        return self.add(slots, tensor, op)
-
-    def post(self, tensor: torch.Tensor) -> tuple[int, list]:
-        """Step 1: this rank's part of its next call, in its slot, then its flag. Returns the call's
-        number and its slots."""
-        self.calls += 1
-        s = self.calls
-        slots = self.slots(s % 2, tensor)
-        slots[self.rank].copy_(tensor)
-        self.flags[self.rank * self.stride] = s  # after the copy: x86 shows stores in order
-        return s, slots
-
-    @staticmethod
-    def add(slots: list, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        """Step 3: the slots summed in group-rank order (or their maximum), into ``tensor``."""
-        combine = torch.maximum if op == "max" else torch.add
-        combine(slots[0], slots[1], out=tensor)
-        for slot in slots[2:]:
-            combine(tensor, slot, out=tensor)
-        return tensor
-
-    def wait(self, s: int) -> None:
-        """Step 2: until every rank's flag is at least ``s`` (spinning; the spun time is counted)."""
-        flags, stride = self.flags, self.stride
-
-        def missing() -> list:
-            return [q for q in range(self.p) if flags[q * stride] < s]
-
-        if missing():
-            _spin(lambda: not missing(), None, lambda limit: (
-                f"shared-memory all_reduce call {s} of group {_name(self.group)}: group ranks {missing()} "
-                f"did not arrive within {limit:g} s (a rank died, or called another collective or none)"))
-
-
-def channel(group=None) -> _Channel | None:
-    """This group's shared-memory channel, or None where it uses gloo (see ``why_not``). Collective
-    on the group's ranks the first time it is asked for a group."""
-    key = dist.group.WORLD if group is None else group
-    if key in _channels:
-        return _channels[key]
-    _forget_destroyed()
-    with commlog.aside(f"opening a shared-memory channel for group {_name(group)}"):
-        _channels[key] = _open(group)
-    return _channels[key]
-
-
-def _open(group) -> _Channel | None:
-    rank, p = dist.get_rank(group), dist.get_world_size(group)
-    mine = (why_not_here(dist.get_backend(group)), _host())
-    every = [None] * p
-    dist.all_gather_object(every, mine, group=group)
-    if any(r is not None for r, _ in every) or len({h for _, h in every}) > 1:
-        return None
-    first = 0 if group is None else dist.get_global_rank(group, 0)
-    path = [_new_file(_file_bytes(p)) if rank == 0 else None]  # zero-filled: every flag at 0
-    try:
-        dist.broadcast_object_list(path, src=first, group=group)
-        if not path[0]:  # /dev/shm is full: gloo, on every rank
-            return None
-        opened = _Channel(group, path[0], p, rank)
-        dist.barrier(group=group)  # everyone has it mapped: the name can go
-    finally:
-        if rank == 0 and path[0]:
-            os.unlink(path[0])  # the memory lives on until the last rank unmaps it; nothing is left behind
-    return opened
-
-
-def _file_bytes(p: int) -> int:
-    return _FLAGS_BYTES * p + 2 * p * MAX_BYTES  # p flags, then slots[parity, rank]
-
-
-def _name(group) -> str:
-    return "world" if group is None else str(dist.get_process_group_ranks(group))
-
-
-def _host() -> str:
+def host() -> str:
+    """This host, as its ranks compare it: the host name and the kernel's boot id."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
     except OSError:
         boot = ""
     return f"{socket.gethostname()}/{boot}"
-
-
-def _forget_destroyed() -> None:
-    """Drop the channels of groups that ``destroy_process_group`` has removed (meshes make and
-    destroy groups run after run in one rank process)."""
-    live = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_map", None)
-    if live is None:
-        return
-    for key in [k for k in _channels if k not in live]:
-        del _channels[key]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -233,9 +98,9 @@ class Link:
 
     def __init__(self, buffer, offset: int, nbytes: int, depth: int, peer: int):
         self.nbytes, self.depth, self.peer, self.count = nbytes, depth, peer, 0  # count: mine, sent or taken
-        self.slot = _FLAGS_BYTES + _round_up(nbytes)
-        self.counters = memoryview(buffer)[offset: offset + 2 * _FLAGS_BYTES].cast("q")
-        start = offset + 2 * _FLAGS_BYTES
+        self.slot = FLAGS_BYTES + _round_up(nbytes)
+        self.counters = memoryview(buffer)[offset: offset + 2 * FLAGS_BYTES].cast("q")
+        start = offset + 2 * FLAGS_BYTES
         self.stamps = memoryview(buffer)[start: start + depth * self.slot].cast("d")
         self.bytes = torch.frombuffer(buffer, dtype=torch.uint8, offset=start,
                                       count=depth * self.slot).view(depth, self.slot)
@@ -248,7 +113,7 @@ class Link:
             n = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
             if n > self.nbytes:
                 raise ValueError(f"a message of {n} bytes does not fit this link's {self.nbytes}-byte slots")
-            self._views[key] = self.bytes[i, _FLAGS_BYTES: _FLAGS_BYTES + n].view(dtype).view(shape)
+            self._views[key] = self.bytes[i, FLAGS_BYTES: FLAGS_BYTES + n].view(dtype).view(shape)
         return self._views[key]
 
     def send(self, tensor: torch.Tensor, stamp: float = 0.0) -> bool:
@@ -292,11 +157,11 @@ class Link:
 
     def _wait(self, done, progress, text: str, failed: str) -> None:
         with commlog.aside(f"wait({text} through shared memory)"):
-            _spin(done, progress, lambda limit: f"{text}: rank {self.peer} {failed} through shared memory "
+            spin(done, progress, lambda limit: f"{text}: rank {self.peer} {failed} through shared memory "
                                                 f"within {limit:g} s (it died, or waits for this rank)")
 
 
-def _spin(done, progress, timed_out) -> None:
+def spin(done, progress, timed_out) -> None:
     """Until ``done()``: run ``progress()`` (if any) and give the core away at every look; after
     ``TIMEOUT_S`` (default: the process group's timeout) raise TimeoutError(``timed_out(limit)``).
     The thread CPU time spun is counted in ``waited_seconds``."""
@@ -360,7 +225,7 @@ def _exchange(sends, recvs, tag: int) -> None:
         work.wait()
 
 
-def _new_file(size: int) -> str:
+def new_file(size: int) -> str:
     """A new zero-filled file of ``size`` bytes in /dev/shm, its space reserved (so a full /dev/shm
     says so now, not with SIGBUS later): its path, or "" when there is no room."""
     path = os.path.join(SHM_DIR, f"parallel_lab-{os.getpid()}-{uuid.uuid4().hex[:12]}")
@@ -377,7 +242,7 @@ def _new_file(size: int) -> str:
 
 def _create(size: int) -> torch.Tensor:
     """``_new_file``'s path as a fixed-size byte tensor (all zeros when there is no room)."""
-    path = _new_file(size)
+    path = new_file(size)
     name = torch.zeros(_NAME_BYTES, dtype=torch.uint8)
     name[: len(path)] = torch.tensor(list(path.encode()), dtype=torch.uint8)
     return name
@@ -395,12 +260,12 @@ def _pair(path: str, size: int, nbytes: int, depth: int, peer: int, first: bool)
 
 
 def _direction_bytes(nbytes: int, depth: int) -> int:
-    return 2 * _FLAGS_BYTES + depth * (_FLAGS_BYTES + _round_up(nbytes))
+    return 2 * FLAGS_BYTES + depth * (FLAGS_BYTES + _round_up(nbytes))
 
 
 def _round_up(n: int) -> int:
-    return -(-n // _FLAGS_BYTES) * _FLAGS_BYTES
+    return -(-n // FLAGS_BYTES) * FLAGS_BYTES
 
 
 def _host_id() -> int:
-    return int.from_bytes(hashlib.blake2b(_host().encode(), digest_size=8).digest(), "little") >> 1
+    return int.from_bytes(hashlib.blake2b(host().encode(), digest_size=8).digest(), "little") >> 1

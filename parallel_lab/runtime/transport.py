@@ -2,7 +2,7 @@
 
 ``all_reduce(tensor, group)`` is ``dist.all_reduce`` with the transport chosen per call:
 
-- **shared memory** (``runtime.shared_memory``) when the group's ranks can share it (gloo, one x86-64
+- **shared memory** (``runtime.shared_channel``) when the group's ranks can share it (gloo, one x86-64
   Linux host) and the tensor is a CPU tensor of at most ``shared_memory.MAX_BYTES``;
 - else **one shot** (``one_shot_all_reduce``) for a sum on gloo over more than 2 ranks, contiguous,
   of at most ``ONE_SHOT_MAX_BYTES``;
@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from parallel_lab.runtime import commlog, shared_memory
+from parallel_lab.runtime import commlog, shared_channel, shared_memory
 
 # One shot, the latency-optimal all-reduce for small tensors. A ring needs 2(p-1) steps one after
 # another, each a message's latency; for a small tensor the latency is the whole cost. One shot: every
@@ -35,7 +35,7 @@ from parallel_lab.runtime import commlog, shared_memory
 # 1 MB about the same; with 2 ranks the ring is only 2 steps, and one shot was faster in most runs but
 # up to 1.4x slower in others, and the TP benchmark's small 2-rank rows with it, so 2 ranks keep
 # gloo's. NCCL picks its own algorithm by size, so on NCCL the call is left to it. Where the ranks of
-# a group can share memory (one x86 host: ``runtime.shared_memory``), the same one-shot sum goes
+# a group can share memory (one x86 host: ``runtime.shared_channel``), the same one-shot sum goes
 # through memory instead of messages, which is faster still (0.07-0.4 ms against gloo's 1-4 ms here).
 
 ONE_SHOT_MAX_BYTES = 256 * 2**10  # gloo, more than 2 ranks, at most this many bytes: one shot
@@ -88,11 +88,11 @@ def uses_one_shot(tensor: torch.Tensor, group=None) -> bool:
 
 
 def uses_shared_memory(tensor: torch.Tensor, group=None) -> bool:
-    """Whether ``all_reduce`` sums ``tensor`` through shared memory (``runtime.shared_memory``): a CPU
+    """Whether ``all_reduce`` sums ``tensor`` through shared memory (``runtime.shared_channel``): a CPU
     tensor of at most ``shared_memory.MAX_BYTES`` on a group whose channel is open. Collective the
     first time for a group (its ranks agree whether they can share memory)."""
     small = tensor.numel() * tensor.element_size() <= shared_memory.MAX_BYTES
-    return small and tensor.device.type == "cpu" and shared_memory.channel(group) is not None
+    return small and tensor.device.type == "cpu" and shared_channel.for_group(group) is not None
 
 
 def all_reduce(tensor: torch.Tensor, group=None, async_op: bool = False, op=dist.ReduceOp.SUM):
@@ -106,7 +106,7 @@ def all_reduce(tensor: torch.Tensor, group=None, async_op: bool = False, op=dist
     how = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MAX: "max"}.get(op)
     if how is not None and uses_shared_memory(tensor, group):
         with commlog.speaking_for("all_reduce", tensor, group):
-            shared_memory.channel(group).all_reduce(tensor, how)
+            shared_channel.for_group(group).all_reduce(tensor, how)
         return _Pending(tensor) if async_op else tensor
     if op == dist.ReduceOp.SUM and uses_one_shot(tensor, group):
         with commlog.speaking_for("all_reduce", tensor, group):
