@@ -12,7 +12,7 @@ import nbformat
 import pytest
 
 from parallel_lab import i18n
-from parallel_lab.course import editions
+from parallel_lab.course import editions, tags
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -182,7 +182,7 @@ def test_an_exercises_not_yet_verdict_is_chinese_in_a_chinese_lesson():
     source = ROOT / "lessons" / "src" / "01_ranks_and_collectives.py"
     cells = build_lessons.parse(source.read_text(encoding="utf-8"))
     first = next(c for c in cells if c.cell_type == "code" and "setup(" in c.source)
-    answer = build_lessons.answer_cells(cells)["ring-all-reduce"]
+    answer = tags.answer_cells(cells)["ring-all-reduce"]
     check = next(c for c in cells if "check:ring-all-reduce" in c.metadata.get("tags", []))
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell(editions.with_language(first.source, LANG).replace("setup(", "setup(ranks=False, ")),
