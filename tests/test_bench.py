@@ -80,8 +80,9 @@ def test_the_kernels_floor_computes_what_our_layers_compute():
 def _workers(stage_index, spec, split=False, recompute=False):
     import copy
 
+    from parallel_lab.pipeline.chain import ChainWorker, make_worker
     from parallel_lab.pipeline.stages import cut
-    from parallel_lab.pipeline.worker import ChainWorker, StageWorker, make_worker
+    from parallel_lab.pipeline.worker import StageWorker
 
     stage = cut(spec, 4, keep={stage_index})[stage_index]
     twin = stage._replace(module=copy.deepcopy(stage.module))
@@ -95,11 +96,8 @@ def _workers(stage_index, spec, split=False, recompute=False):
 @pytest.mark.parametrize("stage_index", (0, 1, 3))
 @pytest.mark.parametrize("variant", ("fused", "split", "recompute", "split-recompute"))
 def test_chain_worker_computes_and_counts_what_autograd_does(stage_index, variant):
-    import contextlib
-
     import torch
 
-    from parallel_lab.pipeline.executor import _saved_bytes
     from parallel_lab.pipeline.stages import ModelSpec
 
     spec = ModelSpec("mlp", hidden=8, layers=8, batch=12)
@@ -109,27 +107,42 @@ def test_chain_worker_computes_and_counts_what_autograd_does(stage_index, varian
     split, recompute = "split" in variant, "recompute" in variant
     runs = []
     for w in _workers(stage_index, spec, split=split, recompute=recompute):
+        w.start_step(counting=True)
         out, counted = [], []
         for j in range(3):
-            with _saved_bytes(w, j):
-                out.append(w.forward(j, x[4 * j:4 * j + 4] if first else x[4 * j:4 * j + 4].clone(),
-                                     target[4 * j:4 * j + 4] if last else None).detach().clone())
-            counted.append(w.saved_bytes[j])
+            rows = slice(4 * j, 4 * j + 4)
+            out.append(w.act("F", j, x[rows] if first else x[rows].clone(), target[rows] if last else None)
+                       .detach().clone())
+            counted.append(w.memory())
         for j in range(3):
-            g = None if last else grad
-            with _saved_bytes(w, j) if recompute else contextlib.nullcontext():  # as the executor counts
-                dx = w.input_grad(j, g) if split else w.backward(j, g)
-            counted.append(w.saved_bytes.get(j))  # under recompute: what the second forward kept
+            dx = w.act("I" if split else "B", j, None if last else grad)
+            counted.append(w.memory())
             if split:
-                counted.append(w.held_bytes(j))
-                w.weight_grad(j)
+                w.act("W", j)
+                counted.append(w.memory())
             out.append(None if dx is None else dx.clone())
         out += [p.grad.clone() for p in w.params]
-        runs.append((out, counted))
+        runs.append((out, counted + [w.w_bytes]))
     (plain, plain_bytes), (fast, fast_bytes) = runs
+    assert plain_bytes[0][2] > 0 and (not split or plain_bytes[-1][1] > 0)  # something was counted
     assert fast_bytes == plain_bytes  # the same tensors kept: the memory figures do not change
     for a, b in zip(plain, fast):
         assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+
+
+def test_chain_worker_refuses_a_stage_that_is_not_a_linear_gelu_chain():
+    from parallel_lab.pipeline.chain import ChainWorker, make_worker
+    from parallel_lab.pipeline.stages import ModelSpec, cut
+    from parallel_lab.pipeline.worker import StageWorker
+
+    gpt = cut(ModelSpec("gpt", hidden=16, layers=2, heads=2), 2)[0]
+    with pytest.raises(ValueError, match="stage 0 is not one"):
+        ChainWorker(gpt, None, 2, True, False)
+    assert type(make_worker(gpt, None, 2, True, False)) is StageWorker
+    mlp = cut(ModelSpec("mlp", hidden=8, layers=2), 2)[0]
+    with pytest.raises(ValueError, match=r"fuse False"):
+        ChainWorker(mlp, None, 2, True, False, fuse=False)
+    assert type(make_worker(mlp, None, 2, True, False, fuse=False)) is StageWorker
 
 
 def test_all_reduce_timing_names_its_algorithms():

@@ -7,7 +7,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from parallel_lab import models
-from parallel_lab.pipeline import profile
+from parallel_lab.pipeline.activation_bytes import ByteCounter
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import M_W_SHARE, simulate
 from parallel_lab.planning import memory, memory_model
@@ -97,13 +97,13 @@ def _measure(backend=None, wrap=None):
     block = models.GPT(TINY).blocks[0]
     x = torch.randn(B, TINY.seq, TINY.hidden, requires_grad=True)
     fn = block if wrap is None else (lambda inp: wrap(block, inp))
-    with profile.saved_tensors_counter(exclude=list(block.parameters())) as seen:
+    with ByteCounter(exclude=block.parameters()).saved() as saved:
         if backend is None:
             fn(x)
         else:
             with sdpa_kernel(backend):
                 fn(x)
-    return sum(seen.values())
+    return saved.total
 
 
 def _formula(recompute):

@@ -138,16 +138,23 @@ except ValueError as err:
 #   the end of the whole pipeline step.
 #
 # Qi et al. 2023 (*Zero Bubble Pipeline Parallelism*) schedule them as separate actions: I as early
-# as possible, W whenever the GPU would otherwise wait. In `parallel_lab` a stage runs I with one
-# autograd pass to its input and to the output of every layer (no weight gradient is computed), and
-# W later from what I kept — for a Linear, one matrix product:
+# as possible, W whenever the GPU would otherwise wait. In `parallel_lab`, I computes the input
+# gradient and keeps what W needs — every Linear's input `X` and output gradient `dY` — and W later
+# turns those into weight gradients, for a Linear one matrix product. A stage of any model (the GPT's)
+# runs I as one autograd pass to its input and to the output of every layer, which computes no
+# weight gradient (`worker.StageWorker`). The MLP of these lessons runs **by hand** instead
+# (`chain.ChainWorker`): its I walks the chain of Linear and GELU backwards with the very operations
+# autograd would run, in the same order — so the gradients are the same to the last bit — but
+# without building a graph in F, which on micro-batches this small costs about as much as the
+# arithmetic. This is the I the MLP runs, then the W every stage runs:
 
 # %%
 import inspect
 
-from parallel_lab.pipeline import worker
+from parallel_lab.pipeline import chain, worker
 
 print(inspect.getsource(worker.StageWorker.input_grad))
+print(inspect.getsource(chain.ChainWorker._input_grads))
 print(inspect.getsource(worker.StageWorker.weight_grad))
 print(inspect.getsource(worker._weight_grads))
 

@@ -54,10 +54,10 @@ print(inspect.getsource(worker.StageWorker._take))
 # GPipe — where it matters most, since every stage stashes all m micro-batches — and 1F1B, each
 # with and without recomputation, on 4 ranks with 8 micro-batches (an 8-layer MLP in fp64, two
 # Linear+GELU blocks per stage, 4 rows of 32 values per micro-batch). Every run is compared with one
-# process computing the whole batch. Stashed bytes are what autograd really keeps
-# (each stored tensor counted once, weights excluded); we look at the middle stages 1 and 2, which
-# hold exactly two blocks and nothing else (the first and last stages also hold the data batch and
-# the loss target).
+# process computing the whole batch. Stashed bytes are what a stage really keeps for its backward:
+# the tensors autograd saves (the MLP's stages, run by hand as lesson 06 shows, keep exactly those),
+# each counted once, weights excluded; we look at the middle stages 1 and 2, which hold exactly two
+# blocks and nothing else (the first and last stages also hold the data batch and the loss target).
 
 # %%
 from parallel_lab.pipeline.run import run_pipeline

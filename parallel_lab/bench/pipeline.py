@@ -9,10 +9,11 @@ rank), the same batch, 8 microbatches, float32, GPipe and 1F1B (PyTorch: ``Pipel
 They are timed inside the same rank function, alternating step by step, so they share the
 machine's state. A step is one forward and backward of the whole batch; gradients are reset
 between steps (not timed); each step starts after a barrier, lasts as long as its slowest rank,
-and a row reports the median over ``repeats``. Ours runs without recording (no timestamps sent)
-and, between ranks of one host, sends through shared memory (``runtime.shared_memory.links``);
-the peer sends through torch.distributed (gloo's loopback TCP). Quote the ratio, not the absolute
-times.
+and a row reports the median over ``repeats``. Ours runs without recording (no timestamps sent),
+each stage in ``pipeline.chain.ChainWorker`` as every run of the course MLP (its Linear and GELU by
+hand: autograd's arithmetic bit for bit, without its graph) and, between ranks of one host, sends
+through shared memory (``runtime.shared_memory.links``); the peer runs autograd and sends through
+torch.distributed (gloo's loopback TCP). Quote the ratio, not the absolute times.
 
 How close to the machine: after the timed steps, ``LIMIT_STEPS`` more steps of ours run recorded
 (not timed) and the thread CPU time of every action (what the executor's virtual clock counts) is

@@ -100,7 +100,7 @@ def cut_rank(spec: ModelSpec, schedule: Schedule, parts: Sequence[int], link: Li
     rank = dist.get_rank()
     mine = {s for s, r in enumerate(schedule.stage_to_rank) if r == rank}
     stages = {st.index: st for st in cut_at(spec, parts, keep=mine) if st is not None}
-    ex = Executor(schedule, stages, spec, rank)
+    ex = Executor(schedule, stages, spec, rank, link=link, check=False)  # run_cut validated it
     out = recorded_steps(ex, *spec.data(), warmup=warmup, steps=steps)
     return {"rank": rank, **out,
             "grads": {name: p.grad for w in ex.workers.values() for name, p in zip(w.names, w.params)}}

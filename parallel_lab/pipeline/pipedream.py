@@ -24,14 +24,17 @@ on p ranks with one stage each (``schedules.one_f_one_b``), on the same data:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.func import functional_call
 
-from parallel_lab.pipeline.executor import Executor, _tag, message, program
+from parallel_lab.pipeline.executor import Executor
 from parallel_lab.pipeline.schedules import one_f_one_b
 from parallel_lab.pipeline.stages import ModelSpec, cut
+from parallel_lab.pipeline.worker import StageWorker
 from parallel_lab.runtime import launcher
 
 MODES = ("no-stash", "stash", "flush")
@@ -50,15 +53,20 @@ class Weights:
         self.tensors, self.number = tensors, number
 
 
-class AsyncStage:
-    """One stage of asynchronous 1F1B: SGD after every backward, with or without weight stashing."""
+class AsyncStage(StageWorker):
+    """One stage of asynchronous 1F1B, the worker the Executor runs for PipeDream (its ``worker``
+    hook): SGD after every backward, with or without weight stashing. Arguments as StageWorker's,
+    plus ``lr`` and ``stash``; each microbatch is a minibatch, with its own mean loss (no 1/m), and
+    a backward is one ``autograd.grad`` (asynchronous 1F1B has neither recompute nor split backward)."""
 
-    def __init__(self, stage, spec: ModelSpec, first: bool, last: bool, lr: float, stash: bool):
-        self.module, self.names, self.spec = stage.module, stage.names, spec
+    def __init__(self, stage, loss_fn, n_microbatches: int, first: bool, last: bool, recompute: bool = False,
+                 split: bool = False, fuse: bool = True, *, lr: float, stash: bool):
+        if recompute or split:
+            raise ValueError(f"asynchronous 1F1B runs plain F and B: got recompute {recompute}, split {split}")
+        super().__init__(stage, loss_fn, n_microbatches, first, last, fuse=False)
         self.local = [name for name, _ in stage.module.named_parameters()]
-        self.first, self.last, self.lr, self.stash = first, last, lr, stash
+        self.lr, self.stashing = lr, stash
         self.current = Weights([p.detach().clone().requires_grad_() for p in stage.module.parameters()])
-        self.inflight: dict[int, tuple] = {}
         self.versions: list[tuple[int, int, int]] = []  # (microbatch, forward version, backward version)
         self.peak_versions = 1
 
@@ -68,14 +76,14 @@ class AsyncStage:
         w = self.current
         out = functional_call(self.module, dict(zip(self.local, w.tensors)), (x,))
         if self.last:
-            out = self.spec.loss(out, target)  # each microbatch is a minibatch: its own mean loss
-        self.inflight[j] = (x, out, w, w.number)
-        held = {id(v) for _, _, v, _ in self.inflight.values()} | {id(self.current)}
+            out = self.loss_fn(out, target)  # each microbatch is a minibatch: its own mean loss
+        self.stash[j] = (x, out, w, w.number)
+        held = {id(v) for _, _, v, _ in self.stash.values()} | {id(self.current)}
         self.peak_versions = max(self.peak_versions, len(held))
         return out.detach()
 
     def backward(self, j: int, grad):
-        x, out, w, forward_version = self.inflight.pop(j)
+        x, out, w, forward_version = self.stash.pop(j)
         # Without stashing, w is the one Weights object updated in place, so w.number (and what
         # autograd's saved weights hold) is the latest version; with stashing, the one F used.
         self.versions.append((j, forward_version, w.number))
@@ -89,7 +97,7 @@ class AsyncStage:
     def _update(self, grads) -> None:
         """W_{k+1} = W_k - lr * g (PipeDream applies every gradient to the *current* weights)."""
         w = self.current
-        if self.stash:  # a new version; the old one lives on while a microbatch in flight uses it
+        if self.stashing:  # a new version; the old one lives on while a microbatch in flight uses it
             self.current = Weights([(t - self.lr * g).requires_grad_() for t, g in zip(w.tensors, grads)],
                                    w.number + 1)
         else:  # in place behind autograd's back (.data): graphs of microbatches in flight see it
@@ -102,29 +110,16 @@ class AsyncStage:
 
 
 def _async_rank(spec: ModelSpec, steps: int, m: int, lr: float, stash: bool) -> dict:
-    """Asynchronous 1F1B over all ``steps * m`` microbatches with no flush (one stage per rank)."""
+    """Asynchronous 1F1B over all ``steps * m`` microbatches with no flush (one stage per rank): one
+    Executor step of the whole ``steps * m`` schedule, whose workers update after every backward."""
     rank, p = dist.get_rank(), dist.get_world_size()
-    n = steps * m
-    schedule = one_f_one_b(p, n)
-    stage = AsyncStage(cut(spec, p, keep={rank})[rank], spec, rank == 0, rank == p - 1, lr, stash)
-    xs, targets = _microbatches(spec, steps, m)
-    shape, sends = spec.boundary_shape(spec.batch // m), []
-    for op in program(schedule, rank):
-        s, kind, j = op.action
-        data = None
-        if op.recv is not None:
-            data = torch.empty(shape, dtype=spec.torch_dtype)
-            dist.recv(data, op.recv.peer, tag=_tag(message(op.recv), n)[0])
-        if kind == "F":
-            out = stage.forward(j, xs[j] if s == 0 else data, targets[j] if s == p - 1 else None)
-        else:
-            out = stage.backward(j, data)
-        if op.send is not None:
-            sends.append((dist.isend(out, op.send.peer, tag=_tag(message(op.send), n)[0]), out))
-    for work, _ in sends:
-        work.wait()
-    return {"stage": rank, "weights": stage.weights(), "versions": stage.versions,
-            "peak_versions": stage.peak_versions}
+    whole = spec.replace(batch=spec.batch * steps)  # the microbatches of every step, in one walk
+    stage = cut(spec, p, keep={rank})[rank]
+    ex = Executor(one_f_one_b(p, steps * m), {rank: stage}, whole, rank,
+                  worker=functools.partial(AsyncStage, lr=lr, stash=stash))
+    ex.step(*whole.data())
+    w = ex.workers[rank]
+    return {"stage": rank, "weights": w.weights(), "versions": w.versions, "peak_versions": w.peak_versions}
 
 
 def _flush_rank(spec: ModelSpec, steps: int, m: int, lr: float) -> dict:

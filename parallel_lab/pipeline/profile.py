@@ -1,6 +1,7 @@
 """Per-layer cost of a model, measured on this CPU: time and memory, the input to stage balancing.
 
     from parallel_lab import models
+from parallel_lab.pipeline.activation_bytes import ByteCounter
     from parallel_lab.pipeline import profile
     cfg = models.GPTConfig(layers=4)
     records = profile.profile_layers(models.GPT(cfg), models.random_tokens(cfg, batch=4)[0])
@@ -14,8 +15,8 @@ in order) runs forward and backward on the output of the previous one:
   ``repeats`` runs after a warm-up, with torch limited to one thread -- one simulated device, as on
   a rank. CPU time, not wall time, so other processes on the machine do not inflate it.
 - **memory**: parameter bytes, and the bytes of the tensors autograd saves for the backward pass,
-  seen with ``torch.autograd.graph.saved_tensors_hooks``: each saved storage counted once, parameters
-  left out. That is what a pipeline stage stashes per micro-batch until its backward.
+  counted by ``activation_bytes.ByteCounter`` (a storage once, parameters left out), as a pipeline
+  stage's worker counts what it stashes per micro-batch until its backward.
 
 Used by ``parallel_lab.pipeline.partition.by_time`` to cut stages of equal time (the DeepSpeed "profile"
 method that DeepSpeed itself leaves unimplemented).
@@ -32,6 +33,7 @@ import torch
 from torch import nn
 
 from parallel_lab import models
+from parallel_lab.pipeline.activation_bytes import ByteCounter
 
 
 @dataclass(frozen=True)
@@ -79,30 +81,11 @@ def one_thread():
         torch.set_num_threads(before)
 
 
-@contextmanager
-def saved_tensors_counter(exclude=()):
-    """Count the bytes autograd saves for backward inside the block: ``with ... as seen:`` then
-    ``sum(seen.values())``. ``seen`` maps storage address -> bytes, so a tensor saved by two ops (the
-    input of the q, k and v projections) or a view of a saved tensor counts once; storages of the
-    tensors in ``exclude`` (the parameters) are left out."""
-    skip = {t.untyped_storage().data_ptr() for t in exclude}
-    seen: dict[int, int] = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in skip:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        yield seen
-
-
 def saved_activation_bytes(module: nn.Module, *inputs) -> int:
     """Bytes saved for backward by one forward of ``module`` on ``inputs`` (parameters excluded)."""
-    with saved_tensors_counter(exclude=list(module.parameters())) as seen:
+    with ByteCounter(exclude=module.parameters()).saved() as counter:
         module(*inputs)
-    return sum(seen.values())
+    return counter.total
 
 
 def _fresh(x):
@@ -138,7 +121,7 @@ def profile_layers(model, inputs, repeats: int = 5, warmup: int = 1, seed: int =
     with one_thread():
         for index, (name, layer) in enumerate(layers_of(model)):
             params = list(layer.parameters())
-            with saved_tensors_counter(exclude=params) as seen:
+            with ByteCounter(exclude=params).saved() as saved:
                 y = layer(_fresh(x))
             upstream = torch.randn(y.shape, generator=gen, dtype=y.dtype)
             fwd_s, bwd_s = _time_layer(layer, x, upstream, repeats, warmup)
@@ -146,7 +129,7 @@ def profile_layers(model, inputs, repeats: int = 5, warmup: int = 1, seed: int =
                 index=index, name=name, type=type(layer).__name__,
                 params=sum(p.numel() for p in params),
                 param_bytes=sum(p.numel() * p.element_size() for p in params),
-                fwd_s=fwd_s, bwd_s=bwd_s, activation_bytes=sum(seen.values())))
+                fwd_s=fwd_s, bwd_s=bwd_s, activation_bytes=saved.total))
             x = y.detach()
     return records
 

@@ -37,7 +37,7 @@ from parallel_lab.pipeline.simulate import M_W_SHARE, Costs, simulate, units
 from parallel_lab.pipeline.stages import DTYPES, ModelSpec, check_stages, cut, reference
 from parallel_lab.pipeline.trace import write_trace
 from parallel_lab.pipeline.validate import validate
-from parallel_lab.runtime import commlog, launcher, shared_memory
+from parallel_lab.runtime import commlog, launcher
 
 DEFAULTS = {"mlp": dict(hidden=32, layers=8), "gpt": dict(hidden=32, layers=4, heads=2, seq=8, vocab=32)}
 ROWS_PER_MICROBATCH = {"mlp": 4, "gpt": 2}
@@ -82,19 +82,15 @@ def messages_rank(spec: ModelSpec, schedule: Schedule, share_memory: bool = True
     Returns this rank's ``counts`` (``{op: {"count", "bytes"}}``), its pipeline ``neighbours``, those
     it reached through shared memory (``shared``), ``loss`` and ``grads``. ``depth``: slots per direction of a
     shared-memory link (small: the sender's queue for a full ring is used)."""
-    rank, was = dist.get_rank(), shared_memory.LINK_DEPTH
-    shared_memory.LINK_DEPTH = was if depth is None else depth
-    try:
-        ex = build_executor(spec, schedule, rank, share_memory=share_memory)
-        x, target = spec.data()
-        with commlog.recording() as log:
-            for i in range(steps):
-                ex.zero_grad()
-                ex.record = i == steps - 1
-                loss = ex.step(x if rank == schedule.stage_to_rank[0] else None,
-                               target if rank == schedule.stage_to_rank[-1] else None)
-    finally:
-        shared_memory.LINK_DEPTH = was
+    rank = dist.get_rank()
+    ex = build_executor(spec, schedule, rank, share_memory=share_memory, link_depth=depth)
+    x, target = spec.data()
+    with commlog.recording() as log:
+        for i in range(steps):
+            ex.zero_grad()
+            ex.record = i == steps - 1
+            loss = ex.step(x if rank == schedule.stage_to_rank[0] else None,
+                           target if rank == schedule.stage_to_rank[-1] else None)
     return {"counts": log.as_dict(), "neighbours": ex.neighbours, "loss": loss,
             "shared": sorted(q for q, link in ex.links.items() if link),
             "grads": {name: p.grad for w in ex.workers.values() for name, p in zip(w.names, w.params)}}
@@ -150,11 +146,7 @@ def plan(schedule: str | Schedule = "1f1b", ranks: int = 4, microbatches: int = 
     """The validated schedule and model of a run (raises ScheduleError / ValueError; starts nothing).
     ``schedule`` is a name, built for ``ranks``, ``microbatches`` and ``virtual``, or a Schedule
     (a student's, say), which carries its own."""
-    if isinstance(schedule, Schedule):
-        sched = validate(schedule)
-    else:
-        launcher.check_world_size(ranks)
-        sched = validate(build(schedule, ranks, microbatches, virtual))
+    sched = validate(schedule if isinstance(schedule, Schedule) else build(schedule, ranks, microbatches, virtual))
     launcher.check_world_size(sched.n_ranks)
     spec = make_spec(model, sched.n_microbatches, dtype, seed, **sizes)
     check_stages(spec, sched.n_stages)
@@ -182,7 +174,8 @@ def run_pipeline(schedule: str | Schedule = "1f1b", ranks: int = 4, microbatches
     """
     sched, spec = plan(schedule, ranks, microbatches, model, virtual, dtype, seed,
                        hidden=hidden, layers=layers, batch=batch)
-    kwargs = dict(spec=spec, schedule=sched, recompute=recompute, link=link, warmup=warmup)
+    # validated once, here: the ranks run this very schedule object, so they cannot disagree with it
+    kwargs = dict(spec=spec, schedule=sched, recompute=recompute, link=link, warmup=warmup, check=False)
     answers = launcher.run(pipeline_rank, sched.n_ranks, kwargs=kwargs, timeout=timeout)
     return report(sched, spec, answers, recompute=recompute, link=link, trace=trace)
 

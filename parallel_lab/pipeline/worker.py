@@ -1,22 +1,26 @@
 """Running one pipeline stage on its rank: F, B, I and W, and what they keep in between.
 
     worker = StageWorker(stages[0], spec.loss, n_microbatches=8, first=True, last=False)
-    out = worker.forward(0, x0)            # F of microbatch 0; its activations stay in ``stash``
-    dx = worker.backward(0, grad)          # B of microbatch 0 (or input_grad then weight_grad)
+    out = worker.act("F", 0, x0)           # F of microbatch 0; its activations stay in ``stash``
+    dx = worker.act("B", 0, grad)          # B of microbatch 0 (or "I" then "W")
+    worker.memory()                        # (micro-batches stashed, held for W, bytes they keep)
 
 The executor (``pipeline.executor``) decides when each action runs and moves tensors between ranks;
-the worker does the arithmetic of one stage and its memory accounting. ``make_worker`` picks the
-worker for a stage: a ``ChainWorker`` for a chain of Linear and GELU modules (the course MLP), which
-runs the same operations by hand instead of through autograd, else a ``StageWorker``.
+the worker does the arithmetic of one stage with autograd and keeps its own memory accounting: while
+``counting`` (the executor turns it on for a recorded step), ``bytes[j]`` is what microbatch j keeps,
+counted by ``activation_bytes.ByteCounter``. ``pipeline.chain.ChainWorker`` runs the same arithmetic
+by hand for a chain of Linear and GELU modules (the course MLP; ``chain.make_worker`` picks).
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from parallel_lab.pipeline.activation_bytes import ByteCounter, tensor_bytes
 
 
 class Tap(NamedTuple):
@@ -35,6 +39,9 @@ class StageWorker:
     stash[j]: microbatch j's (input, output, taps) from its F until its B or I (the simulator's
               activation count); with recompute only (input, target)
     held[j]:  the taps and their output gradients from I until W
+    bytes[j]: while ``counting``, the bytes microbatch j keeps: after F its input and everything
+              autograd saved (parameters excluded); after I what W needs (``held_bytes``)
+    w_bytes:  over the I's since ``start_step``: [bytes kept for W, bytes of the graph before]
 
     With ``fuse`` (default) a backward is I then W at once, and W adds a Linear's weight gradient
     straight into ``.grad`` with one ``addmm_`` (Megatron-LM's gradient-accumulation fusion)
@@ -50,11 +57,51 @@ class StageWorker:
         self.first, self.last, self.recompute, self.fuse = first, last, recompute, fuse
         self.stash: dict[int, tuple] = {}
         self.held: dict[int, tuple] = {}
-        self.saved_bytes: dict[int, int] = {}  # microbatch -> bytes its activations take (recording only)
+        self.counting, self.bytes, self.w_bytes = False, {}, [0, 0]
+        self._counter: ByteCounter | None = None  # while an action counts: what it keeps outside autograd goes here
         self._taps: list | None = None
-        self.count_kept = None  # set by the executor while it counts saved bytes (ChainWorker reports to it)
         self.uses_taps, self.generic = split or fuse, False
         self._register_taps()
+
+    def start_step(self, counting: bool) -> None:
+        """A new step: count bytes in it or not, and the I's tally (``w_bytes``) from zero."""
+        self.counting, self.w_bytes = counting, [0, 0]
+
+    def act(self, kind: str, j: int, data=None, target=None):
+        """Run action ``kind`` (F, B, I or W) of microbatch j on ``data`` (F: the stage input; B, I:
+        the output gradient, None on the last stage). F returns the output to send (the scaled loss
+        on the last stage), B and I the input gradient (None on the first stage), W None."""
+        if kind == "W":
+            self.weight_grad(j)
+            self.bytes.pop(j, None)
+            return None
+        counter = ByteCounter(self.params) if self.counting and (kind == "F" or self.recompute) else None
+        self._counter = counter
+        try:
+            with counter.saved() if counter else nullcontext():
+                out = self.forward(j, data, target) if kind == "F" else \
+                    self.backward(j, data) if kind == "B" else self.input_grad(j, data)
+        finally:
+            self._counter = None
+        if self.counting:
+            self._count(kind, j, counter)
+        return out
+
+    def _count(self, kind: str, j: int, counter: ByteCounter | None) -> None:
+        if kind == "F":  # the graph (or, under recompute, nothing) and the input kept beside it
+            counter.add(self.stash[j][0])
+            self.bytes[j] = counter.total
+        elif kind == "B":
+            self.bytes.pop(j, None)
+        else:  # I: from here on j keeps only what W needs, M_W of its M_B (simulate.Timeline)
+            graph = counter.total if counter else self.bytes.get(j, 0)  # under recompute: the second forward's
+            self.bytes[j] = self.held_bytes(j, graph)
+            self.w_bytes[0] += self.bytes[j]
+            self.w_bytes[1] += graph
+
+    def memory(self) -> tuple[int, int, int]:
+        """(micro-batches stashed, micro-batches held for their W, bytes they keep while counting)."""
+        return len(self.stash), len(self.held), sum(self.bytes.values())
 
     def _register_taps(self) -> None:
         for m in self.module.modules() if self.uses_taps else ():
@@ -125,109 +172,12 @@ class StageWorker:
         """W: the weight gradients of microbatch j, accumulated into .grad."""
         _weight_grads(*self.held.pop(j))
 
-    def held_bytes(self, j: int) -> int:
+    def held_bytes(self, j: int, graph: int = 0) -> int:
         """Bytes microbatch j keeps between its I and W: the taps' gradients and the Linear inputs
-        (or, when a tap needs autograd, the whole graph of its forward)."""
+        (and, when a tap needs autograd, the whole ``graph`` of its forward, in bytes)."""
         taps, grads = self.held[j]
         kept = list(grads) + [t.input for t in taps if t.input is not None]
-        return _storage_bytes(kept) + (self.saved_bytes.get(j, 0) if self.generic else 0)
-
-    def stashed(self) -> int:
-        return len(self.stash)
-
-
-class ChainWorker(StageWorker):
-    """A StageWorker for a stage that applies nn.Linear and nn.GELU modules one after another (the
-    course MLP; ``linear_gelu_chain``), with fused weight gradients: F, B, I and W by hand.
-
-    The same operations autograd runs on the same tensors (``F.linear``, ``F.gelu``, ``gelu_backward``,
-    ``dY @ W`` for the input gradient, ``_weight_grads`` for W), hence the same numbers, without
-    building a graph in F and walking it in B, which on small micro-batches costs about as much as
-    the arithmetic. It keeps what autograd would save -- each module's input -- and reports those
-    tensors to ``count_kept`` when the executor counts bytes. Only the last stage's loss goes
-    through autograd (any ``loss_fn``): B starts from its gradient w.r.t. the chain's output.
-    """
-
-    def __init__(self, stage, loss_fn, n_microbatches: int, first: bool, last: bool, chain: list,
-                 recompute: bool = False, split: bool = False):
-        self.chain = chain
-        super().__init__(stage, loss_fn, n_microbatches, first, last, recompute, split, fuse=True)
-        self.uses_taps = False
-        self._tap_params = [list(m.parameters(recurse=False)) for m in chain]
-
-    def _register_taps(self) -> None:  # no hooks: _forward keeps what W needs itself
-        pass
-
-    def _forward(self, x, target):
-        """The chain's output (or the scaled loss) and ``saved``: each module's input, and on the last
-        stage the chain's output last. Without grad mode (recompute's first forward) it keeps nothing."""
-        keep = torch.is_grad_enabled()
-        saved = []
-        with torch.no_grad():
-            a = x
-            for m in self.chain:
-                if keep:
-                    saved.append(a)
-                a = F.linear(a, m.weight, m.bias) if isinstance(m, nn.Linear) else F.gelu(a, approximate=m.approximate)
-        if keep and self.count_kept is not None:
-            for t in saved:
-                self.count_kept(t)
-        if not self.last:
-            return a, saved
-        if keep:
-            a.requires_grad_()
-            saved.append(a)
-        return self.loss_fn(a, target) * self.scale, saved
-
-    def _input_grads(self, j: int, grad):
-        """The chain walked backwards from the output gradient (the last stage: the loss's): GELU's
-        ``gelu_backward``, a Linear's ``dY @ W``; no ``dX`` for the first stage's input. Returns
-        (input gradient or None, a Tap per Linear, their output gradients) for ``_weight_grads``."""
-        x, out, saved = self._take(j)
-        if self.last:
-            (grad,) = torch.autograd.grad(out, saved[-1])
-        taps, grads = [], []
-        with torch.no_grad():
-            for i in range(len(self.chain) - 1, -1, -1):
-                m = self.chain[i]
-                if isinstance(m, nn.Linear):
-                    taps.append(Tap(self._tap_params[i], None, m, saved[i]))
-                    grads.append(grad)
-                    grad = None if i == 0 and self.first else grad @ m.weight
-                else:
-                    grad = torch.ops.aten.gelu_backward(grad, saved[i], approximate=m.approximate)
-        return (None if self.first else grad), taps, grads
-
-
-def linear_gelu_chain(module: nn.Module) -> list | None:
-    """The modules ``module`` applies one after another when it is nn.Sequential's (nested) of
-    nn.Linear and nn.GELU only, none with hooks; else None."""
-    if type(module) is not nn.Sequential or module._forward_hooks or module._forward_pre_hooks:
-        return None
-    chain = []
-    for m in module:
-        if type(m) is nn.Sequential:
-            inner = linear_gelu_chain(m)
-            if inner is None:
-                return None
-            chain += inner
-        elif type(m) in (nn.Linear, nn.GELU) and not (m._forward_hooks or m._forward_pre_hooks
-                                                       or m._backward_hooks or m._backward_pre_hooks):
-            chain.append(m)
-        else:
-            return None
-    return chain or None
-
-
-def make_worker(stage, loss_fn, n_microbatches: int, first: bool, last: bool, recompute: bool = False,
-                split: bool = False, fuse: bool = True) -> StageWorker:
-    """The worker of ``stage`` (arguments as StageWorker's): a ChainWorker when the weight gradients
-    are fused and the stage is a chain of Linear and GELU modules, else a StageWorker."""
-    chain = linear_gelu_chain(stage.module) if fuse else None
-    no_global_hooks = not (nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks)
-    if chain and no_global_hooks:
-        return ChainWorker(stage, loss_fn, n_microbatches, first, last, chain, recompute, split)
-    return StageWorker(stage, loss_fn, n_microbatches, first, last, recompute, split, fuse)
+        return tensor_bytes(kept) + (graph if self.generic else 0)
 
 
 def _weight_grads(taps: list[Tap], grads) -> None:
@@ -247,14 +197,3 @@ def _weight_grads(taps: list[Tap], grads) -> None:
                 weight.grad.addmm_(dy.t(), x)
             if bias is not None:
                 bias.grad = dy.sum(0) if bias.grad is None else bias.grad.add_(dy.sum(0))
-
-
-def _storage_bytes(tensors) -> int:
-    """Bytes the tensors hold: each its own size (a micro-batch slice counts its slice, not the whole
-    batch's storage), views of one storage counted once at the largest."""
-    sizes: dict[int, int] = {}
-    for t in tensors:
-        if t is not None:
-            ptr = t.untyped_storage().data_ptr()
-            sizes[ptr] = max(sizes.get(ptr, 0), t.numel() * t.element_size())
-    return sum(sizes.values())

@@ -8,7 +8,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from parallel_lab import models
-from parallel_lab.pipeline import profile
+from parallel_lab.pipeline.activation_bytes import ByteCounter
 from parallel_lab.pipeline.stages import ModelSpec, cut
 from parallel_lab.planning import memory, memory_model
 
@@ -29,8 +29,8 @@ def param_check(config=None, pps=(1, 2, 4)) -> list[dict]:
 
 def activation_check(config=None, batch: int = 3) -> list[dict]:
     """Bytes one transformer block saves for backward: ``memory_model.activation_bytes_per_layer``
-    (fp32 values, no dropout) against the tensors autograd really saves (``profile``'s
-    ``saved_tensors_counter``), for the three recomputation modes:
+    (fp32 values, no dropout) against the tensors autograd really saves (counted by
+    ``pipeline.activation_bytes.ByteCounter``), for the three recomputation modes:
 
     - none: attention computed the plain way (``SDPBackend.MATH``): the s x s scores are saved;
     - selective: PyTorch's fused attention on the CPU, which recomputes the scores in backward --
@@ -45,9 +45,9 @@ def activation_check(config=None, batch: int = 3) -> list[dict]:
     tokens = cfg.seq * batch
 
     def measure(run):
-        with profile.saved_tensors_counter(exclude=list(block.parameters())) as seen:
+        with ByteCounter(exclude=block.parameters()).saved() as saved:
             run()
-        return sum(seen.values())
+        return saved.total
 
     def plain():
         with sdpa_kernel(SDPBackend.MATH):
