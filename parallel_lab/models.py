@@ -1,5 +1,6 @@
-"""The course's models, as plain single-device PyTorch: an MLP, a mixture of experts (``MoE``) and a
-tiny GPT (nanoGPT-like; ``GPTConfig(experts=E)`` puts a MoE in every block instead of the MLP).
+"""The course's models, as plain single-device PyTorch: an MLP (and the pipeline lessons' stack of
+Linear + GELU blocks, ``mlp_stack``), a mixture of experts (``MoE``) and a tiny GPT (nanoGPT-like;
+``GPTConfig(experts=E)`` puts a MoE in every block instead of the MLP).
 
 Nothing here knows about parallelism. Tensor parallelism is applied from outside by a plan
 (``parallel_lab.tensor.plan.parallelize``), pipeline parallelism cuts ``GPT.as_sequential()``
@@ -103,6 +104,13 @@ class MLP(nn.Module):
 
     def forward(self, x):  # (..., H)
         return self.fc2(self.act(self.fc1(x)))  # (..., 4H) -> (..., H)
+
+
+def mlp_stack(hidden: int, layers: int, seed: int = 0) -> nn.Sequential:
+    """The pipeline lessons' MLP: ``layers`` blocks, each ``nn.Linear(hidden, hidden)`` then GELU,
+    ``(N, H) -> (N, H)``; a block is what ``parallel_lab.pipeline.stages`` moves between stages."""
+    blocks = nn.Sequential(*(nn.Sequential(nn.Linear(hidden, hidden), nn.GELU()) for _ in range(layers)))
+    return init_weights(blocks, seed)
 
 
 # ----------------------------------------------------------------------------------------------

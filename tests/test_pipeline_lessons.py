@@ -8,8 +8,9 @@ import nbformat
 import pytest
 
 from parallel_lab.exercises import one_f_one_b as exercise
+from parallel_lab.pipeline.actions import Action, ScheduleError, as_schedule
 from parallel_lab.pipeline.run import run_pipeline
-from parallel_lab.pipeline.schedules import Action, ScheduleError, as_schedule, build
+from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import Costs, simulate
 from parallel_lab.pipeline.validate import validate
 from parallel_lab.show import pipeline as figures

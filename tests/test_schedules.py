@@ -6,20 +6,16 @@ from dataclasses import replace
 
 import pytest
 
+from parallel_lab.pipeline.actions import Action, Schedule, ScheduleError, format_grid, parse_actions
 from parallel_lab.pipeline.communication import Comm, communication
 from parallel_lab.pipeline.schedules import (
     SCHEDULES,
-    Action,
-    Schedule,
-    ScheduleError,
     build,
     dualpipe_v,
-    format_grid,
     gpipe,
     interleaved_1f1b,
     naive,
     one_f_one_b,
-    parse_actions,
     zb_h1,
     zb_v,
 )

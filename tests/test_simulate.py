@@ -9,16 +9,14 @@ from dataclasses import replace
 
 import pytest
 
+from parallel_lab.pipeline.actions import Action, ScheduleError, parse_actions
 from parallel_lab.pipeline.schedules import (
-    Action,
-    ScheduleError,
     build,
     dualpipe_v,
     gpipe,
     interleaved_1f1b,
     naive,
     one_f_one_b,
-    parse_actions,
     zb_h1,
     zb_v,
 )

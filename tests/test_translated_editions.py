@@ -197,7 +197,7 @@ def test_an_exercises_not_yet_verdict_is_chinese_in_a_chinese_lesson():
 
 def test_doctor_and_the_validator_speak_the_chosen_language():
     from parallel_lab import doctor
-    from parallel_lab.pipeline.schedules import ScheduleError, as_schedule
+    from parallel_lab.pipeline.actions import ScheduleError, as_schedule
     from parallel_lab.pipeline.validate import validate
 
     with i18n.using(LANG):

@@ -58,7 +58,8 @@ for stage in cut(spec, 4):
 # schedule (`schedules.build("naive", p, 1)`):
 
 # %%
-from parallel_lab.pipeline.schedules import build, format_grid
+from parallel_lab.pipeline.actions import format_grid
+from parallel_lab.pipeline.schedules import build
 
 naive = build("naive", 4, 1)
 print(naive.to_text())
@@ -132,7 +133,7 @@ for p in (1, 2, 4, 8):
 # of strings into a schedule): one with rank 2's row in the wrong order, one that forgot an action.
 
 # %%
-from parallel_lab.pipeline.schedules import ScheduleError, as_schedule
+from parallel_lab.pipeline.actions import ScheduleError, as_schedule
 from parallel_lab.pipeline.validate import validate
 
 attempts = {

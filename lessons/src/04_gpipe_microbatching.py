@@ -36,7 +36,8 @@ setup()
 # rank runs all its forwards, then all its backwards.
 
 # %%
-from parallel_lab.pipeline.schedules import build, format_grid
+from parallel_lab.pipeline.actions import format_grid
+from parallel_lab.pipeline.schedules import build
 
 gpipe = build("gpipe", 4, 4)
 print(gpipe.to_text())

@@ -220,7 +220,7 @@ def my_one_f_one_b(p, m):
 # schedule; its grid lists each rank's actions in order):
 
 # %%
-from parallel_lab.pipeline.schedules import as_schedule
+from parallel_lab.pipeline.actions import as_schedule
 
 try:
     print(as_schedule(my_one_f_one_b(4, 6), p=4, m=6, name="my_one_f_one_b"))

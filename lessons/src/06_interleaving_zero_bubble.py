@@ -44,7 +44,8 @@ setup()
 # gradient. GPU 0 idles only in between, GPU p−1 only at the two ends:
 
 # %%
-from parallel_lab.pipeline.schedules import build, format_grid
+from parallel_lab.pipeline.actions import format_grid
+from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import Costs, simulate
 from parallel_lab.show import pipeline as figures
 
@@ -471,7 +472,7 @@ def my_zb_h1(p, m):
 # schedule; its grid lists each rank's actions in order):
 
 # %%
-from parallel_lab.pipeline.schedules import as_schedule
+from parallel_lab.pipeline.actions import as_schedule
 
 try:
     print(as_schedule(my_zb_h1(4, 6), p=4, m=6, name="my_zb_h1"))

@@ -70,7 +70,7 @@ except (ValueError, ScheduleError) as err:
 # are pure arithmetic: the same on every machine.
 
 # %%
-from parallel_lab.pipeline.schedules import format_grid
+from parallel_lab.pipeline.actions import format_grid
 from parallel_lab.pipeline.simulate import summary
 from parallel_lab.planning import memory
 

@@ -8,8 +8,8 @@ and on real ranks (lessons/05_1f1b_memory.ipynb).
     # 1F1B p=2, m=3: PASSED: valid; stash per stage [2, 1] = min(m, p−r); bubble 25.0% as 1F1B; ...
 
 A schedule is data. The answer runs on a rank of its own, which returns only what it computed, plain
-lists of action strings, one per case; the checking process turns them into a
-``schedules.Schedule`` (``pipeline.schedules.as_schedule``), validates and simulates it, and only then
+lists of action strings, one per case; the checking process turns them into an
+``actions.Schedule`` (``pipeline.actions.as_schedule``), validates and simulates it, and only then
 runs it on fresh ranks with the library's executor (``pipeline.run.run_pipeline``), against one
 process. The library's own schedules are forbidden in the answer (from the source). Every verdict
 line is deterministic (no timings), so nbval compares it.
@@ -20,8 +20,9 @@ from __future__ import annotations
 from parallel_lab.exercises.check import Exercise, NotYet, Verdict, compile_answer, register, run_answer
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.i18n import _l
+from parallel_lab.pipeline.actions import ScheduleError, as_schedule
 from parallel_lab.pipeline.run import run_pipeline
-from parallel_lab.pipeline.schedules import ScheduleError, as_schedule, one_f_one_b
+from parallel_lab.pipeline.schedules import one_f_one_b
 from parallel_lab.pipeline.simulate import Costs, simulate
 from parallel_lab.pipeline.validate import validate
 from parallel_lab.runtime import launcher

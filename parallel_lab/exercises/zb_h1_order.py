@@ -9,7 +9,7 @@ Parallelism"); it is checked as data, by the simulator, and on real ranks
     # ZB-H1 p=2, m=4: PASSED: valid, every backward split into I and W; idle per rank [1, 1] ...
 
 The answer runs on a rank of its own, which returns only plain lists of action strings, one per
-case; the checking process turns them into a ``schedules.Schedule`` (``as_schedule``) and judges
+case; the checking process turns them into a ``actions.Schedule`` (``as_schedule``) and judges
 them against the library's ``schedules.zb_h1``, computed here:
 
 1. it validates (``pipeline.validate``), and splits every backward: I and W, never B;

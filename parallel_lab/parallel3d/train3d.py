@@ -51,8 +51,8 @@ from parallel_lab import models
 from parallel_lab.checks import positive_int
 from parallel_lab.parallel3d import data_parallel
 from parallel_lab.pipeline.executor import Executor
-from parallel_lab.pipeline.schedules import Schedule, build
-from parallel_lab.pipeline.stages import DTYPES, Stage, bounds
+from parallel_lab.pipeline.schedules import Schedule, build, stages_per_rank
+from parallel_lab.pipeline.stages import DTYPES, Stage, check_blocks, cut_pieces
 from parallel_lab.pipeline.validate import validate
 from parallel_lab.planning import memory, memory_model
 from parallel_lab.runtime import commlog, launcher, torchrun
@@ -156,11 +156,7 @@ def check(cfg: Config, world_size: int | None = None, memory_limit_gb: float | N
         positive_int(name, getattr(cfg, name))
     schedule = validate(build(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual))
     gpt = cfg.gpt  # positive sizes, hidden % heads
-    if schedule.n_stages > cfg.layers:
-        per = f" ({cfg.pp} ranks x {schedule.n_stages // cfg.pp} stages each)" if schedule.n_stages > cfg.pp else ""
-        raise ValueError(f"cannot cut {cfg.layers} transformer blocks into {schedule.n_stages} pipeline "
-                         f"stages{per}: every stage needs at least one block (stages {schedule.n_stages} > "
-                         f"layers {cfg.layers})")
+    check_blocks("gpt", cfg.layers, schedule.n_stages)
     if cfg.batch % cfg.dp:
         raise ValueError(f"batch {cfg.batch} is not divisible by dp {cfg.dp} (replicas need equal rows)")
     if (cfg.batch // cfg.dp) % cfg.microbatches:
@@ -189,7 +185,7 @@ def precision(cfg: Config) -> memory.Precision:
 def predicted_memory(cfg: Config) -> dict:
     """``memory_model.max_device_memory`` for this run (bytes on the most loaded device)."""
     model = memory.ModelConfig("tiny GPT", cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, cfg.seq)
-    stages = cfg.pp * (2 if cfg.schedule in ("zb-v", "dualpipe-v") else cfg.virtual)
+    stages = cfg.pp * stages_per_rank(cfg.schedule, cfg.virtual)
     if cfg.layers % stages:
         raise ValueError(f"the memory model needs equal stages: layers {cfg.layers} % {stages} stages != 0")
     return memory_model.max_device_memory(
@@ -266,17 +262,12 @@ def _model_pieces(cfg: Config, groups, state=None) -> list[nn.Module]:
 
 
 def build_stages(cfg: Config, schedule: Schedule, groups, device=None, state=None) -> dict[int, Stage]:
-    """``{stage index: Stage}`` for the model stages this rank's pipeline rank holds (names are global:
-    ``"{piece}.{name}"``, as ``pipeline.stages.cut`` gives them)."""
-    pieces = _model_pieces(cfg, groups, state)
+    """``{stage index: Stage}`` for the model stages this rank's pipeline rank holds, cut as
+    ``pipeline.stages.cut_pieces`` cuts any model (embedding on the first stage, head on the last,
+    blocks balanced; names global, ``"{piece}.{name}"``)."""
     mine = {s for s, r in enumerate(schedule.stage_to_rank) if r == groups.pp_rank}
-    stages = {}
-    for s, (first, last) in enumerate(bounds(len(pieces), 1, 1, schedule.n_stages)):
-        if s in mine:
-            module = nn.Sequential(*pieces[first:last]).to(device)
-            names = [f"{first + int(k.split('.', 1)[0])}.{k.split('.', 1)[1]}" for k, _ in module.named_parameters()]
-            stages[s] = Stage(s, module, first, last, names)
-    return stages
+    cut = cut_pieces(_model_pieces(cfg, groups, state), schedule.n_stages, head=1, tail=1, keep=mine)
+    return {st.index: st._replace(module=st.module.to(device)) for st in cut if st is not None}
 
 
 def _sharded(module: nn.Module) -> set[int]:
@@ -323,8 +314,8 @@ def _train(cfg, schedule, groups, reference_state, timed, verbose) -> dict:
     device = _device()
     sp = cfg.sequence_parallel and cfg.tp > 1
     stages = build_stages(cfg, schedule, groups, device)
-    ex = Executor(schedule, stages, _StageSpec(cfg, groups.tp_group, sp), groups.pp_rank,
-                  recompute=cfg.recompute, peers=groups.pp_ranks)
+    ex = Executor(schedule, stages, _StageSpec(cfg, groups.tp_group, sp), groups.pp_rank,  # validated by check
+                  recompute=cfg.recompute, peers=groups.pp_ranks, check=False)
     params = [p for st in stages.values() for p in st.module.parameters()]
     opt = ShardedAdam(params, groups.dp_group, cfg.lr) if cfg.zero else make_optimizer(cfg, params)
     rows = data_parallel.batch_slice(cfg.batch, groups.dp_rank, cfg.dp)

@@ -37,29 +37,12 @@ MODELS = ("mlp", "gpt")
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
-def mlp_block(hidden: int) -> nn.Sequential:
-    """One piece of the MLP stack: ``(N, H) -> (N, H)``, Linear then GELU."""
-    return nn.Sequential(nn.Linear(hidden, hidden), nn.GELU())
-
-
-@torch.no_grad()
-def _init_mlp(blocks: nn.Sequential, seed: int) -> nn.Sequential:
-    """Weights ~ N(0, 1/fan_in) (activations stay O(1) at any width), biases ~ N(0, 0.1), from a
-    private generator, so that every process draws the same numbers."""
-    gen = torch.Generator().manual_seed(seed)
-    for module in blocks.modules():
-        if isinstance(module, nn.Linear):
-            module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * module.in_features ** -0.5)
-            module.bias.copy_(torch.randn(module.bias.shape, generator=gen) * 0.1)
-    return blocks
-
-
 @dataclass(frozen=True)
 class ModelSpec:
     """What to build, as plain data (picklable: it is what the parent sends to the ranks).
 
-    model:   "mlp" (``layers`` Linear+GELU blocks of width ``hidden``, mean squared error against a
-             random target) or "gpt" (``parallel_lab.models.GPT`` with ``layers`` blocks, mean
+    model:   "mlp" (``models.mlp_stack``: ``layers`` Linear+GELU blocks of width ``hidden``, mean
+             squared error against a random target) or "gpt" (``parallel_lab.models.GPT`` with ``layers`` blocks, mean
              next-token cross-entropy)
     batch:   the whole batch; microbatches are equal row chunks of it
     seq, vocab, heads: GPT sizes (ignored by the MLP)
@@ -102,8 +85,7 @@ class ModelSpec:
         ``head`` and the last ``tail`` are pinned to the first and the last stage (the GPT's
         embedding and its final norm + projection); the rest are balanced across stages."""
         if self.model == "mlp":
-            blocks = nn.Sequential(*(mlp_block(self.hidden) for _ in range(self.layers)))
-            return list(_init_mlp(blocks, self.seed).to(self.torch_dtype)), 0, 0
+            return list(models.mlp_stack(self.hidden, self.layers, self.seed).to(self.torch_dtype)), 0, 0
 
         gpt = models.GPT(self.gpt_config(), seed=self.seed).to(self.torch_dtype)
         return list(gpt.as_sequential()), 1, 1
@@ -148,11 +130,17 @@ class Stage(NamedTuple):
 
 def check_stages(spec: ModelSpec, n_stages: int) -> None:
     """Raise ValueError (before anything starts) when the model cannot be cut into ``n_stages``."""
-    if n_stages > spec.cuttable():
-        kind = "Linear+GELU blocks" if spec.model == "mlp" else "transformer blocks"
+    check_blocks(spec.model, spec.cuttable(), n_stages)
+
+
+def check_blocks(model: str, blocks: int, n_stages: int) -> None:
+    """Raise ValueError when ``blocks`` (the pieces balanced across stages: the MLP's Linear+GELU
+    blocks, the GPT's transformer blocks) cannot fill ``n_stages`` stages, one at least each."""
+    if n_stages > blocks:
+        kind = "Linear+GELU blocks" if model == "mlp" else "transformer blocks"
         raise ValueError(
-            f"cannot cut {spec.model} into {n_stages} model stages: it has only layers {spec.layers} "
-            f"{kind}, and every stage needs at least one (n_stages {n_stages} > layers {spec.layers})"
+            f"cannot cut {model} into {n_stages} model stages: it has only layers {blocks} "
+            f"{kind}, and every stage needs at least one (n_stages {n_stages} > layers {blocks})"
         )
 
 
@@ -173,6 +161,14 @@ def cut(spec: ModelSpec, n_stages: int, keep=None) -> list[Stage | None]:
     the even cut of ``bounds``."""
     check_stages(spec, n_stages)
     pieces, head, tail = spec.pieces()
+    return cut_pieces(pieces, n_stages, head, tail, keep)
+
+
+def cut_pieces(pieces: list[nn.Module], n_stages: int, head: int = 0, tail: int = 0,
+               keep=None) -> list[Stage | None]:
+    """Any model given as its ordered ``pieces`` (a 3D run's tensor-parallel shard of the GPT, say)
+    cut evenly into ``n_stages`` (``bounds``: the first ``head`` pieces pinned to stage 0, the last
+    ``tail`` to the last stage); ``keep``: only build those stage indices, the others are None."""
     edges = bounds(len(pieces), head, tail, n_stages)
     return _stages(pieces, [first for first, _ in edges] + [len(pieces)], keep)
 

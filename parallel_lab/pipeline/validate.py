@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from parallel_lab.i18n import _
-from parallel_lab.pipeline.schedules import KINDS, Action, Schedule, ScheduleError, format_grid
+from parallel_lab.pipeline.actions import KINDS, Action, Schedule, ScheduleError, format_grid
 
 
 def _inputs(s: int, kind: str, j: int, n_stages: int) -> tuple[tuple[int, str, int], ...]:
