@@ -19,8 +19,11 @@ import sys
 import threading
 from pathlib import Path
 
+from sqlalchemy import select
+
 from parallel_lab.service import auth, credentials, db
 from parallel_lab.service.app import Config, Service, data_folder
+from parallel_lab.service.models import User
 from parallel_lab.service.worker import Pool
 
 
@@ -66,6 +69,10 @@ def serve(config: Config, host: str, port: int) -> int:
     print(f"parallel-lab serve: {config.base_url} (listening on {host}:{port}); database {where}; "
           f"{config.jobs} grading worker(s) here; issuer key {credentials.fingerprint(service.key)}",
           file=sys.stderr, flush=True)
+    with service.Session.begin() as s:
+        if s.scalar(select(User.id).where(User.role == "instructor").limit(1)) is None:
+            print("parallel-lab serve: no instructor account yet: make one with parallel-lab serve --data "
+                  f"{config.data_dir} --create-instructor EMAIL --name NAME", file=sys.stderr, flush=True)
     uvicorn.run(service.app(), host=host, port=port, log_level="warning", proxy_headers=False)
     service.engine.dispose()
     return 0
