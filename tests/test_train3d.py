@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from parallel_lab.hardware import Cluster
-from parallel_lab.parallel3d import train3d, validate_plans
+from parallel_lab.parallel3d import config, train3d, validate_plans
 from parallel_lab.pipeline.schedules import ScheduleError
 from parallel_lab.planning import cost, memory
 from parallel_lab.runtime import launcher
@@ -104,7 +104,7 @@ def test_bad_plans_fail_before_launch_naming_the_invariant(changes, world, error
 
 def test_a_plan_that_does_not_fit_the_memory_limit_is_refused():
     cfg = TINY.replace(hidden=64, batch=64)
-    need = train3d.predicted_memory(cfg)["total"]
+    need = config.predicted_memory(cfg)["total"]
     train3d.check(cfg, memory_limit_gb=2 * need / 1e9)
     with pytest.raises(ValueError, match=r"plan does not fit: stage \d needs .* > memory limit"):
         train3d.check(cfg, memory_limit_gb=need / 2e9)

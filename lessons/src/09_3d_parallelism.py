@@ -220,21 +220,27 @@ for what, changes, world in bad_plans:
 # ## 4. One training step of a rank
 #
 # Every rank runs the function below (`train3d._train`). It builds the whole dense GPT from the seed
-# and keeps **its tensor shard** of **its pipeline stages**; the loss is Megatron's
-# vocabulary-parallel cross-entropy. The pipeline executor of the pipeline lessons runs the schedule; its
-# pipeline rank `r` is global rank `groups.pp_ranks[r]` (its `peers`), so the two pipelines of a
-# 2 × 2 × 2 mesh — one per (replica, tensor shard) — talk only to their own ranks. After the
-# schedule, a bucketed all-reduce (`data_parallel.allreduce_gradients`, as in PyTorch DDP) averages
-# gradients over `groups.dp_group`, then the
-# optimizer steps on every shard. With `zero=1` (`run 3d --zero 1`) the replicas instead shard Adam's
-# moments: `zero.sharded_adam.ShardedAdam` reduce-scatters the gradients, each replica updates its
-# 1/dp slice and all-gathers the parameters — the same 2Ψ of traffic, 1/dp of the optimizer state
-# (ZeRO-1, Rajbhandari et al. 2020; lesson 13 takes it to stages 2 and 3).
+# and applies the three techniques to it from outside, one function each, as torchtitan does
+# (`parallel3d.apply`): `apply_tp` keeps **its tensor shard** (lesson 02's `parallelize`; the loss is
+# Megatron's vocabulary-parallel cross-entropy), `apply_pp` keeps **its pipeline stages** (cut as the
+# pipeline lessons cut any model), and `apply_dp` gives the optimizer of a data-parallel replica. The
+# pipeline executor of the pipeline lessons runs the schedule; its pipeline rank `r` is global rank
+# `groups.pp_ranks[r]` (its `peers`), so the two pipelines of a 2 × 2 × 2 mesh — one per (replica,
+# tensor shard) — talk only to their own ranks. After the schedule, the optimizer's step first
+# averages the gradients over `groups.dp_group` with a bucketed all-reduce
+# (`data_parallel.allreduce_gradients`, as in PyTorch DDP), then updates every shard. With `zero=1`
+# (`run 3d --zero 1`) the replicas instead shard Adam's moments: `zero.sharded_adam.ShardedAdam`
+# reduce-scatters the gradients, each replica updates its 1/dp slice and all-gathers the parameters —
+# the same 2Ψ of traffic, 1/dp of the optimizer state (ZeRO-1, Rajbhandari et al. 2020; lesson 13
+# takes it to stages 2 and 3).
 
 # %%
 import inspect
 
+from parallel_lab.parallel3d import apply
+
 print(inspect.getsource(train3d._train).split("    sharded = ")[0])
+print(inspect.getsource(apply.apply_dp))
 
 # %%
 for group in dims.pp_groups():

@@ -70,12 +70,13 @@ except (ValueError, ScheduleError) as err:
 # are pure arithmetic: the same on every machine.
 
 # %%
+from parallel_lab.parallel3d import config
 from parallel_lab.pipeline.actions import format_grid
 from parallel_lab.pipeline.simulate import summary
 from parallel_lab.planning import memory
 
 if schedule is not None:
-    need = train3d.predicted_memory(my_plan)
+    need = config.predicted_memory(my_plan)
     parts = ", ".join(f"{k} {need[k] / 1e3:,.1f} kB" for k in ("weights", "gradients", "optimizer", "activations"))
     print(f"busiest device (pipeline stage {need['stage']}): {need['total'] / 1e3:,.1f} kB = {parts}; "
           f"{need['in_flight']} micro-batch(es) in flight")

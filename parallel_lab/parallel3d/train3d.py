@@ -8,15 +8,20 @@
 Each rank sits at one coordinate ``(dp, pp, tp)`` of ``mesh.ParallelDims`` (the rank grid
 ``arange(world).view(dp, pp, tp)``) and composes the three pieces the course built one by one:
 
-- **tensor parallelism inside a stage**: every rank builds the same dense ``models.GPT`` from the
-  seed and keeps its Megatron shard (``tensor.plan.parallelize`` over ``Groups.tp_group``); the loss
-  is the vocabulary-parallel cross-entropy, so the logits are never gathered;
-- **pipeline parallelism across stages**: the sharded model is cut like ``pipeline.stages.cut``
-  (embedding on the first stage, head on the last, blocks balanced) and a schedule (1F1B by default;
-  GPipe, ZB-H1, interleaved 1F1B, ZB-V) runs on ``pipeline.executor.Executor``, whose pipeline rank
-  ``r`` is global rank ``Groups.pp_ranks[r]`` (its ``peers``);
-- **data parallelism**: each replica trains on its rows of the batch and averages gradients over
-  ``Groups.dp_group`` with the bucketed all-reduce of ``data_parallel``; then SGD or Adam steps.
+- **tensor parallelism inside a stage** (``apply.apply_tp``): every rank builds the same dense
+  ``models.GPT`` from the seed and keeps its Megatron shard (``tensor.plan.parallelize`` over
+  ``Groups.tp_group``); the loss is the vocabulary-parallel cross-entropy, so the logits are never
+  gathered;
+- **pipeline parallelism across stages** (``apply.apply_pp``): the sharded model is cut by
+  ``pipeline.stages.cut_pieces`` (embedding on the first stage, head on the last, blocks balanced)
+  and a schedule (1F1B by default; GPipe, ZB-H1, interleaved 1F1B, ZB-V) runs on
+  ``pipeline.executor.Executor``, whose pipeline rank ``r`` is global rank ``Groups.pp_ranks[r]``
+  (its ``peers``);
+- **data parallelism** (``apply.apply_dp``): each replica trains on its rows of the batch and
+  averages gradients over ``Groups.dp_group`` with the bucketed all-reduce of ``data_parallel`` (or
+  ZeRO-1's reduce-scatter); then SGD or Adam steps.
+
+What a run is and what is checked before it starts is ``parallel3d.config``.
 
 Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using
 Megatron-LM") is the recipe; lessons/09_3d_parallelism.ipynb the lesson. Every run is compared with
@@ -37,162 +42,27 @@ the other schedules are tested on gloo only.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import sys
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from parallel_lab import models
-from parallel_lab.checks import positive_int
 from parallel_lab.parallel3d import data_parallel
+from parallel_lab.parallel3d.apply import ReplicaSpec, apply_dp, apply_pp, apply_tp, tp_sharded
+from parallel_lab.parallel3d.config import Config, check, make_optimizer
 from parallel_lab.pipeline.executor import Executor
-from parallel_lab.pipeline.schedules import Schedule, build, stages_per_rank
-from parallel_lab.pipeline.stages import DTYPES, Stage, check_blocks, cut_pieces
-from parallel_lab.pipeline.validate import validate
-from parallel_lab.planning import memory, memory_model
+from parallel_lab.pipeline.schedules import Schedule
 from parallel_lab.runtime import commlog, launcher, torchrun
 from parallel_lab.runtime.mesh import ParallelDims, build_groups
-from parallel_lab.tensor import layers
-from parallel_lab.tensor.layers import allreduce_sequence_parallel_grads, vocab_parallel_cross_entropy
-from parallel_lab.tensor.plan import check_tensor_parallel, parallelize
-from parallel_lab.zero.sharded_adam import ShardedAdam
+from parallel_lab.tensor.layers import allreduce_sequence_parallel_grads
 
-OPTIMIZERS = ("sgd", "adam")
 TOLERANCE = 1e-9  # fp64: what "the same numbers" means for losses and weights
-_OPT_STATES = {"sgd": 0, "adam": 2}  # optimizer tensors per parameter (Adam: two moments)
-
-
-@dataclass(frozen=True)
-class Config:
-    """One 3D training run, as plain data (it is what the parent sends to the ranks).
-
-    dp, pp, tp:    the mesh; ``dp * pp * tp`` ranks, ``nodes`` machines (TP stays inside one)
-    schedule:      a pipeline schedule of ``parallel_lab.pipeline.schedules`` (``virtual`` stages per rank
-                   for interleaved-1f1b)
-    microbatches:  per replica and step; ``batch / dp`` rows split into this many equal chunks
-    batch:         sequences per step, all replicas together
-    layers, hidden, heads, vocab, seq: the tiny GPT (``models.GPTConfig``)
-    optimizer, lr: "sgd" or "adam" on every rank's shard (element-wise, so shards = dense)
-    zero:          0: every replica keeps Adam's moments of its whole shard and all-reduces the
-                   gradients; 1: ZeRO-1 over the dp group (``zero.sharded_adam.ShardedAdam``: each
-                   replica keeps 1/dp of the moments, reduce-scatter then all-gather)
-    recompute:     GPipe's re-materialisation: keep only stage inputs, redo the forward in backward
-    sequence_parallel: Megatron's sequence parallelism inside TP (activations between stages are
-                   then sequence shards too)
-    """
-
-    dp: int = 1
-    pp: int = 2
-    tp: int = 2
-    schedule: str = "1f1b"
-    microbatches: int = 2
-    virtual: int = 1
-    steps: int = 3
-    batch: int = 8
-    layers: int = 4
-    hidden: int = 16
-    heads: int = 4
-    vocab: int = 32
-    seq: int = 8
-    optimizer: str = "adam"
-    lr: float = 0.01
-    dtype: str = "float64"
-    seed: int = 0
-    recompute: bool = False
-    sequence_parallel: bool = False
-    bucket_bytes: int = data_parallel.DEFAULT_BUCKET_BYTES
-    nodes: int = 1
-    zero: int = 0
-
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.pp * self.tp
-
-    @property
-    def gpt(self) -> models.GPTConfig:
-        return models.GPTConfig(vocab=self.vocab, seq=self.seq, hidden=self.hidden, heads=self.heads,
-                                layers=self.layers)
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
-
-    def replace(self, **changes) -> "Config":
-        return dataclasses.replace(self, **changes)
-
-    def describe(self) -> str:
-        return (f"dp {self.dp} x pp {self.pp} x tp {self.tp} = {self.world_size} ranks, {self.schedule}"
-                f"{f' (v={self.virtual})' if self.virtual > 1 else ''}, {self.microbatches} micro-batches "
-                f"of {self.batch // self.dp // self.microbatches} x {self.seq} tokens per replica")
-
-
-# ----------------------------------------------------------------------------------------------
-# Checks made before any process starts: each names the broken invariant with its values.
-
-
-def check(cfg: Config, world_size: int | None = None, memory_limit_gb: float | None = None) -> Schedule:
-    """Raise ValueError (a ``ScheduleError`` for schedules) if ``cfg`` cannot run; return its
-    validated pipeline schedule. ``world_size``: the ranks available (torchrun's); the mesh must
-    fill them exactly. ``memory_limit_gb``: per device, checked with ``memory_model`` (weights,
-    gradients and optimizer state in ``cfg.dtype``, activations of the schedule's peak)."""
-    dims = ParallelDims(cfg.dp, cfg.pp, cfg.tp, cfg.nodes)  # positive ints, TP inside a node
-    if world_size is not None:
-        dims.check_world_size(world_size)
-    if cfg.optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {cfg.optimizer!r}")
-    if cfg.dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {cfg.dtype!r}")
-    if cfg.zero not in (0, 1):
-        raise ValueError(f"3D training shards at most the optimizer state: zero must be 0 or 1 (ZeRO-1), "
-                         f"got zero {cfg.zero!r} (stages 2-3 run on their own: parallel-lab run zero)")
-    if cfg.zero and cfg.optimizer != "adam":
-        raise ValueError(f"zero 1 shards Adam's moments; optimizer {cfg.optimizer!r} keeps no state to shard")
-    for name in ("steps", "batch", "microbatches"):
-        positive_int(name, getattr(cfg, name))
-    schedule = validate(build(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual))
-    gpt = cfg.gpt  # positive sizes, hidden % heads
-    check_blocks("gpt", cfg.layers, schedule.n_stages)
-    if cfg.batch % cfg.dp:
-        raise ValueError(f"batch {cfg.batch} is not divisible by dp {cfg.dp} (replicas need equal rows)")
-    if (cfg.batch // cfg.dp) % cfg.microbatches:
-        raise ValueError(f"batch / dp = {cfg.batch // cfg.dp} rows per replica are not divisible by "
-                         f"microbatches {cfg.microbatches} (micro-batches must be equal for the loss to "
-                         f"be the whole-batch mean)")
-
-    check_tensor_parallel(gpt, cfg.tp, cfg.sequence_parallel and cfg.tp > 1)
-    if memory_limit_gb is not None:
-        need = predicted_memory(cfg)
-        if need["total"] > memory_limit_gb * memory.GB:
-            raise ValueError(f"plan does not fit: stage {need['stage']} needs {need['total'] / memory.GB:.3g} GB "
-                             f"(weights {need['weights'] / memory.GB:.3g}, "
-                             f"gradients {need['gradients'] / memory.GB:.3g}, "
-                             f"optimizer {need['optimizer'] / memory.GB:.3g}, activations "
-                             f"{need['activations'] / memory.GB:.3g}) > memory limit {memory_limit_gb:g} GB per device")
-    return schedule
-
-
-def precision(cfg: Config) -> memory.Precision:
-    """Bytes per parameter and per activation value of this run (no mixed precision here)."""
-    v = torch.tensor([], dtype=cfg.torch_dtype).element_size()
-    return memory.Precision(f"{cfg.dtype} {cfg.optimizer}", v, v, _OPT_STATES[cfg.optimizer] * v, v)
-
-
-def predicted_memory(cfg: Config) -> dict:
-    """``memory_model.max_device_memory`` for this run (bytes on the most loaded device)."""
-    model = memory.ModelConfig("tiny GPT", cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, cfg.seq)
-    stages = cfg.pp * stages_per_rank(cfg.schedule, cfg.virtual)
-    if cfg.layers % stages:
-        raise ValueError(f"the memory model needs equal stages: layers {cfg.layers} % {stages} stages != 0")
-    return memory_model.max_device_memory(
-        model, micro_batch=cfg.batch // cfg.dp // cfg.microbatches, dp=cfg.dp, pp=cfg.pp, tp=cfg.tp,
-        sequence_parallel=cfg.sequence_parallel, schedule=cfg.schedule, microbatches=cfg.microbatches,
-        virtual=stages // cfg.pp, recompute="full" if cfg.recompute else "none", precision=precision(cfg),
-        dropout=False, zero1=cfg.zero == 1)
+UPDATE = {False: "data-parallel gradient all-reduce and optimizer step",  # what a hang report names
+          True: "ZeRO-1 step (reduce-scatter, Adam on a slice, all-gather)"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -202,13 +72,6 @@ def predicted_memory(cfg: Config) -> dict:
 def batch_for_step(cfg: Config, step: int):
     """The whole batch of step ``step``: ``(batch, seq)`` token ids and targets, the same everywhere."""
     return models.random_tokens(cfg.gpt, cfg.batch, seed=cfg.seed + 1 + step)
-
-
-def make_optimizer(cfg: Config, params):
-    params = list(params)
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr)
-    return torch.optim.Adam(params, lr=cfg.lr)
 
 
 def reference(cfg: Config) -> dict:
@@ -231,56 +94,6 @@ def reference(cfg: Config) -> dict:
 # On a rank.
 
 
-class _StageSpec:
-    """What ``Executor`` needs to know about the model, for one replica of a 3D run: the loss (the
-    vocabulary-parallel cross-entropy under TP), the boundary tensor's shape and the dtype."""
-
-    def __init__(self, cfg: Config, group, sequence_parallel: bool):
-        self.batch, self.torch_dtype = cfg.batch // cfg.dp, cfg.torch_dtype
-        self.seq, self.hidden, self.tp = cfg.seq, cfg.hidden, cfg.tp
-        self.sequence_parallel = sequence_parallel
-        self.loss = functools.partial(_parallel_loss, group=group) if cfg.tp > 1 else models.cross_entropy
-
-    def boundary_shape(self, rows: int) -> tuple[int, ...]:
-        """``(rows, seq, hidden)``, or this rank's sequence shard ``(rows, seq/tp, hidden)``."""
-        return (rows, self.seq // self.tp if self.sequence_parallel else self.seq, self.hidden)
-
-
-def _parallel_loss(logits, targets, group):
-    return vocab_parallel_cross_entropy(logits, targets, group).mean()  # (B, T, V/tp) -> scalar
-
-
-def _model_pieces(cfg: Config, groups, state=None) -> list[nn.Module]:
-    """The GPT as ``[embed, block 0, ..., head]``, this rank's TP shard of it (cut from the dense
-    weights: the seed's, or ``state``), in ``cfg.dtype``."""
-    dense = models.GPT(cfg.gpt, seed=cfg.seed).to(cfg.torch_dtype)
-    if state is not None:
-        dense.load_state_dict(state)
-    if cfg.tp > 1:
-        dense = parallelize(dense, group=groups.tp_group, sequence_parallel=cfg.sequence_parallel)
-    return list(dense.as_sequential())
-
-
-def build_stages(cfg: Config, schedule: Schedule, groups, device=None, state=None) -> dict[int, Stage]:
-    """``{stage index: Stage}`` for the model stages this rank's pipeline rank holds, cut as
-    ``pipeline.stages.cut_pieces`` cuts any model (embedding on the first stage, head on the last,
-    blocks balanced; names global, ``"{piece}.{name}"``)."""
-    mine = {s for s, r in enumerate(schedule.stage_to_rank) if r == groups.pp_rank}
-    cut = cut_pieces(_model_pieces(cfg, groups, state), schedule.n_stages, head=1, tail=1, keep=mine)
-    return {st.index: st._replace(module=st.module.to(device)) for st in cut if st is not None}
-
-
-def _sharded(module: nn.Module) -> set[int]:
-    """ids of the parameters split across the TP group (the others are replicated copies)."""
-    out = set()
-    for m in module.modules():
-        if isinstance(m, layers.ColumnParallelLinear):
-            out |= {id(p) for p in m.parameters(recurse=False)}
-        elif isinstance(m, (layers.RowParallelLinear, layers.VocabParallelEmbedding)):
-            out.add(id(m.weight))
-    return out
-
-
 def train_rank(cfg: Config, reference_state: dict | None = None, timed: bool = False,
                verbose: bool = False, schedule: Schedule | None = None) -> dict:
     """Rank function: ``cfg.steps`` training steps of this rank's part of the 3D-parallel GPT.
@@ -290,8 +103,8 @@ def train_rank(cfg: Config, reference_state: dict | None = None, timed: bool = F
     start with ``timed``), ``cpu_s`` (CPU seconds of this process in each step), ``checksum`` (this
     rank's share of the sum of every weight of the model: sharded weights on every TP rank,
     replicated ones on TP rank 0, replica 0 only) and, given the reference's final dense ``state``,
-    ``max_weight_diff`` of this rank's weights against the same shard cut from it. ``verbose``: the first replica's last
-    stage prints ``step k/n loss ...``.
+    ``max_weight_diff`` of this rank's weights against the same shard cut from it. ``verbose``: the
+    first replica's last stage prints ``step k/n loss ...``.
     """
     schedule = check(cfg, dist.get_world_size()) if schedule is None else schedule
     groups = build_groups(ParallelDims(cfg.dp, cfg.pp, cfg.tp, cfg.nodes))
@@ -310,14 +123,21 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
+def _dense(cfg: Config, state: dict | None = None) -> models.GPT:
+    """The whole dense GPT in ``cfg.dtype``: the seed's weights, or ``state``'s."""
+    dense = models.GPT(cfg.gpt, seed=cfg.seed).to(cfg.torch_dtype)
+    if state is not None:
+        dense.load_state_dict(state)
+    return dense
+
+
 def _train(cfg, schedule, groups, reference_state, timed, verbose) -> dict:
     device = _device()
-    sp = cfg.sequence_parallel and cfg.tp > 1
-    stages = build_stages(cfg, schedule, groups, device)
-    ex = Executor(schedule, stages, _StageSpec(cfg, groups.tp_group, sp), groups.pp_rank,  # validated by check
-                  recompute=cfg.recompute, peers=groups.pp_ranks, check=False)
+    stages = apply_pp(apply_tp(_dense(cfg), cfg, groups), schedule, groups, device)
+    ex = Executor(schedule, stages, ReplicaSpec(cfg, groups), groups.pp_rank, recompute=cfg.recompute,
+                  peers=groups.pp_ranks, check=False)  # the schedule is check's, validated
     params = [p for st in stages.values() for p in st.module.parameters()]
-    opt = ShardedAdam(params, groups.dp_group, cfg.lr) if cfg.zero else make_optimizer(cfg, params)
+    opt = apply_dp(params, cfg, groups)
     rows = data_parallel.batch_slice(cfg.batch, groups.dp_rank, cfg.dp)
     last = schedule.n_stages - 1 in stages
     losses, step_s, cpu_s = [], [], []
@@ -328,15 +148,11 @@ def _train(cfg, schedule, groups, reference_state, timed, verbose) -> dict:
         start, cpu = time.perf_counter(), time.process_time()
         ex.zero_grad()
         loss = ex.step(idx, targets)  # the pipeline, with TP collectives inside every action
-        if sp:  # replicated parameters used on a sequence shard: sum their partial gradients
+        if cfg.sequence_parallel and cfg.tp > 1:  # replicated parameters used on a sequence shard
             for st in stages.values():
                 allreduce_sequence_parallel_grads(st.module, groups.tp_group)
-        if cfg.zero:  # ZeRO-1: the step reduce-scatters, updates this replica's slice, all-gathers
-            commlog.set_activity(f"ZeRO-1 step (reduce-scatter, Adam on a slice, all-gather), step {step + 1}")
-        elif cfg.dp > 1:
-            commlog.set_activity(f"data-parallel gradient all-reduce, step {step + 1}")
-            data_parallel.allreduce_gradients(params, groups.dp_group, cfg.bucket_bytes)
-        opt.step()
+        commlog.set_activity(f"{UPDATE[bool(cfg.zero)]}, step {step + 1}")
+        opt.step()  # every replica's gradients averaged over dp (ZeRO-1: reduce-scattered), then updated
         step_s.append(time.perf_counter() - start)
         cpu_s.append(time.process_time() - cpu)  # all of this process's threads (gloo's too)
         if last:  # the replicas' mean losses -> the whole batch's mean loss (logging only)
@@ -347,28 +163,20 @@ def _train(cfg, schedule, groups, reference_state, timed, verbose) -> dict:
             losses.append(value.item() / cfg.dp)
             if verbose and groups.dp_rank == 0 and groups.tp_rank == 0:
                 print(f"step {step + 1}/{cfg.steps} loss {losses[-1]:.6f}", file=sys.stderr, flush=True)
-    sharded = _sharded(nn.ModuleList(st.module for st in stages.values()))
+    sharded = tp_sharded(nn.ModuleList(st.module for st in stages.values()))
     checksum = 0.0
     if groups.dp_rank == 0:
         checksum = sum(p.detach().double().sum().item() for p in params
                        if id(p) in sharded or groups.tp_rank == 0)
     out = {"rank": groups.rank, "coords": (groups.dp_rank, groups.pp_rank, groups.tp_rank),
            "losses": losses if last else None, "step_s": step_s, "cpu_s": cpu_s, "checksum": checksum,
-           "optimizer_bytes": _optimizer_bytes(opt)}
+           "optimizer_bytes": opt.state_bytes()}
     if reference_state is not None:
-        ref = build_stages(cfg, schedule, groups, device, state=reference_state)
+        ref = apply_pp(apply_tp(_dense(cfg, reference_state), cfg, groups), schedule, groups, device)
         out["max_weight_diff"] = max(
             (p - q).abs().max().item()
             for s in stages for p, q in zip(stages[s].module.parameters(), ref[s].module.parameters()))
     return out
-
-
-def _optimizer_bytes(opt) -> int:
-    """Bytes of optimizer state this rank holds after its steps (Adam: both moments; SGD: none)."""
-    if isinstance(opt, ShardedAdam):
-        return opt.state_bytes()
-    return sum(t.numel() * t.element_size() for state in opt.state.values() for t in state.values()
-               if isinstance(t, torch.Tensor) and t.dim() > 0)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,166 @@
+"""A 3D training run as plain data, and everything checked about it before any process starts.
+
+    from parallel_lab.parallel3d.config import Config, check
+    cfg = Config(dp=1, pp=2, tp=2, schedule="1f1b", microbatches=2, steps=4)
+    schedule = check(cfg, world_size=4)        # ValueError / ScheduleError naming the broken invariant
+    predicted_memory(cfg)["total"]             # bytes on the busiest device (planning.memory_model)
+
+``parallel3d.train3d`` trains a ``Config`` (``parallel-lab run 3d``); ``parallel3d.apply`` holds the
+three techniques it applies to the dense GPT.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from parallel_lab import models
+from parallel_lab.checks import positive_int
+from parallel_lab.parallel3d import data_parallel
+from parallel_lab.pipeline.schedules import Schedule, build, stages_per_rank
+from parallel_lab.pipeline.stages import DTYPES, check_blocks
+from parallel_lab.pipeline.validate import validate
+from parallel_lab.planning import memory, memory_model
+from parallel_lab.runtime.mesh import ParallelDims
+from parallel_lab.tensor.plan import check_tensor_parallel
+
+OPTIMIZERS = ("sgd", "adam")
+_OPT_STATES = {"sgd": 0, "adam": 2}  # optimizer tensors per parameter (Adam: two moments)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One 3D training run, as plain data (it is what the parent sends to the ranks).
+
+    dp, pp, tp:    the mesh; ``dp * pp * tp`` ranks, ``nodes`` machines (TP stays inside one)
+    schedule:      a pipeline schedule of ``parallel_lab.pipeline.schedules`` (``virtual`` stages per rank
+                   for interleaved-1f1b)
+    microbatches:  per replica and step; ``batch / dp`` rows split into this many equal chunks
+    batch:         sequences per step, all replicas together
+    layers, hidden, heads, vocab, seq: the tiny GPT (``models.GPTConfig``)
+    optimizer, lr: "sgd" or "adam" on every rank's shard (element-wise, so shards = dense)
+    zero:          0: every replica keeps Adam's moments of its whole shard and all-reduces the
+                   gradients; 1: ZeRO-1 over the dp group (``zero.sharded_adam.ShardedAdam``: each
+                   replica keeps 1/dp of the moments, reduce-scatter then all-gather)
+    recompute:     GPipe's re-materialisation: keep only stage inputs, redo the forward in backward
+    sequence_parallel: Megatron's sequence parallelism inside TP (activations between stages are
+                   then sequence shards too)
+    """
+
+    dp: int = 1
+    pp: int = 2
+    tp: int = 2
+    schedule: str = "1f1b"
+    microbatches: int = 2
+    virtual: int = 1
+    steps: int = 3
+    batch: int = 8
+    layers: int = 4
+    hidden: int = 16
+    heads: int = 4
+    vocab: int = 32
+    seq: int = 8
+    optimizer: str = "adam"
+    lr: float = 0.01
+    dtype: str = "float64"
+    seed: int = 0
+    recompute: bool = False
+    sequence_parallel: bool = False
+    bucket_bytes: int = data_parallel.DEFAULT_BUCKET_BYTES
+    nodes: int = 1
+    zero: int = 0
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.pp * self.tp
+
+    @property
+    def gpt(self) -> models.GPTConfig:
+        return models.GPTConfig(vocab=self.vocab, seq=self.seq, hidden=self.hidden, heads=self.heads,
+                                layers=self.layers)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def replace(self, **changes) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> str:
+        return (f"dp {self.dp} x pp {self.pp} x tp {self.tp} = {self.world_size} ranks, {self.schedule}"
+                f"{f' (v={self.virtual})' if self.virtual > 1 else ''}, {self.microbatches} micro-batches "
+                f"of {self.batch // self.dp // self.microbatches} x {self.seq} tokens per replica")
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks made before any process starts: each names the broken invariant with its values.
+
+
+def check(cfg: Config, world_size: int | None = None, memory_limit_gb: float | None = None) -> Schedule:
+    """Raise ValueError (a ``ScheduleError`` for schedules) if ``cfg`` cannot run; return its
+    validated pipeline schedule. ``world_size``: the ranks available (torchrun's); the mesh must
+    fill them exactly. ``memory_limit_gb``: per device, checked with ``memory_model`` (weights,
+    gradients and optimizer state in ``cfg.dtype``, activations of the schedule's peak)."""
+    dims = ParallelDims(cfg.dp, cfg.pp, cfg.tp, cfg.nodes)  # positive ints, TP inside a node
+    if world_size is not None:
+        dims.check_world_size(world_size)
+    if cfg.optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {cfg.optimizer!r}")
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {cfg.dtype!r}")
+    if cfg.zero not in (0, 1):
+        raise ValueError(f"3D training shards at most the optimizer state: zero must be 0 or 1 (ZeRO-1), "
+                         f"got zero {cfg.zero!r} (stages 2-3 run on their own: parallel-lab run zero)")
+    if cfg.zero and cfg.optimizer != "adam":
+        raise ValueError(f"zero 1 shards Adam's moments; optimizer {cfg.optimizer!r} keeps no state to shard")
+    for name in ("steps", "batch", "microbatches"):
+        positive_int(name, getattr(cfg, name))
+    schedule = validate(build(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual))
+    gpt = cfg.gpt  # positive sizes, hidden % heads
+    check_blocks("gpt", cfg.layers, schedule.n_stages)
+    if cfg.batch % cfg.dp:
+        raise ValueError(f"batch {cfg.batch} is not divisible by dp {cfg.dp} (replicas need equal rows)")
+    if (cfg.batch // cfg.dp) % cfg.microbatches:
+        raise ValueError(f"batch / dp = {cfg.batch // cfg.dp} rows per replica are not divisible by "
+                         f"microbatches {cfg.microbatches} (micro-batches must be equal for the loss to "
+                         f"be the whole-batch mean)")
+
+    check_tensor_parallel(gpt, cfg.tp, cfg.sequence_parallel and cfg.tp > 1)
+    if memory_limit_gb is not None:
+        need = predicted_memory(cfg)
+        if need["total"] > memory_limit_gb * memory.GB:
+            raise ValueError(f"plan does not fit: stage {need['stage']} needs {need['total'] / memory.GB:.3g} GB "
+                             f"(weights {need['weights'] / memory.GB:.3g}, "
+                             f"gradients {need['gradients'] / memory.GB:.3g}, "
+                             f"optimizer {need['optimizer'] / memory.GB:.3g}, activations "
+                             f"{need['activations'] / memory.GB:.3g}) > memory limit {memory_limit_gb:g} GB per device")
+    return schedule
+
+
+def precision(cfg: Config) -> memory.Precision:
+    """Bytes per parameter and per activation value of this run (no mixed precision here)."""
+    v = torch.tensor([], dtype=cfg.torch_dtype).element_size()
+    return memory.Precision(f"{cfg.dtype} {cfg.optimizer}", v, v, _OPT_STATES[cfg.optimizer] * v, v)
+
+
+def predicted_memory(cfg: Config) -> dict:
+    """``memory_model.max_device_memory`` for this run (bytes on the most loaded device)."""
+    model = memory.ModelConfig("tiny GPT", cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, cfg.seq)
+    stages = cfg.pp * stages_per_rank(cfg.schedule, cfg.virtual)
+    if cfg.layers % stages:
+        raise ValueError(f"the memory model needs equal stages: layers {cfg.layers} % {stages} stages != 0")
+    return memory_model.max_device_memory(
+        model, micro_batch=cfg.batch // cfg.dp // cfg.microbatches, dp=cfg.dp, pp=cfg.pp, tp=cfg.tp,
+        sequence_parallel=cfg.sequence_parallel, schedule=cfg.schedule, microbatches=cfg.microbatches,
+        virtual=stages // cfg.pp, recompute="full" if cfg.recompute else "none", precision=precision(cfg),
+        dropout=False, zero1=cfg.zero == 1)
+
+
+def make_optimizer(cfg: Config, params) -> torch.optim.Optimizer:
+    """The run's optimizer (``cfg.optimizer`` with ``cfg.lr``) over ``params``."""
+    params = list(params)
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr)
+    return torch.optim.Adam(params, lr=cfg.lr)
