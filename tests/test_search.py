@@ -10,7 +10,7 @@ from parallel_lab import cli
 from parallel_lab.pipeline import run as prun
 from parallel_lab.pipeline.schedules import ScheduleError, build
 from parallel_lab.pipeline.search import greedy, improve
-from parallel_lab.pipeline.search.api import front, lower_bound, search
+from parallel_lab.pipeline.search.api import front, lower_bound, profile_stages, search
 from parallel_lab.pipeline.search.exact import solve
 from parallel_lab.pipeline.search.problem import UNIT, as_schedule, evaluate, make_problem
 from parallel_lab.pipeline.simulate import Costs, simulate
@@ -33,8 +33,8 @@ def test_under_a_cap_of_p_it_is_no_longer_than_zb_h1():
     assert found.makespan <= zb_h1_makespan() == 39
     assert max(found.peak_rank_activations) <= P
     assert validate(found.schedule).name == "search"
-    # the greedy alone gets there, without the generators' ZB-H1 among the candidates
-    assert found.origin.startswith("greedy")
+    # the greedy rules alone get there, without the generators' ZB-H1 or its order
+    assert min(c["makespan"] for c in found.candidates if c["origin"].startswith("greedy") and c["fits"]) <= 39
 
 
 def test_under_a_cap_of_2p_every_rank_is_busy_for_all_of_its_span():
@@ -113,16 +113,16 @@ def test_bad_input_names_the_broken_invariant(kwargs, message):
 # ----------------------------------------------------------------------------------------------
 # The exact solver: the heuristic's gap, measured.
 
-GAP = 0.10  # the heuristic's step is within 10 % of the optimum on every case solved (README's table)
+GAP = 0.05  # within 5 % of the optimum here; 3.3 % at most on the 48 cases of README's table CP-SAT proves
 MIXES = {"1,1,1": Costs(F=1, B=2, I=1, W=1), "5,6,4": Costs(F=5, B=10, I=6, W=4),
          "2,2,1 link 1": Costs(F=2, B=3, I=2, W=1, latency=1)}
 
 
-@pytest.mark.parametrize("placement, cap, m", [("wave", 2, 6), ("wave", 3, 8), ("v", 1.5, 4), ("v", 2, 6)])
+@pytest.mark.parametrize("placement, cap, m", [("wave", 2, 6), ("wave", 3, 8), ("v", 1.5, 4), ("v", 3, 4)])
 @pytest.mark.parametrize("mix", MIXES)
 def test_the_heuristic_is_within_the_stated_gap_of_cp_sat(placement, cap, m, mix):
     found = search(P, m, cap, placement, costs=MIXES[mix])
-    best = solve(found.problem, time_limit=60, hint=found.schedule)
+    best = solve(found.problem, time_limit=120, hint=found.schedule)  # 0.1-5 s each on 2 cores
     assert best.status == "optimal"
     assert best.judged.fits and best.makespan >= best.lower_bound - 1e-6
     assert best.makespan <= found.makespan <= (1 + GAP) * best.makespan
@@ -199,3 +199,20 @@ def test_run_pipeline_with_a_searched_schedule(capsys):
     report = json.loads(out)
     assert code == 0 and report["schedule"] == "search" and report["max_grad_diff"] < TOL
     assert {"bubble_measured", "bubble_predicted", "peak_activations"} <= set(report)
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(300)
+def test_costs_profiled_on_ranks_drive_a_search_whose_schedule_runs_as_predicted():
+    """The loop a lesson runs: measure the stages on real ranks, search with those costs under half
+    of 1F1B's memory in the V, run what was found against one process."""
+    costs = profile_stages(ranks=4, placement="v", microbatches=8)
+    assert len(costs.F) == 8 and all(x > 0 for x in costs.F + costs.I + costs.W)
+    found = search(4, 8, 2, "v", costs=Costs(F=costs.F, B=costs.B, I=costs.I, W=costs.W))
+    assert max(found.peak_rank_activations) <= 2
+    for attempt in range(2):
+        r = prun.run_pipeline(found.schedule, timeout=120)
+        error = abs(r["bubble_measured"] / r["bubble_predicted"] - 1)
+        if error <= 0.10:
+            break
+    assert error <= 0.10 and r["max_grad_diff"] < TOL

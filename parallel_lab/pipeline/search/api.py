@@ -9,9 +9,10 @@ best step at each cap: a bubble-memory front) and ``profile_stages`` (costs meas
 
 What it does (``problem`` says how memory and the step are counted):
 1. candidates: every variant of the greedy (``greedy``), the controllable-memory building blocks
-   for the V placement (``blocks``), and the course's generators of the same placement
-   (1F1B, ZB-H1; ZB-V, DualPipeV), each kept only if it fits the cap;
-2. the best few are improved by local search (``improve``), within a budget of timed moves;
+   for the V placement (``blocks``), the course's generators of the same placement (1F1B, ZB-H1;
+   ZB-V, DualPipeV) and their orders kept under the cap (``greedy.follow``), each kept only if it
+   fits the cap;
+2. the best of each kind is improved by local search (``improve``), within a budget of timed moves;
 3. the best by (makespan, longest span, idle inside spans) is validated, simulated and returned.
 With ``exact=True`` (OR-Tools' CP-SAT, small cases) the solver starts from that schedule and
 returns the optimum when it proves one in ``time_limit``, with its lower bound either way.
@@ -129,6 +130,23 @@ def _split_b(schedule: Schedule) -> Schedule:
                     schedule.stage_to_rank, rows)
 
 
+def _family(origin: str) -> str:
+    """"greedy", "under the cap" (a generator's order kept under the cap), or the block or generator."""
+    return "greedy" if origin.startswith("greedy") else "under the cap" if "under the cap" in origin else origin
+
+
+def _starts(fitting: list) -> list:
+    """Where local search starts: the best candidate of each family, the best families first, then
+    the next best candidates, ``IMPROVE_FROM`` in all (different shapes find different improvements)."""
+    firsts, seen = [], set()
+    for pair in fitting:
+        if _family(pair[0]) not in seen:
+            seen.add(_family(pair[0]))
+            firsts.append(pair)
+    rest = [pair for pair in fitting if pair not in firsts]
+    return (firsts + rest)[:IMPROVE_FROM]
+
+
 def search(ranks: int, microbatches: int, max_activations: float | Sequence[float] | None = None,
            placement: str = "wave", costs: Costs | None = None, w_share: float = M_W_SHARE,
            split: bool = True, stage_memory: Sequence[float] | None = None, exact: bool = False,
@@ -143,11 +161,12 @@ def search(ranks: int, microbatches: int, max_activations: float | Sequence[floa
     started = time.perf_counter()
     problem = make_problem(ranks, microbatches, max_activations, placement, costs, w_share, split, stage_memory)
     judged: list[tuple[str, Judged]] = []
-    for rules in greedy.variants(problem):
+    generators = _generators(problem)
+    for rules in greedy.variants(problem) + greedy.follow(problem, [g for _, g in generators]):
         result = greedy.run(problem, rules)
         if result is not None:
             judged.append((rules.name, evaluate(problem, as_schedule(problem, "search", result.orders), check=False)))
-    for name, schedule in blocks.block_schedules(problem) + _generators(problem):
+    for name, schedule in blocks.block_schedules(problem) + generators:
         judged.append((name, evaluate(problem, schedule)))
     candidates = [{"origin": name, "makespan": j.makespan, "peak_rank_activations": [round(x, 6) for x in j.peaks],
                    "fits": j.fits} for name, j in judged]
@@ -158,10 +177,15 @@ def search(ranks: int, microbatches: int, max_activations: float | Sequence[floa
                             f"the lightest needs {lightest:g} on some rank")
     origin, best = fitting[0]
     bound = lower_bound(problem)
-    budget = None if (time_limit is None or exact) else time_limit / IMPROVE_FROM
+    # half the budget over the starts, the other half on from the best of them
+    budget = None if (time_limit is None or exact) else time_limit / (2 * IMPROVE_FROM)
     actions = problem.n_stages * problem.microbatches * (3 if problem.split else 2)
-    evaluations = work // (IMPROVE_FROM * actions)
-    for name, start in fitting[:IMPROVE_FROM] if best.makespan > bound + 1e-9 and evaluations else ():
+    evaluations = work // (2 * IMPROVE_FROM * actions)
+    starts = _starts(fitting) if best.makespan > bound + 1e-9 and evaluations else []
+    for name, start in starts + [(None, None)] * bool(starts):
+        if name is None:  # the second half
+            name, start = origin.removesuffix(" + local search"), best
+            evaluations, budget = evaluations * IMPROVE_FROM, budget and budget * IMPROVE_FROM
         rows = [[a for a in row if a is not None] for row in start.schedule.ranks]
         orders, _ = improve.improve(problem, rows, max_evaluations=evaluations, time_limit=budget)
         better = evaluate(problem, as_schedule(problem, "search", orders))

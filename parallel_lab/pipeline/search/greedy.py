@@ -46,12 +46,26 @@ class Rules:
     w: str = "lazy"
     fill: str = "always"
     reserve: str = "all"
+    template: object = None  # a Schedule whose per-rank order is the preference (``follow``)
 
     @property
     def name(self) -> str:
         admit = "memory" if self.admit == INF else f"{self.admit:g}x(p-r)"
+        if self.template is not None:
+            return (f"{self.template.name} under the cap (admit {admit}, fill {self.fill}"
+                    + (f", reserve {self.reserve}" if self.reserve != "all" else "") + ")")
         return (f"greedy(admit {admit}, {self.prefer} first, W {self.w}, fill {self.fill}"
                 + (f", reserve {self.reserve}" if self.reserve != "all" else "") + ")")
+
+
+def follow(problem: Problem, templates) -> list[Rules]:
+    """Rules that keep a generator's order (ZB-H1, ZB-V, ...) as the preference and let the cap decide:
+    a rank runs, of what can start, the action that comes first in the template's order, admits a
+    micro-batch only within the cap and runs a pending W when memory needs it, so the template's
+    shape survives a cap it does not meet by itself."""
+    reserves = ("all", "one") if problem.virtual > 1 else ("all",)
+    return [Rules(a, "I", "lazy", f, rs, template) for template in templates
+            for a, f, rs in product((2.0, INF), ("always", "fit"), reserves)]
 
 
 def variants(problem: Problem) -> list[Rules]:
@@ -111,6 +125,12 @@ class _State:
         self.held, self.reserved, self.peak = [0.0] * p, [0.0] * p, [0.0] * p
         self.inflight, self.busy = [0] * p, [0.0] * p
         self.orders: list[list[Action]] = [[] for _ in range(p)]
+        self.position = {}  # (stage, kind, micro-batch) -> place in the template's rank order
+        if rules.template is not None:
+            for row in rules.template.ranks:
+                for i, a in enumerate(x for x in row if x is not None):
+                    kind = "G" if a.kind in "IB" else a.kind
+                    self.position[(a.stage, kind, a.microbatch)] = i
 
     # -- what can run on a rank, and when
 
@@ -168,7 +188,7 @@ class _State:
                 work.append((ready, self._preference("G", s), "G", s))
             if self.pb.split:
                 ready = self._ready("W", s)
-                if ready < w_ready:
+                if ready < INF and (w_stage is None or self._w_key(s, ready) < self._w_key(w_stage, w_ready)):
                     w_ready, w_stage = ready, s
         if w_stage is not None and (rules.w == "eager" or memory_blocked):
             return (max(t, w_ready), "W", w_stage)
@@ -184,11 +204,18 @@ class _State:
         _, _, kind, s = min((c for c in work if c[0] <= nxt + EPS), key=lambda c: c[1])
         return (nxt, kind, s)
 
+    def _w_key(self, s: int, ready: float) -> tuple:
+        """Which pending W goes first: the template's next, else the one whose I ended first."""
+        return (self.position.get((s, "W", self.nw[s]), INF), ready) if self.position else (ready,)
+
     def _preference(self, kind: str, s: int) -> tuple:
-        """Lower is preferred: the kind first (``prefer``), then the oldest micro-batch, then the later
-        stage (closer to the loss on the way down, to the input on the way back)."""
-        first = 0 if (kind == "G") == (self.rules.prefer == "I") else 1
+        """Lower is preferred: the template's order when there is one; else the kind first
+        (``prefer``), then the oldest micro-batch, then the later stage (closer to the loss on the way
+        down, to the input on the way back)."""
         j = self.nf[s] if kind == "F" else self.ng[s]
+        if self.position:
+            return (self.position.get((s, kind, j), INF), j, -s)
+        first = 0 if (kind == "G") == (self.rules.prefer == "I") else 1
         return (first, j, -s)
 
     # -- committing one action
