@@ -27,8 +27,8 @@ import io
 import re
 from pathlib import Path
 
+from parallel_lab.pipeline.actions import Action, Schedule, ScheduleError
 from parallel_lab.pipeline.communication import communication
-from parallel_lab.pipeline.schedules import Action, Schedule, ScheduleError
 from parallel_lab.pipeline.validate import validate
 
 COMPUTE = frozenset("FIWB")

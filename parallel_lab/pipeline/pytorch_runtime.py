@@ -23,9 +23,9 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
+from parallel_lab.pipeline.actions import Schedule
 from parallel_lab.pipeline.pytorch_csv import to_csv
 from parallel_lab.pipeline.run import compare, make_spec
-from parallel_lab.pipeline.schedules import Schedule
 from parallel_lab.pipeline.stages import ModelSpec, check_stages, cut, reference
 from parallel_lab.pipeline.validate import validate
 from parallel_lab.runtime import launcher

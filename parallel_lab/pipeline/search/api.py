@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from parallel_lab.pipeline.schedules import Action, Schedule, ScheduleError, build
+from parallel_lab.pipeline.actions import Action, Schedule, ScheduleError
+from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.search import blocks, greedy, improve
 from parallel_lab.pipeline.search.problem import Judged, Problem, as_schedule, evaluate, make_problem
 from parallel_lab.pipeline.simulate import M_W_SHARE, Costs

@@ -20,7 +20,7 @@ they collide on no rank and satisfy every dependency one slot apart, so the orde
 
 from __future__ import annotations
 
-from parallel_lab.pipeline.schedules import Action, Schedule
+from parallel_lab.pipeline.actions import Action, Schedule
 from parallel_lab.pipeline.search.problem import Problem, as_schedule
 
 INTERVAL = 6  # slots per micro-batch and rank: F, F, I, I, W, W

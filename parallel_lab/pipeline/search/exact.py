@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from fractions import Fraction
 
-from parallel_lab.pipeline.schedules import Action, Schedule, ScheduleError
+from parallel_lab.pipeline.actions import Action, Schedule, ScheduleError
 from parallel_lab.pipeline.search.problem import Judged, Problem, as_schedule, costs_for_simulation, evaluate
 from parallel_lab.pipeline.simulate import simulate
 

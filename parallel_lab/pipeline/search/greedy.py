@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 from itertools import product
 
-from parallel_lab.pipeline.schedules import Action
+from parallel_lab.pipeline.actions import Action
 from parallel_lab.pipeline.search.problem import EPS, Problem
 
 INF = math.inf

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 
-from parallel_lab.pipeline.schedules import Action
+from parallel_lab.pipeline.actions import Action
 from parallel_lab.pipeline.search.problem import EPS, Problem, memory_deltas
 
 

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from parallel_lab.checks import positive_int
-from parallel_lab.pipeline.schedules import MAX_MICROBATCHES, MAX_STAGES, Action, Schedule, ScheduleError
+from parallel_lab.pipeline.actions import Action, Schedule, ScheduleError
+from parallel_lab.pipeline.schedules import MAX_MICROBATCHES, MAX_STAGES
 from parallel_lab.pipeline.simulate import M_W_SHARE, Costs, simulate
 from parallel_lab.pipeline.validate import validate
 
