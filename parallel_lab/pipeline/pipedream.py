@@ -4,7 +4,9 @@ PipeDream (Narayanan et al. 2019, "PipeDream: Generalized Pipeline Parallelism f
 SOSP) never drains the pipeline: every stage alternates one forward and one backward forever and
 applies an SGD update after each backward. Stage s then runs the forward of microbatch j with
 weights that are p-1-s updates older than the ones current at its backward. Three modes, all 1F1B
-on p ranks with one stage each (``schedules.one_f_one_b``), on the same data:
+on p ranks with one stage each (``schedules.one_f_one_b``), on the same data, all walked by the one
+``executor.Executor`` (the asynchronous ones as one step of all ``steps * m`` microbatches, whose
+worker, ``AsyncStage``, updates after every backward):
 
     "no-stash"  the backward differentiates whatever weights are current (updated in place), with
                 activations the forward computed from older weights: forward and backward see
