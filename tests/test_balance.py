@@ -1,6 +1,6 @@
-"""Balancing stages (parallel_lab.pipeline.balance, lesson 08): cutting at any boundaries, the arithmetic of
+"""Balancing stages (parallel_lab.pipeline.balance, lesson 09): cutting at any boundaries, the arithmetic of
 imbalance, the exercise check, and runs of uneven cuts on real ranks against one process. At the
-end, lesson 10's helpers (parallel_lab.show.planner): the memory model against the real course
+end, lesson 15's helpers (parallel_lab.show.planner): the memory model against the real course
 GPT, and the planner's tables."""
 
 import json
@@ -84,7 +84,7 @@ def test_profile_pieces_includes_the_loss():
 # ----------------------------------------------------------------------------------------------
 # The arithmetic of imbalance.
 
-LAYER_F = [1, 2, 2, 2, 2, 2, 2, 5]  # lesson 08's illustrative model
+LAYER_F = [1, 2, 2, 2, 2, 2, 2, 5]  # lesson 09's illustrative model
 
 
 def test_stage_costs_sum_layers_and_backward_defaults_to_twice():
@@ -252,7 +252,7 @@ def test_run_cut_checks_before_starting():
 
 
 # ----------------------------------------------------------------------------------------------
-# Lesson 10's helpers (parallel_lab.show.planner).
+# Lesson 15's helpers (parallel_lab.show.planner).
 
 
 def test_memory_model_matches_the_real_course_gpt():

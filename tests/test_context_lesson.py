@@ -1,4 +1,4 @@
-"""Pictures and tables of lesson 15 (parallel_lab.show.context): the numbers they show against the
+"""Pictures and tables of lesson 14 (parallel_lab.show.context): the numbers they show against the
 engine's (``context.blockwise.step_block``, ``context.cost.context_cost``), determinism, and the
 graded prediction's reference. No ranks start and nothing is timed."""
 
@@ -95,7 +95,7 @@ def test_runs_table_shows_the_run_report():
 
 
 def test_graded_prediction_and_quiz_answers_are_the_cost_model():
-    assert GRADED["ring-score-bytes"].lesson == "15"
+    assert GRADED["ring-score-bytes"].lesson == "14"
     assert GRADED["ring-score-bytes"].reference() == 2 * 8 * (32 // 4) ** 2 * 8
     assert answers.context_score_bytes("ulysses", 2, 32, 8, 4, 8, 64) == 2 * (8 // 4) * 32 ** 2 * 8
     assert answers.context_messages("ring", 8) == 2 * 7 + 8

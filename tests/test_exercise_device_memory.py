@@ -1,4 +1,4 @@
-"""Lesson 10's exercise, the memory of one GPU (parallel_lab.exercises.device_memory): a correct
+"""Lesson 15's exercise, the memory of one GPU (parallel_lab.exercises.device_memory): a correct
 formula written two ways passes against the memory model and the course GPT's real tensors; the
 stub is NOT YET without a process; a wrong formula fails naming the entry, the factor and the slip
 it matches (2-byte values where the plan has 4, GPipe's stash, a forgotten embedding, ZeRO-1

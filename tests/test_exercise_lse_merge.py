@@ -1,4 +1,4 @@
-"""Lesson 15's exercise, the log-sum-exp merge (parallel_lab.exercises.lse_merge): the stub is NOT YET
+"""Lesson 14's exercise, the log-sum-exp merge (parallel_lab.exercises.lse_merge): the stub is NOT YET
 without a process; the solution passes, directly and inside ring attention on 4 real ranks; a plain
 average and a naive exp (overflow) fail with a reason; the library's merge and torch's shortcuts are
 refused from the source; the expected values are the attention over both blocks, from the scores."""

@@ -1,4 +1,4 @@
-"""Lesson 09's exercise, the dp/pp/tp groups of a mesh (parallel_lab.exercises.mesh_groups): the
+"""Lesson 11's exercise, the dp/pp/tp groups of a mesh (parallel_lab.exercises.mesh_groups): the
 checker's own reference agrees with the library's mesh; a correct answer written two ways passes on
 real ranks, with an all-reduce over each of its groups; the stub is NOT YET without a process; wrong
 groups fail naming the rank, its group and the right one; answers of the wrong shape fail with a

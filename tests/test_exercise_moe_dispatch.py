@@ -1,4 +1,4 @@
-"""Lesson 14's exercise, the MoE dispatch (parallel_lab.exercises.moe_dispatch): the solution passes on
+"""Lesson 13's exercise, the MoE dispatch (parallel_lab.exercises.moe_dispatch): the solution passes on
 real ranks, its queues driving a real expert-parallel forward equal to models.MoE; the stub is NOT
 YET without a process; wrong queues (filled token by token, no capacity, one too many, the right
 assignments in another order) fail naming what is wrong; the library and torch.distributed are

@@ -1,4 +1,4 @@
-"""Lesson 13's exercise, ZeRO-2's step (parallel_lab.exercises.zero2_step): the solution passes on 2
+"""Lesson 12's exercise, ZeRO-2's step (parallel_lab.exercises.zero2_step): the solution passes on 2
 and 4 real ranks; the stub is NOT YET without a process; shortcuts fail with a reason: an all-reduce
 of the whole gradient then slicing (not sharded, N x the shard), Adam's state for the whole
 parameter, a missing all-gather, a missing average; torch.optim and the library are refused from the

@@ -1,4 +1,4 @@
-"""Lesson 14's figures and tables (parallel_lab.show.experts) hold the engine's numbers: the loads and
+"""Lesson 13's figures and tables (parallel_lab.show.experts) hold the engine's numbers: the loads and
 drops are models.MoE's routing, the dispatch matrix is what expert parallelism sends on real ranks
 (commlog's bytes, the rows each expert ran on), the costs are moe.cost's and hardware's. No timings."""
 

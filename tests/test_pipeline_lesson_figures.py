@@ -1,4 +1,4 @@
-"""Pictures and tables of lessons 06-07 (parallel_lab.show.schedules, recompute_figures and
+"""Pictures and tables of lessons 06-08 (parallel_lab.show.schedules, recompute_figures and
 pipedream_figures): the numbers they
 show against the closed forms of the papers, determinism and size of the JSON nbval stores, and the
 weight versions predicted from the schedule. Only the last test starts ranks (PipeDream's modes)."""
@@ -62,7 +62,7 @@ def test_bubble_curves_are_the_simulated_bubbles_deterministic_and_compact():
 
 
 # ----------------------------------------------------------------------------------------------
-# Lesson 07: recomputation's trade-off.
+# Lesson 08: recomputation's trade-off.
 
 
 def test_recompute_overhead_counts_flops():
@@ -100,7 +100,7 @@ def test_recompute_tradeoff_figure_is_deterministic_and_compact():
 
 
 # ----------------------------------------------------------------------------------------------
-# Lesson 07: PipeDream's weight versions, from the schedule.
+# Lesson 08: PipeDream's weight versions, from the schedule.
 
 
 @pytest.mark.parametrize("p, steps, m", [(4, 3, 4), (3, 2, 5), (2, 4, 2)])

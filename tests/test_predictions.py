@@ -107,14 +107,14 @@ def test_grading_a_right_a_wrong_and_a_missing_prediction():
 
 
 def test_the_registry_is_bilingual_and_its_references_are_the_lessons_numbers():
-    assert len(predictions.GRADED) >= 2 and {"01", "04", "05", "08"} <= set(LESSONS_WITH_PREDICTIONS)
+    assert len(predictions.GRADED) >= 2 and {"01", "04", "05", "09"} <= set(LESSONS_WITH_PREDICTIONS)
     for p in predictions.GRADED.values():
         assert set(p.question) == {"en", "zh-Hant"} and all(p.question.values()), p.id
         assert re.search(r"[\u4e00-\u9fff]", p.question["zh-Hant"]) and "数据" not in p.question["zh-Hant"], p.id
         assert 0 < p.tolerance < 1 and p.points > 0 and p.lesson in SOURCES, p.id
         assert p.function.startswith("parallel_lab.") and p.about
     ref = {k: p.reference() for k, p in predictions.GRADED.items()}
-    # What lessons 04, 05 and 08 compute and show next to the prediction.
+    # What lessons 04, 05 and 09 compute and show next to the prediction.
     gpipe = simulate(build("gpipe", 4, 4), Costs(F=1, B=2))
     assert ref["gpipe-bubble"] == gpipe.bubble_fraction == pytest.approx(3 / 7)
     assert ref["1f1b-peak-stash"] == max(simulate(build("1f1b", 4, 8), Costs(F=1, B=2)).peak_activations) == 4

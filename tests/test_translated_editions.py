@@ -86,7 +86,7 @@ def test_the_edition_has_the_english_lessons_code_and_its_own_language(path):
 
 
 def test_links_to_lessons_without_an_edition_go_to_the_english_one():
-    faq = nbformat.read(editions.EDITIONS[LANG] / "12_faq.ipynb", as_version=4)
+    faq = nbformat.read(editions.EDITIONS[LANG] / "17_faq.ipynb", as_version=4)
     text = "".join(c.source for c in faq.cells if c.cell_type == "markdown")
     assert "](03_pipeline_bubble.ipynb)" in text and "](../02_tensor_parallelism.ipynb)" in text
     for target in re.findall(r"\]\(([^)]+\.ipynb)\)", text):

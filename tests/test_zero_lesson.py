@@ -1,4 +1,4 @@
-"""Lesson 13's figures and tables (parallel_lab.show.zero) against the engine's numbers: the formula
+"""Lesson 12's figures and tables (parallel_lab.show.zero) against the engine's numbers: the formula
 figure is zero.memory's (and ZeRO's Figure 1), the measured tables are the run's own bytes, the
 traffic is 2Ψ / 3Ψ, the Gantt chart draws exactly the placed timeline; plus the lesson's graded
 prediction and quiz answers. No timing is asserted."""
@@ -97,7 +97,7 @@ def test_link_table_is_traffic_over_bandwidth():
 
 
 def test_graded_prediction_and_quiz_answers():
-    assert GRADED["zero2-model-state"].lesson == "13"
+    assert GRADED["zero2-model-state"].lesson == "12"
     assert GRADED["zero2-model-state"].reference() == pytest.approx(2 + 14 / 8)
     assert answers.zero_model_state_gb(13, 16, 3) == pytest.approx(13.0)
     assert [answers.zero_traffic_per_step(s) for s in range(4)] == [2, 2, 2, 3]

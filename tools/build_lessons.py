@@ -36,7 +36,7 @@ first ``setup()`` given the language, its quiz text in that language; the build 
 whose catalog lacks a cell or holds a fuzzy one (``tools/catalogs.py check`` says which).
 
 The build appends each lesson's quiz from its bank (``parallel_lab.course.quiz.text.lesson_cells``:
-the widget, the text form, the answer sheet and the graded check), so the twelve lessons' identical
+the widget, the text form, the answer sheet and the graded check), so every lesson's identical
 tail is written once. Each notebook gets kernelspec metadata (JupyterLab otherwise asks for a kernel)
 and is executed top to bottom in lessons/ with the course's settings (one thread per process).
 Plotly figures then also get a PNG (tools/render_static.py, which needs kaleido and Chromium) so

@@ -239,11 +239,15 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 # - **04 Micro-batching and GPipe** — predict the bubble, then run it
 # - **05 1F1B and why it saves memory** — activations in flight; write a 1F1B schedule yourself
 # - **06 Interleaving and zero-bubble** — virtual stages, splitting the backward pass (B = I + W), the V shape
-# - **07 Recomputation and PipeDream** — trading compute for memory, asynchronous weight versions
-# - **08 Balancing stages** — profiling and partitioning layers
-# - **09 3D parallelism** — data × pipeline × tensor on one device mesh
-# - **10 The planner** — choosing a plan with a cost and memory model, and its budget
-# - **11 Capstone** — train a small GPT with a plan of your own
+# - **08 Recomputation and PipeDream** — trading compute for memory, asynchronous weight versions
+# - **09 Balancing stages** — profiling and partitioning layers
+# - **11 3D parallelism** — data × pipeline × tensor on one device mesh
+# - **12 Sharding the model state** — ZeRO stages 1-3 and FSDP
+# - **13 Mixture of experts** — routing, capacity, expert parallelism with all-to-all
+# - **14 Long sequences** — context parallelism: ring attention and Ulysses
+# - **15 The planner** — choosing a plan with a cost and memory model, and its budget
+# - **17 The FAQ** — the article's six questions, answered by the lessons
+# - **18 Capstone** — train a small GPT with a plan of your own
 #
 # ## What to remember
 #

@@ -316,7 +316,7 @@ for r in block_runs:
 # More precisely: inside the **NVLink domain**, the GPUs joined by NVLink — 8 in a DGX/HGX node,
 # 72 in a GB200 NVL72 rack. Let's put numbers on "often" with the α–β model of lesson 01. Per
 # transformer layer, forward and backward, with b·s tokens of width h on t GPUs
-# (`planning.cost.tp_layer_step`, the same computation lessons 09 and 10 print):
+# (`planning.cost.tp_layer_step`, the same computation lessons 11 and 15 print):
 #
 # - **compute** ≈ 3 × 24·b·s·h² FLOPs (forward: q, k, v and output projections 8·b·s·h², MLP
 #   16·b·s·h², the attention scores' 4·b·s²·h left out; a backward costs two forwards; Narayanan et
@@ -390,14 +390,14 @@ print(widgets.default_summary())
 # of a GPU: the tokens cancel, so a bigger batch does not help; it grows with t and with F/B — the
 # GPU's speed against its link — and falls only as 1/h. Each GPU generation has raised F faster than
 # B (A100 to H100: compute ×3.2, NVLink ×1.5), so tensor parallelism weighs more on newer GPUs
-# (lesson 10 meets the consequence). And tensor-parallel all-reduces sit on the critical path: the
+# (lesson 15 meets the consequence). And tensor-parallel all-reduces sit on the critical path: the
 # next matmul needs their result, so they add to the step instead of hiding behind compute. Inside
 # the NVLink domain a layer pays roughly 15 % extra; across InfiniBand the GPUs would wait as long
 # as they compute. Hence the rule: **tensor parallelism stays inside the NVLink domain — t ≤ 8 on an
 # 8-GPU DGX/HGX node, up to 72 on a GB200 NVL72 rack — and pipeline or data parallelism goes across
 # it**: a pipeline sends one activation per stage boundary instead of four all-reduces per layer,
 # and data parallelism's gradient all-reduce comes once per step and overlaps with the backward
-# pass (lessons 03-08).
+# pass (lessons 03-09).
 #
 # On this machine the ratio is small for the opposite reason: one CPU core computes ~10⁴ times
 # slower than a GPU, while gloo between processes is "only" some 10²-10³ times slower than NVLink.

@@ -223,7 +223,7 @@ memory_guess.versus(zb_h1.peak_rank_activations[3], "simulated")
 # for their W: (p − r)·M_B + r·M_W. GPU 0 peaks at p·M_B, exactly 1F1B's worst GPU — which is what
 # the paper's "the same peak memory as 1F1B" means, a maximum over GPUs — but every other GPU holds
 # nearly p·M_B where 1F1B's holds (p − r)·M_B: GPU 3 about 3.8 micro-batches instead of 1. The
-# planner (lesson 10) counts ZB-H1 this way. (Freeing at I, as if W needed nothing, would make
+# planner (lesson 15) counts ZB-H1 this way. (Freeing at I, as if W needed nothing, would make
 # ZB-H1 look exactly like 1F1B: [4, 3, 2, 1].)
 #
 # ## 4. ZB-V: two stages per GPU, in a V

@@ -1,5 +1,5 @@
 """Context parallelism: the sequence split over cp ranks, for sequences too long for one device's
-attention scores (lessons/15_long_context.ipynb; ARCHITECTURE.md, layer 3).
+attention scores (lessons/14_long_context.ipynb; ARCHITECTURE.md, layer 3).
 
 - ``blockwise``: attention one block at a time with its log-sum-exp, the online-softmax merge, one
   block's backward, the zig-zag split (load balancing under a causal mask), the score meter (pure)

@@ -106,6 +106,6 @@ def ring_attention(q, k, v, causal: bool = True, group=None, merge_fn=merge):
     ring of ``group``. ``q``, ``k``, ``v``: ``(B, n, seq/cp, d)``, this rank's zig-zag shard
     (``blockwise.zigzag_shard``); returns ``(B, n, seq/cp, d)``, differentiable in all three.
     ``merge_fn(out_a, lse_a, out_b, lse_b) -> (out, lse)``: the log-sum-exp merge of each block
-    into the running result (``blockwise.merge``; lesson 15's exercise plugs a student's in). The
+    into the running result (``blockwise.merge``; lesson 14's exercise plugs a student's in). The
     backward uses the merged log-sum-exp, so a wrong merge shows in the gradients too."""
     return _RingAttention.apply(q, k, v, causal, group, merge_fn)

@@ -40,14 +40,14 @@ NOT_YET_TRANSLATED = (
     "04_gpipe_microbatching",
     "05_1f1b_memory",
     "06_interleaving_zero_bubble",
-    "07_recompute_and_pipedream",
-    "08_balancing_stages",
-    "09_3d_parallelism",
-    "10_planner",
-    "11_capstone",
-    "13_zero_sharding",
-    "14_mixture_of_experts",
-    "15_long_context",
+    "08_recompute_and_pipedream",
+    "09_balancing_stages",
+    "11_3d_parallelism",
+    "12_zero_sharding",
+    "13_mixture_of_experts",
+    "14_long_context",
+    "15_planner",
+    "18_capstone",
 )
 
 _HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)

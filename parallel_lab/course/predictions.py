@@ -99,7 +99,7 @@ GRADED: dict[str, GradedPrediction] = {p.id: p for p in (
         f"{ANSWERS}:peak_activations", {"schedule": "1f1b", "ranks": 4, "microbatches": 8, "stage": 0},
         tolerance=0.1, unit=_l("micro-batches"), about=_l("1F1B peak stash, stage 0, p = 4, m = 8")),
     GradedPrediction(
-        "uneven-cut-step", "08",
+        "uneven-cut-step", "09",
         {"en": "the step time (makespan) of the even-blocks cut, stage forward loads 5, 2, 2, 6 "
                "(backward twice the forward), with 1F1B and m = 8 micro-batches, free links",
          "zh-Hant": "均分區塊（even blocks）切法的一步時間（makespan）：各階段前向負載 5、2、2、6"
@@ -116,7 +116,7 @@ GRADED: dict[str, GradedPrediction] = {p.id: p for p in (
                                        "B": 4.0, "W": 2.0},
         tolerance=0.1, about=_l("ZB-H1 bubble, p = 4, m = 8, F = I = W")),
     GradedPrediction(
-        "tp8-memory", "10",
+        "tp8-memory", "15",
         {"en": "GB on the fullest GPU for GPT-3 175B with TP 8 (sequence parallel) × PP 8 × DP 8, 1F1B, "
                "64 micro-batches of one 2048-token sequence, no recomputation, no ZeRO: weights, "
                "gradients, Adam state and activations",
@@ -127,7 +127,7 @@ GRADED: dict[str, GradedPrediction] = {p.id: p for p in (
                                         "schedule": "1f1b"},
         tolerance=0.15, unit="GB", about="GPT-3 175B, TP 8 x PP 8 x DP 8, 1F1B, m = 64"),
     GradedPrediction(
-        "ring-score-bytes", "15",
+        "ring-score-bytes", "14",
         {"en": "bytes of the largest attention-score tensor one rank holds at once in ring attention with "
                "cp = 4 ranks: batch 2, 8 heads, a 32-token sequence, fp64 (8 bytes); one process holds "
                "2 × 8 × 32 × 32 × 8 = 131,072",
@@ -138,7 +138,7 @@ GRADED: dict[str, GradedPrediction] = {p.id: p for p in (
                                            "dtype_bytes": 8, "hidden": 64},
         tolerance=0.1, unit=_l("bytes"), about=_l("ring attention, cp = 4, batch 2, 8 heads, seq 32, fp64")),
     GradedPrediction(
-        "zero2-model-state", "13",
+        "zero2-model-state", "12",
         {"en": "GB of model state (parameters, gradients, Adam state; no activations) on one of N = 8 "
                "data-parallel GPUs under ZeRO stage 2, for Ψ = 1 billion parameters in mixed precision "
                "(2 + 2 + K bytes per parameter, K = 12)",
@@ -148,7 +148,7 @@ GRADED: dict[str, GradedPrediction] = {p.id: p for p in (
         f"{ANSWERS}:zero_model_state_gb", {"billions": 1.0, "dp": 8, "stage": 2},
         tolerance=0.05, unit="GB", about=_l("ZeRO-2, Ψ = 1e9, N = 8, mixed precision")),
     GradedPrediction(
-        "moe-dropped", "14",
+        "moe-dropped", "13",
         {"en": "the assignments (token, choice) the mixture-of-experts layer drops for want of capacity: "
                "n = 64 tokens, E = 8 experts, top-2, capacity factor C = 1, with the demand per expert "
                "printed above",

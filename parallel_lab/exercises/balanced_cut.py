@@ -1,5 +1,5 @@
-"""Lesson 08's exercise: the exact min-max cut of layer costs into contiguous stages
-(lessons/08_balancing_stages.ipynb).
+"""Lesson 09's exercise: the exact min-max cut of layer costs into contiguous stages
+(lessons/09_balancing_stages.ipynb).
 
 The answer runs on a rank of its own and returns only its cuts (lists of integers); the checking
 process compares the heaviest stage of each with the optimum of ``pipeline.partition.balanced``. Any
@@ -78,6 +78,6 @@ EXERCISE = register(Exercise(
 
 
 def check_balanced_cut(fn) -> Verdict:
-    """Lesson 08's exercise: ``fn(weights, stages)`` returns ``parts`` whose heaviest stage is as
+    """Lesson 09's exercise: ``fn(weights, stages)`` returns ``parts`` whose heaviest stage is as
     light as possible. Prints and returns a deterministic verdict."""
     return EXERCISE.check_object(fn)

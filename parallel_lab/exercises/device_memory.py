@@ -1,5 +1,5 @@
-"""Lesson 10's exercise: the memory of one GPU of a plan, written as a formula
-(lessons/10_planner.ipynb).
+"""Lesson 15's exercise: the memory of one GPU of a plan, written as a formula
+(lessons/15_planner.ipynb).
 
     def my_device_memory(model, dp, pp, tp, microbatches, micro_batch, recompute="none",
                          sequence_parallel=False, zero1=False, value_bytes=2, dropout=True):
@@ -18,7 +18,7 @@ The answer runs on a rank of its own, which returns only the numbers it computed
 case. The checking process judges them two ways, both computed here:
 
 1. against the memory model (``planning.memory_model.device_memory``, stage 0, schedule 1F1B) on
-   GPT-3 175B plans of lesson 10 and others (plain tensor parallelism, sequence parallelism, the
+   GPT-3 175B plans of lesson 15 and others (plain tensor parallelism, sequence parallelism, the
    three recomputation modes, ZeRO-1, m < pp, fp32 values without dropout);
 2. against real tensors of the course GPT (``planning.memory_check``): the parameters of the first
    stage's modules as ``pipeline.stages.cut`` builds them, and the bytes autograd saves for one
@@ -61,7 +61,7 @@ def plan(name: str, dp: int, pp: int, tp: int, microbatches: int, micro_batch: i
 
 
 GPT3 = "GPT-3 175B"
-# Against the memory model: lesson 10's GPT-3 rows, the planner's best layout, plain TP with full
+# Against the memory model: lesson 15's GPT-3 rows, the planner's best layout, plain TP with full
 # recomputation and m < pp, a model with micro-batches of 2, and fp32 values without dropout.
 CASES = (
     plan(GPT3, dp=8, pp=8, tp=8, microbatches=64, sequence_parallel=True),
@@ -364,7 +364,7 @@ EXERCISE = register(Exercise(
 
 
 def check_device_memory(fn) -> Verdict:
-    """Lesson 10's exercise: ``fn(model, dp, pp, tp, microbatches, micro_batch, recompute,
+    """Lesson 15's exercise: ``fn(model, dp, pp, tp, microbatches, micro_batch, recompute,
     sequence_parallel, zero1, value_bytes, dropout)`` returns the bytes on one GPU of the first
     pipeline stage under 1F1B. One line against the memory model, one against the course GPT's real
     tensors. Prints and returns the verdict."""

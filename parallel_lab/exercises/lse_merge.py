@@ -1,5 +1,5 @@
-"""Lesson 15's exercise: the log-sum-exp merge of two partial attention results, the step ring
-attention repeats at every hop (lessons/15_long_context.ipynb).
+"""Lesson 14's exercise: the log-sum-exp merge of two partial attention results, the step ring
+attention repeats at every hop (lessons/14_long_context.ipynb).
 
     def my_merge(out_a, lse_a, out_b, lse_b):   # (..., t, d), (..., t) twice
         ...
@@ -251,7 +251,7 @@ EXERCISE = register(Exercise(
 
 
 def check_lse_merge(fn) -> Verdict:
-    """Lesson 15's exercise: ``fn(out_a, lse_a, out_b, lse_b) -> (out, lse)`` merges two partial
+    """Lesson 14's exercise: ``fn(out_a, lse_a, out_b, lse_b) -> (out, lse)`` merges two partial
     attention results; checked directly on adversarial inputs and inside ring attention on 4 real
     ranks. Prints and returns the verdict."""
     return EXERCISE.check_object(fn)

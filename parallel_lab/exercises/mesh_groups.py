@@ -1,5 +1,5 @@
-"""Lesson 09's exercise: the data-, pipeline- and tensor-parallel groups of a mesh, from its rank grid
-(lessons/09_3d_parallelism.ipynb).
+"""Lesson 11's exercise: the data-, pipeline- and tensor-parallel groups of a mesh, from its rank grid
+(lessons/11_3d_parallelism.ipynb).
 
     def my_mesh_groups(dp, pp, tp):    # the course's grid: rank = (d·pp + p)·tp + t, tp fastest
         return {"dp": [[0, 4], ...], "pp": [[0, 2], ...], "tp": [[0, 1], ...]}
@@ -253,7 +253,7 @@ EXERCISE = register(Exercise(
 
 
 def check_mesh_groups(fn) -> Verdict:
-    """Lesson 09's exercise: ``fn(dp, pp, tp)`` returns ``{"dp": [...], "pp": [...], "tp": [...]}``, the
+    """Lesson 11's exercise: ``fn(dp, pp, tp)`` returns ``{"dp": [...], "pp": [...], "tp": [...]}``, the
     groups of ranks along each axis of the course's rank grid (``arange(dp·pp·tp).view(dp, pp, tp)``);
     checked on 4 real ranks with an all-reduce over every group, and on larger meshes as lists.
     Prints and returns the verdict."""

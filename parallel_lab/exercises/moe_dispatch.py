@@ -1,5 +1,5 @@
-"""Lesson 14's exercise: write the dispatch of a mixture of experts -- which assignments each expert
-takes, in which order, and which are dropped for want of capacity (lessons/14_mixture_of_experts.ipynb).
+"""Lesson 13's exercise: write the dispatch of a mixture of experts -- which assignments each expert
+takes, in which order, and which are dropped for want of capacity (lessons/13_mixture_of_experts.ipynb).
 
     def my_dispatch(expert, experts, capacity):   # expert (n, k): token t's choice s is expert[t, s]
         return [[(t, s), ...], ...]               # per expert, its queue: the (token, choice) pairs it computes
@@ -308,7 +308,7 @@ EXERCISE = register(Exercise(
 
 
 def check_moe_dispatch(fn) -> Verdict:
-    """Lesson 14's exercise: ``fn(expert, experts, capacity)`` -- ``expert`` an ``(n, k)`` long tensor,
+    """Lesson 13's exercise: ``fn(expert, experts, capacity)`` -- ``expert`` an ``(n, k)`` long tensor,
     token t's s-th choice ``expert[t, s]`` -- returns, per expert, the (token, choice) pairs it
     computes, in queue order, at most ``capacity`` of them. One line per routing, then the real run
     on 2 ranks. Prints and returns the verdict."""

@@ -1,4 +1,4 @@
-"""Lesson 13's exercise: ZeRO-2's step for one flat gradient (lessons/13_zero_sharding.ipynb).
+"""Lesson 12's exercise: ZeRO-2's step for one flat gradient (lessons/12_zero_sharding.ipynb).
 
     def my_zero2_step(param, grad, state, lr):   # param: full flat (n), grad: this rank's (n)
         ...                                      # reduce-scatter, Adam on the shard, all-gather
@@ -198,7 +198,7 @@ EXERCISE = register(Exercise(
 
 
 def check_zero2_step(fn) -> Verdict:
-    """Lesson 13's exercise: ``fn(param, grad, state, lr)`` does one ZeRO-2 step of one flat
+    """Lesson 12's exercise: ``fn(param, grad, state, lr)`` does one ZeRO-2 step of one flat
     parameter in place; checked on 2 and 4 real ranks against one process. Prints and returns the
     verdict."""
     return EXERCISE.check_object(fn)

@@ -1,6 +1,6 @@
 """Expert parallelism: a mixture of experts (``models.MoE``) with its experts spread over ranks.
 
-Lesson 14 (lessons/14_mixture_of_experts.ipynb) runs it. The map, lowest first:
+Lesson 13 (lessons/13_mixture_of_experts.ipynb) runs it. The map, lowest first:
 
 - ``cost``: what an all-to-all costs in the α–β model (pure; the planner's), and a MoE layer's four.
 - ``mappings``: the all-to-all as an autograd function (its backward is the reverse all-to-all).

@@ -7,7 +7,7 @@
 As torchtitan parallelizes its models (``apply_tp``, the pipeline split, ``apply_fsdp``/DDP): the
 model is plain single-device code (``models.GPT``) and each technique is applied to it by the
 library that teaches it -- ``tensor.plan.parallelize`` (lesson 02), ``pipeline.stages.cut_pieces``
-(lessons 03-08), ``parallel3d.data_parallel`` and ``zero.sharded_adam`` (lessons 09 and 13). The
+(lessons 03-09), ``parallel3d.data_parallel`` and ``zero.sharded_adam`` (lessons 11 and 12). The
 groups come from ``runtime.mesh.build_groups``; ``ReplicaSpec`` tells the pipeline executor what it
 needs of a replica (the loss, the boundary shape).
 """

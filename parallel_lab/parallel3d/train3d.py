@@ -24,7 +24,7 @@ Each rank sits at one coordinate ``(dp, pp, tp)`` of ``mesh.ParallelDims`` (the 
 What a run is and what is checked before it starts is ``parallel3d.config``.
 
 Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using
-Megatron-LM") is the recipe; lessons/09_3d_parallelism.ipynb the lesson. Every run is compared with
+Megatron-LM") is the recipe; lessons/11_3d_parallelism.ipynb the lesson. Every run is compared with
 the same optimiser on one process (``reference``): in fp64 the losses of every step and the final
 weights agree to ~1e-12 (``TOLERANCE`` 1e-9).
 

@@ -14,7 +14,7 @@
 
 ``parallel_lab.pipeline.stages.cut`` always cuts the same way (the GPT's embedding pinned to the
 first stage, its head to the last, the transformer blocks spread evenly): the right cut when every
-block costs the same and the ends cost nothing. Lesson 08 (lessons/08_balancing_stages.ipynb) needs
+block costs the same and the ends cost nothing. Lesson 09 (lessons/09_balancing_stages.ipynb) needs
 any cut, e.g. one from ``parallel_lab.pipeline.partition``; ``stages.cut_at`` builds the stages from
 boundaries over *all* pieces (embedding, blocks, head), and ``cut_rank`` is
 ``pipeline.run.pipeline_rank`` with that cut. Everything else -- the executor, the comparison with
@@ -195,7 +195,7 @@ def step_speedup(loads_before, loads_after, microbatches: int, schedule: str = "
 
 
 # ----------------------------------------------------------------------------------------------
-# What lesson 08 prints and draws.
+# What lesson 09 prints and draws.
 
 
 def default_parts(spec: ModelSpec, n_stages: int) -> list[int]:

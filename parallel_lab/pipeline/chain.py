@@ -5,7 +5,7 @@
 ``worker.StageWorker`` runs a stage with autograd: F builds a graph, B (or I) walks it. On the small
 micro-batches of the course that bookkeeping costs about as much as the arithmetic, and it makes an
 action's cost depend on what ran before it, so a stage that is a chain of Linear and GELU modules
-(the course MLP: lessons 03-07, ``parallel-lab run pipeline``, ``bench pipeline``) runs in
+(the course MLP: lessons 03-08, ``parallel-lab run pipeline``, ``bench pipeline``) runs in
 ``ChainWorker`` instead: the same aten operations on the same tensors in the same order
 (``F.linear``, ``F.gelu``, ``gelu_backward``, ``dY @ W`` for the input gradient,
 ``worker._weight_grads`` for W), hence the same numbers to the bit and the same counted bytes

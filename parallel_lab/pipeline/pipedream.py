@@ -241,7 +241,7 @@ def compare_modes(stages: int = 4, steps: int = 3, microbatches: int = 4, lr: fl
 
 
 # ----------------------------------------------------------------------------------------------
-# Weight versions read off the schedule (no processes): what lesson 07 and its quiz compare with.
+# Weight versions read off the schedule (no processes): what lesson 08 and its quiz compare with.
 
 
 def expected_versions(stages: int, steps: int, microbatches: int) -> dict:

@@ -465,7 +465,7 @@ def recompute_overhead(model: memory.ModelConfig | str, recompute: str, seq: int
 
 
 # ----------------------------------------------------------------------------------------------
-# One tensor-parallel layer: why TP stays inside a node (lessons 02, 09 and 10, FAQ 6).
+# One tensor-parallel layer: why TP stays inside a node (lessons 02, 11 and 15, FAQ 6).
 
 
 def layer_flops(tokens: int, hidden: int) -> float:
@@ -483,7 +483,7 @@ def tp_layer_step(tokens: int, hidden: int, tp: int, link: Link, flops: float,
     each, against Megatron's four all-reduces of the ``tokens x hidden`` activation over ``link``
     (forward: g after attention and after the MLP; backward: f's two; none on one device). Sequence
     parallelism's all-gathers and reduce-scatters move the same bytes. This is the one computation
-    behind lessons 02, 09 and 10's "TP stays inside the NVLink domain" (Shoeybi et al. 2019, section 3).
+    behind lessons 02, 11 and 15's "TP stays inside the NVLink domain" (Shoeybi et al. 2019, section 3).
 
     Bandwidth-bound, comm / compute = (t - 1) · bytes_per_value · flops / (9 · hidden · bandwidth):
     independent of the tokens, growing with t and with the GPU's speed against its link."""

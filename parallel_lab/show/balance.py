@@ -1,4 +1,4 @@
-"""Lesson 08's table and picture (lessons/08_balancing_stages.ipynb): unbalanced against balanced
+"""Lesson 09's table and picture (lessons/09_balancing_stages.ipynb): unbalanced against balanced
 cuts, measured on real ranks, and the bubble against the number of micro-batches."""
 
 from __future__ import annotations

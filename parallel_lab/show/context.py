@@ -1,4 +1,4 @@
-"""Context parallelism, drawn (lesson 15, lessons/15_long_context.ipynb): which K/V block each rank
+"""Context parallelism, drawn (lesson 14, lessons/14_long_context.ipynb): which K/V block each rank
 holds at each ring step and which scores it computes, the causal work per rank (contiguous against
 zig-zag), the score memory measured on real ranks, and the cost of ring against Ulysses.
 

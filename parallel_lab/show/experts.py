@@ -1,4 +1,4 @@
-"""Mixture of experts on the page (lesson 14, lessons/14_mixture_of_experts.ipynb): the load of each
+"""Mixture of experts on the page (lesson 13, lessons/13_mixture_of_experts.ipynb): the load of each
 expert against its capacity, which assignments were dropped, who sends what to whom in the dispatch
 all-to-all, load imbalance, and the all-to-all's cost against tensor parallelism's all-reduce.
 

@@ -1,4 +1,4 @@
-"""PipeDream's weight versions (lesson 07, lessons/07_recompute_and_pipedream.ipynb): which weights
+"""PipeDream's weight versions (lesson 08, lessons/08_recompute_and_pipedream.ipynb): which weights
 every forward and backward used, without stashing, with it, and with a flush.
 
     from parallel_lab.pipeline import pipedream

@@ -1,4 +1,4 @@
-"""Tables, a figure and the widget of lesson 10 (lessons/10_planner.ipynb): the planner, explained.
+"""Tables, a figure and the widget of lesson 15 (lessons/15_planner.ipynb): the planner, explained.
 
     from parallel_lab.planning import planner
     from parallel_lab.show import planner as pw
@@ -157,7 +157,7 @@ def breakdown_figure(plans: dict, title: str | None = None, parts=PARTS):
 
 
 def zero_table(plans: dict) -> str:
-    """Labelled plans side by side for ZeRO (lesson 10, section 9): layout, stage, GB per GPU, the
+    """Labelled plans side by side for ZeRO (lesson 15, section 9): layout, stage, GB per GPU, the
     DP/ZeRO communication of a step (all of it, and the part the backward could not hide) and the
     step (``planner.plan`` rows, or ``None`` for "no plan")."""
     lines = [f"{pad(_('plan'), 34)} {pad(_('layout'), 22)} {'ZeRO':>4} {'GB':>5} {pad(_('DP comm s'), 10, '>')} "
@@ -181,7 +181,7 @@ def tp_link_table(model=GPT3, system=SYSTEM, micro_batch: int = 1, tps=(2, 4, 8,
     """Per transformer layer and micro-batch, on one device: the compute time of the forward and
     backward against tensor parallelism's four all-reduces inside the NVLink domain and over the
     network (``planning.cost.tp_layer_step`` on ``system``'s links and achieved FLOP/s: the same
-    computation and numbers as lessons 02 and 09)."""
+    computation and numbers as lessons 02 and 11)."""
     tokens, flops = model.seq * micro_batch, system.tflops * 1e12
     lines = [f"{'tp':>3} {pad(_('compute ms'), 10, '>')} {pad(_('4 all-reduces, NVLink ms'), 25, '>')} "
              f"{pad(_('(share)'), 8, '>')} {pad(_('4 all-reduces, network ms'), 26, '>')} {pad(_('(share)'), 8, '>')}"]

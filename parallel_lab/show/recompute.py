@@ -1,4 +1,4 @@
-"""Activation recomputation's trade-off (lesson 07, lessons/07_recompute_and_pipedream.ipynb): the
+"""Activation recomputation's trade-off (lesson 08, lessons/08_recompute_and_pipedream.ipynb): the
 extra compute of each mode (``planning.cost.recompute_overhead``) and the memory it saves, from the
 memory model.
 

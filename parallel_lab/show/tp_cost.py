@@ -3,7 +3,7 @@ communication time, from the α–β model of lesson 01 (lessons/02_tensor_paral
 
 The arithmetic is ``parallel_lab.planning.cost.tp_layer_step`` (per layer, forward and backward: the
 matmuls' 3·24·b·s·h² FLOPs shared by t devices, against Megatron's four ring all-reduces of the
-b·s·h activation), the same one lessons 09 and 10 print; the GPUs and links are
+b·s·h activation), the same one lessons 11 and 15 print; the GPUs and links are
 ``parallel_lab.hardware``'s 2026 presets with their sources. Tensor-parallel all-reduces sit on the
 critical path (the next matmul needs their result), so they add to the step time.
 

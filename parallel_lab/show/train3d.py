@@ -1,4 +1,4 @@
-"""Lesson 09's picture and lines (lessons/09_3d_parallelism.ipynb): 3D training against one process."""
+"""Lesson 11's picture and lines (lessons/11_3d_parallelism.ipynb): 3D training against one process."""
 
 from __future__ import annotations
 

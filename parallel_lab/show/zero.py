@@ -1,4 +1,4 @@
-"""Figures and tables of lesson 13, sharding the model state (lessons/13_zero_sharding.ipynb).
+"""Figures and tables of lesson 12, sharding the model state (lessons/12_zero_sharding.ipynb).
 
     from parallel_lab.show import zero as zf
     zf.stage_memory_figure()                   # ZeRO's Figure 1: bytes per GPU by stage (formula)

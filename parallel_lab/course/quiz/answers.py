@@ -9,7 +9,7 @@ is a thin call into the module that teaches the idea:
 - pipeline bubbles and activation memory: ``parallel_lab.pipeline.schedules`` + ``parallel_lab.pipeline.simulate``
   (lessons on pipeline parallelism);
 - all-reduce bytes and time: ``parallel_lab.hardware.ring_all_reduce_time`` (lesson 01);
-- training memory: ``parallel_lab.planning.memory`` (lesson 00); GPU-hours: ``planning.planner`` (lesson 10).
+- training memory: ``parallel_lab.planning.memory`` (lesson 00); GPU-hours: ``planning.planner`` (lesson 15).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def peak_rank_activations(schedule: str, ranks: int, microbatches: int, rank: in
 def stage_loads_makespan(loads, microbatches: int, schedule: str = "1f1b", backward: float = 2.0) -> float:
     """Simulated step time (makespan, in the loads' time units) of ``schedule`` on ``len(loads)``
     stages whose forward costs are ``loads`` (a tuple, or "5, 2, 2, 6"; backward ``backward`` x
-    forward), free links: the slowest stage sets the pace (lesson 08)."""
+    forward), free links: the slowest stage sets the pace (lesson 09)."""
     loads = [float(x) for x in (loads.split(",") if isinstance(loads, str) else loads)]
     costs = Costs(F=loads, B=[backward * x for x in loads])
     return simulate(build(schedule, len(loads), int(microbatches)), costs).makespan
@@ -126,7 +126,7 @@ def gpu_hours(step_s: float, gpus: int, tokens_billions: float, batch: int, seq:
 def device_memory_gb(model: str, dp: int, pp: int, tp: int, microbatches: int, schedule: str = "1f1b",
                      recompute: str = "none", sequence_parallel: bool = True, micro_batch: int = 1) -> float:
     """GB (10^9 bytes) on the fullest GPU of a plan for ``memory.MODELS[model]``: weights, gradients,
-    Adam state and activations (``planning.memory_model.max_device_memory``, lesson 10)."""
+    Adam state and activations (``planning.memory_model.max_device_memory``, lesson 15)."""
     from parallel_lab.planning import memory_model
 
     row = memory_model.max_device_memory(memory.MODELS[model], micro_batch=micro_batch, dp=dp, pp=pp, tp=tp,
@@ -138,7 +138,7 @@ def device_memory_gb(model: str, dp: int, pp: int, tp: int, microbatches: int, s
 def zero_model_state_gb(billions: float, dp: int, stage: int, value_bytes: float = 2,
                         adam_bytes: float = 12, part: str = "total") -> float:
     """GB (10^9 bytes) of model state on one of ``dp`` data-parallel ranks under ZeRO ``stage``
-    (Rajbhandari et al. 2020, Figure 1: 2Ψ + 2Ψ + KΨ, K = 12 in mixed precision; lesson 13).
+    (Rajbhandari et al. 2020, Figure 1: 2Ψ + 2Ψ + KΨ, K = 12 in mixed precision; lesson 12).
     ``part``: ``parameters``, ``gradients``, ``optimizer`` or ``total``."""
     row = zero_memory.per_rank(billions * 1e9, dp, stage, value_bytes=value_bytes, adam_bytes=adam_bytes)
     return row[part] / 1e9
@@ -146,7 +146,7 @@ def zero_model_state_gb(billions: float, dp: int, stage: int, value_bytes: float
 
 def zero_traffic_per_step(stage: int, params: float = 1.0, dp: int = 8) -> float:
     """Values moved per rank and step under ZeRO ``stage``, in units of Ψ when ``params`` is 1
-    (Rajbhandari et al. 2020, section 7: 2Ψ for stages 0-2, 3Ψ for stage 3; lesson 13)."""
+    (Rajbhandari et al. 2020, section 7: 2Ψ for stages 0-2, 3Ψ for stage 3; lesson 12)."""
     return zero_traffic.per_step(params, dp, stage, value_bytes=1)["volume"]
 
 
@@ -154,7 +154,7 @@ def context_score_bytes(variant: str, batch: int, seq: int, heads: int, cp: int,
                         hidden: int | None = None) -> float:
     """Bytes of the largest attention-score tensor one rank of ``cp`` holds at once, ``variant``
     "ring" (one block, ``batch·heads·(seq/cp)²``) or "ulysses" (``batch·(heads/cp)·seq²``)
-    (``context.cost.context_cost``, lesson 15)."""
+    (``context.cost.context_cost``, lesson 14)."""
     hidden = heads if hidden is None else hidden
     return float(context_cost(variant, batch=batch, seq=seq, hidden=hidden, heads=heads, cp=cp, link=PCIE4,
                               dtype_bytes=dtype_bytes).score_peak_bytes)
@@ -163,21 +163,21 @@ def context_score_bytes(variant: str, batch: int, seq: int, heads: int, cp: int,
 def context_bytes_sent(variant: str, batch: int, seq: int, hidden: int, heads: int, cp: int,
                        dtype_bytes: int = 2, unit: str = "B") -> float:
     """Bytes one rank sends in one forward and backward of an attention layer under ``variant``
-    (``context.cost.context_cost``, lesson 15), in ``unit``."""
+    (``context.cost.context_cost``, lesson 14), in ``unit``."""
     c = context_cost(variant, batch=batch, seq=seq, hidden=hidden, heads=heads, cp=cp, link=PCIE4,
                      dtype_bytes=dtype_bytes)
     return c.bytes_sent / UNITS[unit]
 
 
 def context_messages(variant: str, cp: int) -> float:
-    """Messages one rank sends per forward and backward under ``variant`` (lesson 15): ring
+    """Messages one rank sends per forward and backward under ``variant`` (lesson 14): ring
     ``2(cp-1) + cp`` (K/V twice around, the dK/dV accumulators once), Ulysses ``4(cp-1)``."""
     return float(context_cost(variant, batch=1, seq=2 * cp, hidden=cp, heads=cp, cp=cp, link=PCIE4).messages)
 
 
 def moe_capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) -> float:
     """Assignments one expert takes: ceil(capacity_factor * tokens * top_k / experts)
-    (``models.expert_capacity``, Switch's capacity factor; lesson 14)."""
+    (``models.expert_capacity``, Switch's capacity factor; lesson 13)."""
     from parallel_lab import models
 
     return float(models.expert_capacity(tokens, experts, top_k, capacity_factor))
@@ -185,7 +185,7 @@ def moe_capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) 
 
 def moe_dropped(experts: int = 8, top_k: int = 2, capacity_factor: float = 1.0, batch: int = 8, seq: int = 8,
                 seed: int = 0) -> float:
-    """Assignments ``models.MoE`` drops on lesson 14's batch (``moe.run.Case``: batch x seq tokens,
+    """Assignments ``models.MoE`` drops on lesson 13's batch (``moe.run.Case``: batch x seq tokens,
     hidden 16, the seeded router), computed by running the dense layer on one process."""
     from parallel_lab.moe.run import Case, reference
 
@@ -195,7 +195,7 @@ def moe_dropped(experts: int = 8, top_k: int = 2, capacity_factor: float = 1.0, 
 
 def all_to_all_sent(size: float, ranks: int) -> float:
     """What each rank sends in an all-to-all of ``size`` (any unit) per rank: (N-1)/N of it
-    (``moe.cost.all_to_all_sent_bytes``, lesson 14)."""
+    (``moe.cost.all_to_all_sent_bytes``, lesson 13)."""
     from parallel_lab.moe.cost import all_to_all_sent_bytes
 
     return all_to_all_sent_bytes(size, ranks)

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 10 · The planner: choosing the split
+# # 15 · The planner: choosing the split
 #
 # > *Cost and budget: for years, architecture decisions determine performance and operating costs.*
 # > (成本與預算：多年來，架構決策決定著效能和營運成本。)
@@ -21,7 +21,7 @@
 #   it loses (its traffic crossing the network), as Narayanan et al. 2021 measured;
 # - turn a plan into GPU-hours and a budget, and run the same search from the command line.
 #
-# Lessons 02–09 built every piece on real ranks: tensor parallelism, pipeline schedules, balanced
+# Lessons 02–11 built every piece on real ranks: tensor parallelism, pipeline schedules, balanced
 # stages, the 3D mesh. On a real cluster you cannot try every combination — GPT-3 on 512 GPUs has
 # hundreds of layouts, and one training run costs a million dollars. A planner searches them with
 # a **memory model** (does it fit?) and a **time model** (how fast?). Everything in this lesson is
@@ -62,7 +62,7 @@ print("every stage equal:", all(r["model"] == r["real"] for r in rows))
 # %% [markdown]
 # Now the activations of one transformer block (width 64, 4 heads, 3 sequences of 32 tokens, fp32,
 # no dropout), formula against the bytes autograd really saves for the backward pass (counted with
-# `saved_tensors_hooks`, as lesson 08's profiler does), for the three recomputation modes. PyTorch's
+# `saved_tensors_hooks`, as lesson 09's profiler does), for the three recomputation modes. PyTorch's
 # fused attention on the CPU never stores the s × s scores — it recomputes them in the backward
 # pass: it *is* selective recomputation. The plain attention (`SDPBackend.MATH`) stores them.
 
@@ -269,7 +269,7 @@ print(pw.rejections_table(result))
 # *Tensor parallelism communicates often to recombine partial results, so it is placed inside a node,
 # where the interconnect (NVLink) is fastest* (張量並行性經常進行通訊以重新組合部分矩陣結果，因此它被
 # 放置在 NVLink 節點內部互連頻寬最高的地方). Lesson 02 measured this; here it is with the same function
-# and the same DGX H100 preset as lessons 02 and 09 (`cost.tp_layer_step`), for one layer's forward
+# and the same DGX H100 preset as lessons 02 and 11 (`cost.tp_layer_step`), for one layer's forward
 # and backward and one micro-batch of GPT-3 on one GPU:
 
 # %%

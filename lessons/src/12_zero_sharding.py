@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 13 · Sharding the model state: ZeRO and FSDP
+# # 12 · Sharding the model state: ZeRO and FSDP
 #
 # **Learning goals.** By the end of this lesson you can
 #
@@ -16,7 +16,7 @@
 #   ranks;
 # - say where ZeRO-3 loses: when its 3Ψ must cross the slow links between nodes.
 #
-# This lesson continues lesson 09's **data parallelism**: there every replica held the whole model,
+# This lesson continues lesson 11's **data parallelism**: there every replica held the whole model,
 # its gradients and its Adam state, and averaged the gradients with one all-reduce per step
 # (`parallel_lab.parallel3d.data_parallel`). Here the replicas stop holding copies of what they can
 # share. Sources: Rajbhandari et al. 2020, *ZeRO: Memory Optimizations Toward Training Trillion
@@ -38,7 +38,7 @@ setup()
 # gradients (2Ψ) and the optimizer state, KΨ with K = 12 (an fp32 master copy of the parameters,
 # Adam's momentum and its variance, 4 bytes each). The fourth, the **activations**, belongs to the
 # batch, not to the model: every data-parallel GPU keeps those of its own slice of the batch, whatever
-# the model state does. Plain data parallelism (lesson 09) keeps all of it on every GPU:
+# the model state does. Plain data parallelism (lesson 11) keeps all of it on every GPU:
 # (2 + 2 + K)·Ψ = 16Ψ bytes — 112 GB for a 7B model before a single activation.
 #
 # ZeRO (section 5) notices that the N replicas hold N identical copies and shards them, one stage at a
@@ -89,7 +89,7 @@ zf.stage_memory_figure()
 # Stage 1 alone removes most of it: the optimizer state is 12 of the 16 bytes per parameter. Now add
 # the fourth way. GPT-3 6.7B (lesson 00's preset) with one 2048-token sequence per GPU keeps
 # 30.6 GB of activations (Korthikanti et al. 2022's count, `planning.memory.activations`), and ZeRO does
-# not touch them: they are not replicated, each GPU has its own (recomputation, lesson 07, and
+# not touch them: they are not replicated, each GPU has its own (recomputation, lesson 08, and
 # tensor or sequence parallelism, lesson 02, are the tools for those).
 
 # %%
@@ -105,7 +105,7 @@ zf.stage_memory_figure(zf.four_way("GPT-3 6.7B", dp=64),
 # buffer, and rank r owns the slice r of every flat buffer. What each stage does in a step:
 #
 # - **stage 0**: after the backward, one all-reduce per unit of the gradient (divided by N), Adam on
-#   everything, on every rank — lesson 09's data parallelism;
+#   everything, on every rank — lesson 11's data parallelism;
 # - **stage 1**: a reduce-scatter per unit leaves each rank *its* slice of the summed gradient; Adam
 #   updates that slice with that slice's moments; an all-gather puts the updated slices back together;
 # - **stage 2**: the same collectives, but a unit's full gradient lives only during that unit's
@@ -352,7 +352,7 @@ print(zf.link_table(7.5e9, dp=64, tokens_per_gpu=4096, system="DGX H100"))
 # *hybrid sharding*) is to shard inside a node, where bandwidth is cheap, and replicate across nodes
 # with a plain all-reduce of gradients — or keep
 # stage 1 or 2, whose 2Ψ is no more than data parallelism already pays. Which stage wins for a given
-# model and cluster is a question for the planner of lesson 10: `parallel-lab plan` searches the ZeRO
+# model and cluster is a question for the planner of lesson 15: `parallel-lab plan` searches the ZeRO
 # stage beside dp, pp and tp, and each plan it prints carries its `zero`.
 
 # %%

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 14 · Mixture of experts and expert parallelism
+# # 13 · Mixture of experts and expert parallelism
 #
 # **Learning goals.** By the end of this lesson you can
 #
@@ -243,7 +243,7 @@ for r in range(ep):
 # ## 5. Load imbalance
 #
 # A rank computes what its experts were sent, so the busiest rank sets the layer's time, as the
-# slowest stage does in a pipeline (lesson 08). Measured above, per rank:
+# slowest stage does in a pipeline (lesson 09). Measured above, per rank:
 
 # %%
 per_rank = [sum(result["tokens_per_expert"][2 * r:2 * r + 2]) for r in range(ep)]

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 08 · Balancing stages
+# # 09 · Balancing stages
 #
 # > *Frameworks increasingly automate the hard problem of deciding how to partition a model across
 # > devices, using profiling and search to balance compute and communication.*
@@ -18,7 +18,7 @@
 # - put **data parallelism** on top of a pipeline with a bucketed gradient all-reduce.
 #
 # The pipeline lessons (03 · The assembly line and the bubble, 04 · Micro-batching and GPipe,
-# 05 · 1F1B, 06 · Interleaving and zero-bubble schedules, 07) mostly gave every stage the same work:
+# 05 · 1F1B, 06 · Interleaving and zero-bubble schedules, 08) mostly gave every stage the same work:
 # the MLP stack of identical blocks, cut evenly. Real models are not like that. A GPT's embedding is
 # a cheap lookup with many parameters; its head projects onto a vocabulary of 50 000 tokens and
 # computes the loss over all of them. Where you cut decides how fast the pipeline runs.
@@ -345,7 +345,7 @@ for name in ("even blocks", "time-balanced"):
 #
 # A pipeline of *p* stages can itself be replicated: *d* copies of it train on different slices of
 # the batch and average their gradients — data parallelism, the third dimension of 3D parallelism
-# (lesson 09). The average is one all-reduce of every gradient over the *d* replicas that hold the
+# (lesson 11). The average is one all-reduce of every gradient over the *d* replicas that hold the
 # same stage. `parallel_lab.parallel3d.data_parallel.allreduce_gradients` packs gradients into **buckets**
 # (in reverse order, as backward produces them) so that a GPT's many small tensors cost a few
 # messages, not hundreds:

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 09 · 3D parallelism on a device mesh
+# # 11 · 3D parallelism on a device mesh
 #
 # > *Both are usually layered together: tensor parallelism inside a node, pipeline parallelism
 # > between nodes.* (兩者通常分層在一起，在節點內使用張量並行性，在節點之間使用管道並行性。)
@@ -18,7 +18,7 @@
 #   and where it is not.
 #
 # The earlier lessons built the pieces one at a time: Megatron's tensor-parallel layers (02), pipeline
-# schedules on real ranks (03-08); data parallelism adds a gradient all-reduce across replicas
+# schedules on real ranks (03-09); data parallelism adds a gradient all-reduce across replicas
 # (`parallel_lab.parallel3d.data_parallel`, bucketed like PyTorch DDP). Here they run together, as in
 # Megatron-LM's "PTD-P" (Narayanan et al. 2021, *Efficient Large-Scale Language Model Training on GPU
 # Clusters Using Megatron-LM*), which trained a trillion-parameter GPT on 3072 GPUs this way.
@@ -177,7 +177,7 @@ print("(PP pays its message once per stage boundary, not per layer: a stage of 1
 # %% [markdown]
 # Over InfiniBand, the tensor-parallel all-reduces of a layer (~7.6 ms) take as long as its compute
 # (~7.0 ms), on the critical path, in every layer; over NVLink they cost ~14 % — the same numbers as
-# lesson 02's widget and lesson 10's table, from the same function. The pipeline sends one
+# lesson 02's widget and lesson 15's table, from the same function. The pipeline sends one
 # activation per stage boundary, ~0.3 ms even over InfiniBand, and only `1/t` of it with Megatron's
 # scatter/gather trick (each TP rank sends its slice). Data parallelism all-reduces the gradients
 # once per step and can overlap that with the backward pass. So: **TP inside the NVLink domain (8
@@ -215,7 +215,7 @@ for what, changes, world in bad_plans:
 # %% [markdown]
 # The memory check is `memory_model.max_device_memory` (lesson 00's arithmetic on a mesh) with this
 # run's fp64 weights, gradients and Adam moments, and the activations of the micro-batches the
-# schedule keeps in flight — the same model the planner uses (lesson 10).
+# schedule keeps in flight — the same model the planner uses (lesson 15).
 #
 # ## 4. One training step of a rank
 #
@@ -231,7 +231,7 @@ for what, changes, world in bad_plans:
 # (`data_parallel.allreduce_gradients`, as in PyTorch DDP), then updates every shard. With `zero=1`
 # (`run 3d --zero 1`) the replicas instead shard Adam's moments: `zero.sharded_adam.ShardedAdam`
 # reduce-scatters the gradients, each replica updates its 1/dp slice and all-gathers the parameters —
-# the same 2Ψ of traffic, 1/dp of the optimizer state (ZeRO-1, Rajbhandari et al. 2020; lesson 13
+# the same 2Ψ of traffic, 1/dp of the optimizer state (ZeRO-1, Rajbhandari et al. 2020; lesson 12
 # takes it to stages 2 and 3).
 
 # %%
@@ -288,7 +288,7 @@ train3d_figures.loss_figure(runs, title="tiny GPT, Adam, fp64: three meshes of 4
 #
 # ## 6. Does the planner predict real step times?
 #
-# Lesson 10's planner ranks plans by a predicted step time built from a few constants: achieved
+# Lesson 15's planner ranks plans by a predicted step time built from a few constants: achieved
 # FLOP/s per device and the α–β of an all-reduce. Here we measure those constants on this machine's
 # ranks the way a planner profiles a cluster before it searches (`validate_plans.calibrate`, which
 # is `planning.calibration.calibrate` with `groups=True`): all-reduces timed between computations,

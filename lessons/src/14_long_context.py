@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 15 · Long sequences: context parallelism
+# # 14 · Long sequences: context parallelism
 #
 # > *Tensor parallelism splits a layer's math, pipeline parallelism its layers; neither splits the
 # > sequence. When one sequence is too long for one GPU, split the sequence itself.*

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 07 · Activation recomputation and PipeDream
+# # 08 · Activation recomputation and PipeDream
 #
 # **Learning goals.** By the end of this lesson you can
 #

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 11 · Capstone: plan it, predict it, train it, check it
+# # 18 · Capstone: plan it, predict it, train it, check it
 #
 # > *Frameworks increasingly automate the hard problem of deciding how to split a model across
 # > devices, using profiling and search to balance compute and communication.*
@@ -16,8 +16,8 @@
 # - turn the article's practical guidance (cost and budget, targets, realistic benchmarks,
 #   monitoring, rollback) into a checklist for a real training run.
 #
-# Everything here uses what the course built: the mesh and 3D training of lesson 09, the schedules
-# and simulator of the pipeline lessons, the memory model of lesson 00 and the planner of lesson 10.
+# Everything here uses what the course built: the mesh and 3D training of lesson 11, the schedules
+# and simulator of the pipeline lessons, the memory model of lesson 00 and the planner of lesson 15.
 
 # %%
 from parallel_lab.course.notebook import setup
@@ -27,7 +27,7 @@ setup()
 # %% [markdown]
 # ## 1. Your plan
 #
-# Edit the cell below and run the lesson from here on. The rules you learnt (lesson 09) still hold:
+# Edit the cell below and run the lesson from here on. The rules you learnt (lesson 11) still hold:
 # `dp · pp · tp` ranks, at most 8 on this machine; at least one layer per pipeline stage; the batch
 # splits into `dp` equal replicas, each into `microbatches` equal micro-batches; `heads`, `hidden` and
 # `vocab` divisible by `tp`. Try a plan that breaks one of them, too: the next cell says which.
@@ -87,10 +87,10 @@ if schedule is not None:
     print(format_grid(sim["ranks"]))
 
 # %% [markdown]
-# The **step time** is the planner's model (lesson 10) with constants measured on this machine now
+# The **step time** is the planner's model (lesson 15) with constants measured on this machine now
 # (`validate_plans.calibrate`: all-reduce α–β through gloo and through shared memory, the two ways
 # the ranks of one machine send here, and how many ranks really compute at once) and this
-# model's own FLOP/s, as in lesson 09 section 6. The tiny GPT runs in fp64 here; its numbers are
+# model's own FLOP/s, as in lesson 11 section 6. The tiny GPT runs in fp64 here; its numbers are
 # yours and change from run to run.
 
 # %% tags=["nbval-ignore-output"]
@@ -153,19 +153,19 @@ if schedule is not None:
 #
 # | technique (lesson) | parallel_lab | Megatron-LM | DeepSpeed | PyTorch |
 # |---|---|---|---|---|
-# | device mesh (09) | `mesh.ParallelDims`, `build_groups` | implicit: world = dp · pp · tp (`megatron.core.parallel_state`) | `PipeModelDataParallelTopology(num_pp, num_mp, num_dp)` | `init_device_mesh("cuda", (dp, pp, tp), mesh_dim_names=...)`, `DeviceMesh` |
+# | device mesh (11) | `mesh.ParallelDims`, `build_groups` | implicit: world = dp · pp · tp (`megatron.core.parallel_state`) | `PipeModelDataParallelTopology(num_pp, num_mp, num_dp)` | `init_device_mesh("cuda", (dp, pp, tp), mesh_dim_names=...)`, `DeviceMesh` |
 # | tensor parallelism (02) | `tensor.plan.parallelize` | `--tensor-model-parallel-size` | through Megatron-DeepSpeed (Megatron's layers, `mpu=` in `deepspeed.initialize`) † | `parallelize_module` with `ColwiseParallel`, `RowwiseParallel` |
 # | sequence parallelism (02) | `sequence_parallel=True` | `--sequence-parallel` | via Megatron-DeepSpeed † | `SequenceParallel` |
 # | vocabulary-parallel loss (02) | `vocab_parallel_cross_entropy` | built in (vocab-parallel cross-entropy) | via Megatron-DeepSpeed † | `loss_parallel()` |
 # | pipeline stages (03) | `pipeline.stages.cut` | `--pipeline-model-parallel-size` | `PipelineModule(layers, num_stages=...)`; config `"pipeline": {"stages": ...}` † | `PipelineStage` (or `pipeline(...)` + `SplitPoint`) |
-# | balancing stages (08) | `partition` | `--decoder-first-pipeline-num-layers`, `--pipeline-model-parallel-layout` † | `partition_method="parameters"`, `"uniform"`, `"type:[regex]"` | manual split points |
+# | balancing stages (09) | `partition` | `--decoder-first-pipeline-num-layers`, `--pipeline-model-parallel-layout` † | `partition_method="parameters"`, `"uniform"`, `"type:[regex]"` | manual split points |
 # | micro-batches (04) | `microbatches` | `--micro-batch-size`, `--global-batch-size` | `train_micro_batch_size_per_gpu`, `gradient_accumulation_steps` | `n_microbatches=` of a schedule |
 # | GPipe (04) | `"gpipe"` | — (1F1B only) | — | `ScheduleGPipe` |
 # | 1F1B (05) | `"1f1b"` | default schedule | `TrainSchedule` (1F1B) | `Schedule1F1B` |
 # | interleaved 1F1B (06) | `"interleaved-1f1b"`, `virtual` | `--num-layers-per-virtual-pipeline-stage` | — | `ScheduleInterleaved1F1B` |
 # | zero bubble (06) | `"zb-h1"`, `"zb-v"` | — (in forks) † | — | `ScheduleInterleavedZeroBubble`, `ScheduleZBVZeroBubble`, `ScheduleDualPipeV` |
-# | recomputation (07) | `recompute=True` | `--recompute-granularity full\|selective`, `--recompute-method`, `--recompute-num-layers` | `activation_checkpoint_interval=` of `PipelineModule`; config `"activation_checkpointing"` | `torch.utils.checkpoint.checkpoint`, `checkpoint_wrapper` |
-# | data parallelism (09) | `data_parallel.allreduce_gradients` | implicit dp = world / (tp · pp) | the engine's gradient all-reduce | `DistributedDataParallel` |
+# | recomputation (08) | `recompute=True` | `--recompute-granularity full\|selective`, `--recompute-method`, `--recompute-num-layers` | `activation_checkpoint_interval=` of `PipelineModule`; config `"activation_checkpointing"` | `torch.utils.checkpoint.checkpoint`, `checkpoint_wrapper` |
+# | data parallelism (11) | `data_parallel.allreduce_gradients` | implicit dp = world / (tp · pp) | the engine's gradient all-reduce | `DistributedDataParallel` |
 # | sharded optimizer / weights | `memory_model(zero1=True)` | `--use-distributed-optimizer` | `"zero_optimization": {"stage": 1\|2\|3}` | `fully_shard` (FSDP2), `FullyShardedDataParallel` |
 #
 # Your plan, spelt as Megatron-LM command-line flags (data parallelism is what is left of the
@@ -203,14 +203,14 @@ print(f"and here: torchrun --standalone --nproc-per-node {my_plan.world_size} -m
 # | cost and budget | GPU-hours = steps × seconds per step × GPUs / 3600; price it before you start | `planner.training_cost` |
 # | targets | time to train (days), quality (loss or benchmark score at the end), cost ceiling | write them down with the plan |
 # | choose the stack | a framework whose names you can map (section 5), not the newest one | the table above |
-# | benchmark under realistic load | a few real steps at full scale, real data and sequence lengths, on the cluster and network you will use | `train3d` with `timed=True`; lesson 09's prediction check |
+# | benchmark under realistic load | a few real steps at full scale, real data and sequence lengths, on the cluster and network you will use | `train3d` with `timed=True`; lesson 11's prediction check |
 # | don't optimise one benchmark | tokens/s alone hides memory headroom, stragglers, restarts | check memory, the bubble and the loss together |
 # | monitoring | loss and gradient norm per step, throughput, memory, hangs (which rank, which operation) | `step k/n loss ...`; `commlog` names a hung rank's operation |
 # | rollback | checkpoints to resume from; a known-good plan to fall back to; a rule for when to stop | keep the single-process check as your known-good answer |
 #
 # What a bad plan costs, in money: GPT-3 175B (300 billion tokens, batches of 1536 × 2048 tokens)
 # on 512 GPUs at an illustrative $2 per GPU-hour, for two plans the planner scores (its own model,
-# lesson 10: 64 DGX H100 nodes, 396 TFLOP/s achieved per GPU, NVLink 4 in a node, InfiniBand NDR
+# lesson 15: 64 DGX H100 nodes, 396 TFLOP/s achieved per GPU, NVLink 4 in a node, InfiniBand NDR
 # between nodes):
 
 # %%
