@@ -1,6 +1,6 @@
 """Balancing stages (parallel_lab.pipeline.balance, lesson 09): cutting at any boundaries, the arithmetic of
 imbalance, the exercise check, and runs of uneven cuts on real ranks against one process. At the
-end, lesson 15's helpers (parallel_lab.show.planner): the memory model against the real course
+end, lessons 15 and 16's helpers (parallel_lab.show.planner): the memory model against the real course
 GPT, and the planner's tables."""
 
 import json
@@ -252,7 +252,7 @@ def test_run_cut_checks_before_starting():
 
 
 # ----------------------------------------------------------------------------------------------
-# Lesson 15's helpers (parallel_lab.show.planner).
+# Lessons 15 and 16's helpers (parallel_lab.show.planner).
 
 
 def test_memory_model_matches_the_real_course_gpt():

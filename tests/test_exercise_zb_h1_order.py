@@ -1,4 +1,4 @@
-"""Lesson 06's exercise, the ZB-H1 order (parallel_lab.exercises.zb_h1_order): a correct answer
+"""Lesson 07's exercise, the ZB-H1 order (parallel_lab.exercises.zb_h1_order): a correct answer
 written two ways passes, simulated and on real ranks; the stub is NOT YET without a process; valid
 schedules that are not ZB-H1 fail naming what differs (1F1B's bubble, W's deferred too long, extra
 warm-up forwards, a full backward); the library's schedules are refused from the source; every

@@ -14,7 +14,7 @@ from parallel_lab.show import recompute as rf
 from parallel_lab.show import schedules as sf
 
 # ----------------------------------------------------------------------------------------------
-# Lesson 06: schedules compared.
+# Lesson 07: schedules compared.
 
 
 @pytest.mark.parametrize("p, m", [(2, 4), (4, 8), (4, 16), (8, 16)])

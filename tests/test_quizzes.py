@@ -618,11 +618,11 @@ def test_quoted_tp_layer_numbers_are_lesson_11s():
         (compute + slow) / (compute + fast), rel=0.005)
 
 
-def test_quoted_planner_numbers_are_lesson_15s():
+def test_quoted_planner_numbers_are_lesson_16s():
     from parallel_lab.planning import cost, memory_model, planner
     from parallel_lab.show import planner as pw
 
-    # the item is about the search without ZeRO (with it, ZeRO-1 puts TP 2 x PP 32 first: lesson 15)
+    # the item is about the search without ZeRO (with it, ZeRO-1 puts TP 2 x PP 32 first: lesson 16)
     plans = planner.plan(pw.GPT3, pw.CLUSTER, pw.BATCH, zero=(0,))["plans"]
     why = _item_text("planner", "planner/why-tp4")
     for tp in (4, 8):

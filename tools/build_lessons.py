@@ -5,6 +5,7 @@
     .venv/bin/python tools/build_lessons.py 01                   # the lessons whose name starts with 01
     .venv/bin/python tools/build_lessons.py --solutions DIR      # the instructor's solution edition
     .venv/bin/python tools/build_lessons.py --lang zh-Hant 03    # one language only (default: both)
+    .venv/bin/python tools/build_lessons.py --markdown-only 05   # only the text changed: no re-execution
 
 **Two editions.** A source holds each exercise's solution between ``### BEGIN SOLUTION`` and
 ``### END SOLUTION`` in its answer cell (tagged ``answer:<check id>``). The **student edition**,
@@ -226,6 +227,27 @@ def build(source: Path, edition: str = "student", directory: Path = LESSONS, lan
     return target
 
 
+def refresh_markdown(source: Path, directory: Path = LESSONS, lang: str = "en") -> Path:
+    """Rewrite the markdown cells of a committed student edition from its source, without executing
+    anything: for a change of text only. Refuses (SystemExit, writing nothing) when any code cell's
+    source or tags, or the cells' kinds and order, differ from the build's: then the outputs may
+    differ too and the lesson must be built."""
+    target = directory / f"{source.stem}.ipynb"
+    fresh = notebook(source, "student", lang)
+    committed = nbformat.read(target, as_version=4)
+    kinds = [c.cell_type for c in fresh.cells], [c.cell_type for c in committed.cells]
+    if kinds[0] != kinds[1]:
+        raise SystemExit(f"{target}: its cells are not the source's (kinds or order differ): build it")
+    for new, old in zip(fresh.cells, committed.cells):
+        if new.cell_type == "code" and (new.source != old.source or tags.of(new) != tags.of(old)):
+            raise SystemExit(f"{target}: code cell {old.get('id')} differs from the source's: build it")
+        if new.cell_type == "markdown":
+            old.source = new.source
+    nbformat.write(committed, target)
+    print(f"{target}: markdown refreshed from {source.name} (nothing executed)", file=sys.stderr)
+    return target
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("prefixes", nargs="*", metavar="NN", help="lessons whose name starts with NN (default: all)")
@@ -234,13 +256,16 @@ def main(argv=None) -> None:
     parser.add_argument("--lang", choices=list(i18n.LANGUAGES),
                         help="build this language's edition only (default: English, and Traditional Chinese for "
                              "every lesson not in parallel_lab.course.editions.NOT_YET_TRANSLATED)")
+    parser.add_argument("--markdown-only", action="store_true",
+                        help="rewrite only the markdown cells of the committed student editions (refused when a code "
+                             "cell differs from its source)")
     args = parser.parse_args(argv)
     edition, directory = ("solutions", args.solutions.resolve()) if args.solutions else ("student", LESSONS)
     if edition == "solutions" and directory == LESSONS.resolve():
         raise SystemExit("the solution edition never goes into lessons/ (what students open): pick another DIR")
     chosen = [source for source in sorted(SOURCES.glob("*.py"))
               if not args.prefixes or any(source.stem.startswith(p) for p in args.prefixes)]
-    if edition == "student":
+    if edition == "student" and not args.markdown_only:
         refuse_without_renderer([source.name for source in chosen])  # before the first one runs
     languages = [args.lang] if args.lang else list(i18n.LANGUAGES)
     for source in chosen:
@@ -252,7 +277,10 @@ def main(argv=None) -> None:
                 continue
             folder = directory if lang == i18n.DEFAULT else \
                 (directory / lang if edition == "solutions" else editions.EDITIONS[lang])
-            build(source, edition, folder, lang)
+            if args.markdown_only:
+                refresh_markdown(source, folder, lang)
+            else:
+                build(source, edition, folder, lang)
 
 
 if __name__ == "__main__":

@@ -238,14 +238,16 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 # - **03 The assembly line and the bubble** — stages, the naive split, measuring idle time
 # - **04 Micro-batching and GPipe** — predict the bubble, then run it
 # - **05 1F1B and why it saves memory** — activations in flight; write a 1F1B schedule yourself
-# - **06 Interleaving and zero-bubble** — virtual stages, splitting the backward pass (B = I + W), the V shape
+# - **06 Interleaved 1F1B** — virtual stages: thinner slots in the fill and the drain
+# - **07 Zero-bubble schedules** — splitting the backward pass (B = I + W), ZB-H1, the V shape, DualPipeV
 # - **08 Recomputation and PipeDream** — trading compute for memory, asynchronous weight versions
 # - **09 Balancing stages** — profiling and partitioning layers
 # - **11 3D parallelism** — data × pipeline × tensor on one device mesh
 # - **12 Sharding the model state** — ZeRO stages 1-3 and FSDP
 # - **13 Mixture of experts** — routing, capacity, expert parallelism with all-to-all
 # - **14 Long sequences** — context parallelism: ring attention and Ulysses
-# - **15 The planner** — choosing a plan with a cost and memory model, and its budget
+# - **15 The cost model** — the memory and the time of one plan, checked on the course GPT
+# - **16 The planner** — searching the plans that fit, TP inside a node, ZeRO-3 against 3D, the budget
 # - **17 The FAQ** — the article's six questions, answered by the lessons
 # - **18 Capstone** — train a small GPT with a plan of your own
 #

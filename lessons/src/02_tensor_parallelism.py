@@ -390,7 +390,7 @@ print(widgets.default_summary())
 # of a GPU: the tokens cancel, so a bigger batch does not help; it grows with t and with F/B — the
 # GPU's speed against its link — and falls only as 1/h. Each GPU generation has raised F faster than
 # B (A100 to H100: compute ×3.2, NVLink ×1.5), so tensor parallelism weighs more on newer GPUs
-# (lesson 15 meets the consequence). And tensor-parallel all-reduces sit on the critical path: the
+# (lesson 16 meets the consequence). And tensor-parallel all-reduces sit on the critical path: the
 # next matmul needs their result, so they add to the step instead of hiding behind compute. Inside
 # the NVLink domain a layer pays roughly 15 % extra; across InfiniBand the GPUs would wait as long
 # as they compute. Hence the rule: **tensor parallelism stays inside the NVLink domain — t ≤ 8 on an

@@ -57,7 +57,7 @@ figures.gantt(timelines["1f1b"])
 # first micro-batch still needs p − 1 forwards before the last stage can start, and the last
 # gradient still needs p − 1 backwards to get back to stage 0. In between, the last stage works
 # without a gap in both schedules. So 1F1B's bubble is GPipe's, (p−1)/(m+p−1): it does not shrink
-# the bubble (lessons 06-08 do). What it changes is memory.
+# the bubble (lessons 06 and 07 do). What it changes is memory.
 #
 # ## 2. Activations in flight
 #

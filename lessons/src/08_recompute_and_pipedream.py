@@ -55,7 +55,7 @@ print(inspect.getsource(worker.StageWorker._take))
 # with and without recomputation, on 4 ranks with 8 micro-batches (an 8-layer MLP in fp64, two
 # Linear+GELU blocks per stage, 4 rows of 32 values per micro-batch). Every run is compared with one
 # process computing the whole batch. Stashed bytes are what a stage really keeps for its backward:
-# the tensors autograd saves (the MLP's stages, run by hand as lesson 06 shows, keep exactly those),
+# the tensors autograd saves (the MLP's stages, run by hand as lesson 07 shows, keep exactly those),
 # each counted once, weights excluded; we look at the middle stages 1 and 2, which hold exactly two
 # blocks and nothing else (the first and last stages also hold the data batch and the loss target).
 
@@ -259,7 +259,7 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 # **PipeDream-Flush** — the 1F1B schedule of lessons 03-05 — flushes every
 # step and is exactly synchronous SGD, with one weight version and 1F1B's activation memory. Megatron-LM
 # and DeepSpeed train with flushed schedules, and fight the bubble with more micro-batches and with
-# the schedules of lesson 06 (interleaving, zero bubble) instead of with asynchrony.
+# the schedules of lessons 06 and 07 (interleaving, zero bubble) instead of with asynchrony.
 #
 # ## What to remember
 #

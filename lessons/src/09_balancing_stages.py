@@ -18,7 +18,7 @@
 # - put **data parallelism** on top of a pipeline with a bucketed gradient all-reduce.
 #
 # The pipeline lessons (03 · The assembly line and the bubble, 04 · Micro-batching and GPipe,
-# 05 · 1F1B, 06 · Interleaving and zero-bubble schedules, 08) mostly gave every stage the same work:
+# 05 · 1F1B, 06 · Interleaved 1F1B, 07 · Zero-bubble schedules, 08) mostly gave every stage the same work:
 # the MLP stack of identical blocks, cut evenly. Real models are not like that. A GPT's embedding is
 # a cheap lookup with many parameters; its head projects onto a vocabulary of 50 000 tokens and
 # computes the loss over all of them. Where you cut decides how fast the pipeline runs.
@@ -119,7 +119,7 @@ for name, ys in curves.items():
 balance_figures.bubble_figure(ms, curves, limits, title="1F1B on 4 stages: bubble against micro-batches")
 
 # %% [markdown]
-# Better schedules (interleaving, zero bubble: lesson 06) attack the fill-and-drain part; none of
+# Better schedules (interleaving, zero bubble: lessons 06 and 07) attack the fill-and-drain part; none of
 # them can make a fast stage useful while it waits for a slow one. Balancing is a separate problem,
 # and it comes first.
 #

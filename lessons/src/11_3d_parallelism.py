@@ -177,7 +177,7 @@ print("(PP pays its message once per stage boundary, not per layer: a stage of 1
 # %% [markdown]
 # Over InfiniBand, the tensor-parallel all-reduces of a layer (~7.6 ms) take as long as its compute
 # (~7.0 ms), on the critical path, in every layer; over NVLink they cost ~14 % — the same numbers as
-# lesson 02's widget and lesson 15's table, from the same function. The pipeline sends one
+# lesson 02's widget and lesson 16's table, from the same function. The pipeline sends one
 # activation per stage boundary, ~0.3 ms even over InfiniBand, and only `1/t` of it with Megatron's
 # scatter/gather trick (each TP rank sends its slice). Data parallelism all-reduces the gradients
 # once per step and can overlap that with the backward pass. So: **TP inside the NVLink domain (8
@@ -286,69 +286,9 @@ train3d_figures.loss_figure(runs, title="tiny GPT, Adam, fp64: three meshes of 4
 # final weight of every rank (each shard against the same shard cut from the single-process model)
 # to 1e-9.
 #
-# ## 6. Does the planner predict real step times?
+# Lesson 16 checks the planner's predicted step times against real runs of this kind.
 #
-# Lesson 15's planner ranks plans by a predicted step time built from a few constants: achieved
-# FLOP/s per device and the α–β of an all-reduce. Here we measure those constants on this machine's
-# ranks the way a planner profiles a cluster before it searches (`validate_plans.calibrate`, which
-# is `planning.calibration.calibrate` with `groups=True`): all-reduces timed between computations,
-# as training issues them, on groups of each size a plan uses, all groups at once; the FLOP/s this
-# very model reaches with every rank computing at once; and, for a plan that splits its layers, how
-# fast one block split tp ways runs against the whole block (`validate_plans.tp_efficiency`). Then
-# we predict four real 4-rank plans of a larger GPT (hidden 128, 4 layers, sequences of 32 tokens, fp32,
-# 4 micro-batches, 1F1B) and time each for real. The adjustments are data given to the planner,
-# explained in `validate_plans`: fp32 sends twice the bytes it counts; 4 ranks share fewer cores, so a
-# step takes at least all ranks' compute divided by the cores that really run them. The table's last
-# columns predict with a square matmul's FLOP/s instead. This takes about a minute; your numbers will
-# differ from the stored ones.
-
-# %% tags=["nbval-ignore-output"]
-from parallel_lab.parallel3d import validate_plans
-
-grid = validate_plans.validate(grid=((1, 2, 2), (2, 2, 1), (1, 4, 1), (4, 1, 1)),
-                               sizes={"hidden 128": validate_plans.SIZES["hidden 128"]}, steps=3)
-print(validate_plans.format_table(grid))
-
-# %% [markdown]
-# The ranks of this machine send two ways: tensor parallelism's all-reduces and the pipeline's
-# activations through shared memory (`runtime.shared_memory`, microseconds), data-parallel gradient
-# buckets through gloo (about a millisecond per step of its ring), so `calibrate` measures both and
-# each communication is priced by the way it goes. Runs of the full grid on this machine (6 plans
-# × 2 sizes, `validate_plans.validate()`, 6 steps each) gave median relative errors of 14-23 % in six
-# runs on 4 ranks (2026-12-02): tensor-parallel plans 0-35 % off (median 11 %), the others 7-49 %
-# (median 25 %), most plans predicted too fast.
-#
-# The tensor-parallel plans needed the profile of a split block. The FLOP count divides a split
-# layer's work by tp, but every rank still runs every operation of the layer, each with its fixed
-# overhead, on matrices tp times narrower, and keeps the replicated ones (LayerNorms, residuals)
-# whole: here a tp 4 shard of the hidden-128 block takes about as long as the whole block
-# (efficiency about 0.34 of the 1/tp the FLOP count promises; 0.47-0.76 at tp 2). Without that
-# profile the same day's grid was off by 21-36 %, the tensor-parallel plans predicted 22-59 % too
-# fast. Planners that choose a TP degree profile each one for this reason (Alpa, Zheng et al. 2022,
-# profiles every candidate stage on every submesh it could run on). While every message went
-# through gloo the grid was off by only 10-18 %: gloo's overpriced all-reduces had made up for the
-# shards' overhead, one error hiding another. Each constant earned its place: with one lone
-# process's FLOP/s, all-reduces timed one at a time after a barrier, and only the 4 all-reduces per
-# layer counted, the grid was off by 17-36 % even then. What the model still does not know:
-#
-# - **per-operation overhead** outside the split layers: a CPU (or a GPU with small matrices) pays
-#   microseconds per operation whatever its size, and the pipeline's executor adds its own per
-#   action (bookkeeping, messages) that no FLOP count sees;
-# - **unequal stages**: the planner splits the FLOPs evenly over the stages, but the first and the
-#   last also carry the embedding and the LM head with its loss;
-# - **waiting for the slowest**: every all-reduce waits for the last rank to arrive, and a rank that
-#   was slowed down for a moment holds up its whole group;
-# - **the machine's other work**: sharing cores with other programs changes both the constants and
-#   the measurement, from one minute to the next.
-#
-# Every collective the implementation makes is counted: `tests/test_train3d.py` holds the
-# planner's count of tensor-parallel all-reduces (4 per layer, plus the embedding's, the LM head's
-# and the vocab-parallel loss's 3) against the calls `commlog` sees in a real step.
-#
-# That is the article's warning about optimising one benchmark: **calibrate on the hardware and under
-# the load you will run on, and check a prediction against a real run before trusting a plan.**
-#
-# ## 7. Eight ranks and real clusters
+# ## 6. Eight ranks and real clusters
 #
 # The full 2 × 2 × 2 mesh of section 1 runs the same way, `train3d.train(base, dp=2, pp=2, tp=2)` on 8
 # ranks (the course's tests check it: `tests/test_train3d.py`; it is left out here because starting
@@ -381,5 +321,3 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 #   by tp — check it before launching anything.
 # - Done right, 3D training computes the same numbers as one process: equal micro-batches and
 #   replicas make means of means the mean; element-wise optimizers update shards like the whole.
-# - A cost model calibrated with a few constants ranks plans well but can miss real step times by
-#   tens of percent: measure before you trust it.

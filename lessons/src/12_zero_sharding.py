@@ -352,7 +352,7 @@ print(zf.link_table(7.5e9, dp=64, tokens_per_gpu=4096, system="DGX H100"))
 # *hybrid sharding*) is to shard inside a node, where bandwidth is cheap, and replicate across nodes
 # with a plain all-reduce of gradients — or keep
 # stage 1 or 2, whose 2Ψ is no more than data parallelism already pays. Which stage wins for a given
-# model and cluster is a question for the planner of lesson 15: `parallel-lab plan` searches the ZeRO
+# model and cluster is a question for the planner of lesson 16: `parallel-lab plan` searches the ZeRO
 # stage beside dp, pp and tp, and each plan it prints carries its `zero`.
 
 # %%

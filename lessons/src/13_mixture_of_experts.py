@@ -305,7 +305,7 @@ print(xf.cost_table(xf.cost_rows(tokens=4096, hidden=4096, top_k=2, ranks=8)))
 # the ranks of an EP group hold different experts *and* different tokens, so EP multiplies the
 # parameters without multiplying any rank's work, and the all-to-all's volume does not grow with N.
 # Across nodes the links are slower (the second row); DeepSeek-V3 therefore limits each token to
-# experts on at most 4 nodes, and its DualPipe schedule (lesson 06) hides the all-to-alls behind
+# experts on at most 4 nodes, and its DualPipe schedule (lesson 07) hides the all-to-alls behind
 # compute.
 
 # %%

@@ -23,11 +23,11 @@ setup(ranks=False)  # this lesson starts no ranks
 # | # | the article's question | the short answer | run it in |
 # |---|---|---|---|
 # | 1 | What is model and pipeline parallelism? 什麼是模型平行與管線平行？ | When a model is too big for one GPU, the model itself is split across devices. | [00](00_why_split_a_model.ipynb): GPT-3 175B needs at least 35 GPUs of 80 GB just for its state |
-# | 2 | What fundamental problem does it solve? 它解決了什麼根本問題？ | It trains networks far larger than any single GPU can hold, by partitioning the model. | [00](00_why_split_a_model.ipynb), [15](15_planner.ipynb): memory per GPU under every split |
+# | 2 | What fundamental problem does it solve? 它解決了什麼根本問題？ | It trains networks far larger than any single GPU can hold, by partitioning the model. | [00](00_why_split_a_model.ipynb), [15](15_cost_model.ipynb), [16](16_planner.ipynb): memory per GPU under every split |
 # | 3 | How does tensor (intra-layer) splitting work? 張量（層內）平行如何分割？ | It splits the math inside a layer — a weight matrix by columns (行, column) or rows (列, row) — so each GPU computes part of the output, recombined with all-reduce. | [02](02_tensor_parallelism.ipynb): column and row splits on real ranks, Megatron's f and g |
 # | 4 | What is the "bubble" in simple pipeline parallelism? 簡單管線平行中的「氣泡」是什麼？ | Early in a step, downstream stages have no input yet and sit idle (and upstream ones at the end): that idle time is the bubble. | [03](03_pipeline_bubble.ipynb): the naive split's idle time on two clocks |
-# | 5 | How does pipelining reduce the bubble? 管線平行如何縮小氣泡？ | Micro-batches let several stages work at once: GPipe's bubble is (p−1)/(m+p−1); interleaving and zero-bubble schedules shrink it further. | [04](04_gpipe_microbatching.ipynb), [05](05_1f1b_memory.ipynb), [06](06_interleaving_zero_bubble.ipynb) |
-# | 6 | Why is tensor parallelism kept inside one node? 為什麼張量平行通常留在單一節點內？ | It all-reduces partial results in every layer, forward and backward: only the fast NVLink domain keeps that cheaper than the compute: 8 GPUs in a DGX/HGX node, 72 in a GB200 NVL72 rack. | [02](02_tensor_parallelism.ipynb), [11](11_3d_parallelism.ipynb), [15](15_planner.ipynb) |
+# | 5 | How does pipelining reduce the bubble? 管線平行如何縮小氣泡？ | Micro-batches let several stages work at once: GPipe's bubble is (p−1)/(m+p−1); interleaving and zero-bubble schedules shrink it further. | [04](04_gpipe_microbatching.ipynb), [05](05_1f1b_memory.ipynb), [06](06_interleaved_1f1b.ipynb), [07](07_zero_bubble.ipynb) |
+# | 6 | Why is tensor parallelism kept inside one node? 為什麼張量平行通常留在單一節點內？ | It all-reduces partial results in every layer, forward and backward: only the fast NVLink domain keeps that cheaper than the compute: 8 GPUs in a DGX/HGX node, 72 in a GB200 NVL72 rack. | [02](02_tensor_parallelism.ipynb), [11](11_3d_parallelism.ipynb), [15](15_cost_model.ipynb), [16](16_planner.ipynb) |
 #
 # The article's own words for each are in `quizzes/faq_source.md`.
 
@@ -37,6 +37,6 @@ setup(ranks=False)  # this lesson starts no ranks
 # - Model parallelism splits the model itself: tensor parallelism inside a layer, pipeline
 #   parallelism across layers; both exist because the model state and activations outgrow one GPU.
 # - The pipeline bubble is idle time: (p − 1)(F + B) per GPU in total for GPipe and 1F1B, which
-#   micro-batches, interleaving and zero-bubble schedules shrink (lessons 04–06).
+#   micro-batches, interleaving and zero-bubble schedules shrink (lessons 04–07).
 # - Tensor parallelism all-reduces in every layer, so it stays inside the fast NVLink domain
-#   (lessons 02, 11, 15).
+#   (lessons 02, 11, 16).

@@ -17,7 +17,8 @@
 #   monitoring, rollback) into a checklist for a real training run.
 #
 # Everything here uses what the course built: the mesh and 3D training of lesson 11, the schedules
-# and simulator of the pipeline lessons, the memory model of lesson 00 and the planner of lesson 15.
+# and simulator of the pipeline lessons, the memory model of lesson 00, and the cost model and the
+# planner of lessons 15 and 16.
 
 # %%
 from parallel_lab.course.notebook import setup
@@ -163,7 +164,7 @@ if schedule is not None:
 # | GPipe (04) | `"gpipe"` | — (1F1B only) | — | `ScheduleGPipe` |
 # | 1F1B (05) | `"1f1b"` | default schedule | `TrainSchedule` (1F1B) | `Schedule1F1B` |
 # | interleaved 1F1B (06) | `"interleaved-1f1b"`, `virtual` | `--num-layers-per-virtual-pipeline-stage` | — | `ScheduleInterleaved1F1B` |
-# | zero bubble (06) | `"zb-h1"`, `"zb-v"` | — (in forks) † | — | `ScheduleInterleavedZeroBubble`, `ScheduleZBVZeroBubble`, `ScheduleDualPipeV` |
+# | zero bubble (07) | `"zb-h1"`, `"zb-v"` | — (in forks) † | — | `ScheduleInterleavedZeroBubble`, `ScheduleZBVZeroBubble`, `ScheduleDualPipeV` |
 # | recomputation (08) | `recompute=True` | `--recompute-granularity full\|selective`, `--recompute-method`, `--recompute-num-layers` | `activation_checkpoint_interval=` of `PipelineModule`; config `"activation_checkpointing"` | `torch.utils.checkpoint.checkpoint`, `checkpoint_wrapper` |
 # | data parallelism (11) | `data_parallel.allreduce_gradients` | implicit dp = world / (tp · pp) | the engine's gradient all-reduce | `DistributedDataParallel` |
 # | sharded optimizer / weights | `memory_model(zero1=True)` | `--use-distributed-optimizer` | `"zero_optimization": {"stage": 1\|2\|3}` | `fully_shard` (FSDP2), `FullyShardedDataParallel` |
@@ -210,7 +211,7 @@ print(f"and here: torchrun --standalone --nproc-per-node {my_plan.world_size} -m
 #
 # What a bad plan costs, in money: GPT-3 175B (300 billion tokens, batches of 1536 × 2048 tokens)
 # on 512 GPUs at an illustrative $2 per GPU-hour, for two plans the planner scores (its own model,
-# lesson 15: 64 DGX H100 nodes, 396 TFLOP/s achieved per GPU, NVLink 4 in a node, InfiniBand NDR
+# lesson 16: 64 DGX H100 nodes, 396 TFLOP/s achieved per GPU, NVLink 4 in a node, InfiniBand NDR
 # between nodes):
 
 # %%

@@ -39,14 +39,16 @@ NOT_YET_TRANSLATED = (
     "02_tensor_parallelism",
     "04_gpipe_microbatching",
     "05_1f1b_memory",
-    "06_interleaving_zero_bubble",
+    "06_interleaved_1f1b",
+    "07_zero_bubble",
     "08_recompute_and_pipedream",
     "09_balancing_stages",
     "11_3d_parallelism",
     "12_zero_sharding",
     "13_mixture_of_experts",
     "14_long_context",
-    "15_planner",
+    "15_cost_model",
+    "16_planner",
     "18_capstone",
 )
 

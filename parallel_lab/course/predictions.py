@@ -107,7 +107,7 @@ GRADED: dict[str, GradedPrediction] = {p.id: p for p in (
         f"{ANSWERS}:stage_loads_makespan", {"loads": (5, 2, 2, 6), "microbatches": 8, "schedule": "1f1b"},
         tolerance=0.1, unit=_l("time units"), about=_l("1F1B, stage loads 5, 2, 2, 6, m = 8")),
     GradedPrediction(
-        "zb-h1-bubble", "06",
+        "zb-h1-bubble", "07",
         {"en": "ZB-H1's bubble with p = 4 GPUs and m = 8 micro-batches, F = I = W = 2 time units: the "
                "idle share of the device time, a fraction between 0 and 1 (1F1B's is 0.273)",
          "zh-Hant": "ZB-H1 在 p = 4 個 GPU、m = 8 個微批次（micro-batch）、F = I = W = 2 個時間單位時的"

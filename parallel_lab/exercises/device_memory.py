@@ -1,5 +1,5 @@
 """Lesson 15's exercise: the memory of one GPU of a plan, written as a formula
-(lessons/15_planner.ipynb).
+(lessons/15_cost_model.ipynb).
 
     def my_device_memory(model, dp, pp, tp, microbatches, micro_batch, recompute="none",
                          sequence_parallel=False, zero1=False, value_bytes=2, dropout=True):

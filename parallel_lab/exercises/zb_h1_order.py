@@ -1,6 +1,6 @@
-"""Lesson 06's exercise: write the ZB-H1 order yourself (Qi et al. 2023, "Zero Bubble Pipeline
+"""Lesson 07's exercise: write the ZB-H1 order yourself (Qi et al. 2023, "Zero Bubble Pipeline
 Parallelism"); it is checked as data, by the simulator, and on real ranks
-(lessons/06_interleaving_zero_bubble.ipynb). The sibling of lesson 05's ``one_f_one_b``.
+(lessons/07_zero_bubble.ipynb). The sibling of lesson 05's ``one_f_one_b``.
 
     def my_zb_h1(p, m):                # per rank, the ordered F, I and W actions of ZB-H1
         return [["0F0", "0F1", ..., "0I0", "0W0", ...], ["1F0", ...], ...]
@@ -181,7 +181,7 @@ EXERCISE = register(Exercise(
 
 
 def check_zb_h1_order(fn) -> Verdict:
-    """Lesson 06's exercise: ``fn(p, m)`` returns, per rank, ZB-H1's ordered actions (strings such
+    """Lesson 07's exercise: ``fn(p, m)`` returns, per rank, ZB-H1's ordered actions (strings such
     as ``"1F3"``, ``"1I3"``, ``"1W3"``). One line per ``(p, m)`` case; the grid of the first invalid
     case is shown with its offending action marked ``>1I3<``. Prints and returns the verdict."""
     return EXERCISE.check_object(fn)

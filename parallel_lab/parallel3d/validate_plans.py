@@ -11,7 +11,7 @@ the pipeline's messages, ``calibrate``'s ``near``). ``calibrate`` measures those
 CPU ranks, the way a planner profiles a cluster before it searches: all-reduces timed between computations, as training
 issues them, on groups of every size a plan uses with all groups at once; and ``workload_tflops``, this
 model's own FLOP/s with every rank computing at once. ``train3d.train_rank`` runs the same plans for
-real, in fp32, timing every step on the wall clock (the slowest rank, from a barrier). Lesson 11
+real, in fp32, timing every step on the wall clock (the slowest rank, from a barrier). Lesson 16
 shows the table; lesson 15 explains the model.
 
 Four things differ from the GPU clusters the planner is written for, and are given to it as data,

@@ -9,7 +9,7 @@ action's cost depend on what ran before it, so a stage that is a chain of Linear
 ``ChainWorker`` instead: the same aten operations on the same tensors in the same order
 (``F.linear``, ``F.gelu``, ``gelu_backward``, ``dY @ W`` for the input gradient,
 ``worker._weight_grads`` for W), hence the same numbers to the bit and the same counted bytes
-(tests/test_bench.py), without a graph. Lesson 06 shows it as what it is. Every other stage (the
+(tests/test_bench.py), without a graph. Lesson 07 shows it as what it is. Every other stage (the
 GPT's), and any stage with ``fuse=False``, runs ``StageWorker``.
 """
 

@@ -6,7 +6,7 @@ uses (``parallel_lab.hardware.Link`` and the constants of a ``Cluster``).
 
     launcher.run(time_all_reduce, 4, args=(sizes,))   # lesson 01: all-reduce seconds per size
     fit_alpha_beta(sizes, seconds, world_size=4)      # the α–β model's α and bandwidth
-    calibrate(world_size=4, groups=True)              # the planner's constants (lessons 11, 15 and 18)
+    calibrate(world_size=4, groups=True)              # the planner's constants (lessons 16 and 18)
     measure_machine()                                 # this machine as a link and a device (lesson 02)
 
 Rank functions (run them with ``launcher.run``): ``time_all_reduce``, ``all_reduce_in_situ``,

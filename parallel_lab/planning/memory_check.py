@@ -1,4 +1,4 @@
-"""The memory model against the course GPT's real tensors (lesson 15, lessons/15_planner.ipynb):
+"""The memory model against the course GPT's real tensors (lesson 15, lessons/15_cost_model.ipynb):
 parameters per pipeline stage, and the bytes one transformer block saves for backward."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Tables, a figure and the widget of lesson 15 (lessons/15_planner.ipynb): the planner, explained.
+"""Tables, a figure and the widget of lessons 15 and 16 (lessons/15_cost_model.ipynb, lessons/16_planner.ipynb): the
+cost model and the planner, explained.
 
     from parallel_lab.planning import planner
     from parallel_lab.show import planner as pw
@@ -157,7 +158,7 @@ def breakdown_figure(plans: dict, title: str | None = None, parts=PARTS):
 
 
 def zero_table(plans: dict) -> str:
-    """Labelled plans side by side for ZeRO (lesson 15, section 9): layout, stage, GB per GPU, the
+    """Labelled plans side by side for ZeRO (lesson 16, section 6): layout, stage, GB per GPU, the
     DP/ZeRO communication of a step (all of it, and the part the backward could not hide) and the
     step (``planner.plan`` rows, or ``None`` for "no plan")."""
     lines = [f"{pad(_('plan'), 34)} {pad(_('layout'), 22)} {'ZeRO':>4} {'GB':>5} {pad(_('DP comm s'), 10, '>')} "

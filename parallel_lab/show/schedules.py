@@ -1,4 +1,4 @@
-"""Schedules side by side (lesson 06, lessons/06_interleaving_zero_bubble.ipynb): bubble, memory and
+"""Schedules side by side (lessons 06 and 07, lessons/07_zero_bubble.ipynb): bubble, memory and
 messages per schedule, and the bubble against the number of micro-batches.
 
     from parallel_lab.show import schedules as sf
@@ -8,7 +8,7 @@ messages per schedule, and the bubble against the number of micro-batches.
 Computed from integers (the schedules, the simulator with unit costs), so every figure is
 deterministic and nbval compares it. Papers: interleaved 1F1B (Narayanan et al. 2021, SC), ZB-H1 and
 ZB-V (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"), DualPipeV (DeepSeek-V3 technical report
-2024, section 3.2.1), which lesson 06 passes in: ``SCHEDULES + (("dualpipe-v", 2),)``.
+2024, section 3.2.1), which lesson 07 passes in: ``SCHEDULES + (("dualpipe-v", 2),)``.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import Costs, simulate
 from parallel_lab.show.pipeline import plain_layout
 
-# (schedule, virtual stages per rank) compared in lesson 06; costs per model stage F = I = W = 1
+# (schedule, virtual stages per rank) compared in lesson 07; costs per model stage F = I = W = 1
 SCHEDULES = (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-v", 2))
 UNIT = Costs(F=1, B=2, I=1, W=1)
 _COLORS = {"1f1b": "#4c78a8", "interleaved-1f1b": "#54a24b", "zb-h1": "#f58518", "zb-v": "#b279a2",
-           "dualpipe-v": "#e45756"}  # dualpipe-v: not in lesson 06's SCHEDULES, pass it to compare
+           "dualpipe-v": "#e45756"}  # dualpipe-v: not in lesson 07's SCHEDULES, pass it to compare
 
 
 def label(name: str, virtual: int = 1) -> str:

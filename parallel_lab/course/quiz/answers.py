@@ -9,7 +9,7 @@ is a thin call into the module that teaches the idea:
 - pipeline bubbles and activation memory: ``parallel_lab.pipeline.schedules`` + ``parallel_lab.pipeline.simulate``
   (lessons on pipeline parallelism);
 - all-reduce bytes and time: ``parallel_lab.hardware.ring_all_reduce_time`` (lesson 01);
-- training memory: ``parallel_lab.planning.memory`` (lesson 00); GPU-hours: ``planning.planner`` (lesson 15).
+- training memory: ``parallel_lab.planning.memory`` (lesson 00); GPU-hours: ``planning.planner`` (lesson 16).
 """
 
 from __future__ import annotations

@@ -1,32 +1,24 @@
 # %% [markdown]
-# # 06 · Interleaving and zero-bubble schedules
-#
-# > *Dividing the batch into micro-batches lets several micro-batches occupy different stages at
-# > once, keeping all GPUs busy and reducing idle time.*
-# > (將批次劃分為微批次可以讓多個微批次同時佔據不同的階段，從而保持所有 GPU 繁忙並減少空閒時間。)
+# # 07 · Zero-bubble schedules: B = I + W, ZB-H1, ZB-V and DualPipeV
 #
 # **Learning goals.** By the end of this lesson you can
 #
-# - say why 1F1B still idles for (p−1)/m of its compute time, and name the two ways to shrink that
-#   bubble *without* more micro-batches: make the fill and drain slots shorter, or fill them with work
-#   nobody waits for;
-# - read **interleaved 1F1B** (Megatron-LM): v model chunks per GPU, a bubble of (p−1)/(v·m) of the
-#   ideal time, paid for with more messages and more activation memory on the first GPUs;
 # - split a backward pass into **I** (gradient for the stage input) and **W** (gradient for the
-#   weights), explain how **ZB-H1** reaches (p−1)/(3m), and count what it holds until each W: 1F1B's
-#   peak on the first GPU, more on every other;
+#   weights), explain how **ZB-H1** shrinks 1F1B's bubble by filling the cool-down with W's, and count
+#   what it holds until each W;
 # - explain the **V** placement of ZB-V (GPU r holds stages r and 2p−1−r);
 # - say what **DualPipeV** (DeepSeek-V3's DualPipe, cut to the V) adds: a steady state that pairs one
 #   micro-batch's forward with another's backward on the GPU's other stage, so that a
-#   mixture-of-experts model's all-to-all can hide behind compute; and what it costs (m ≥ 2p, one more
-#   stage's activations per GPU);
+#   mixture-of-experts model's all-to-all (lesson 01 shows the collective; lesson 13 the experts) can
+#   hide behind compute; and what it costs;
 # - run all five schedules on real ranks, check them against one process, and compare the bubbles
-#   they show with the simulator's.
+#   they show with the simulator's;
+# - write ZB-H1 yourself.
 #
-# You need lessons 03-05 (the assembly line and the bubble, micro-batching and GPipe, 1F1B):
-# schedules as per-rank lists of actions such as `1F3` (stage 1, forward, micro-batch 3), the
-# simulator, and the Gantt charts. Notation: p GPUs (ranks), m micro-batches, F and B the time of one
-# stage's forward and backward of one micro-batch.
+# You need lessons 03-06: schedules as per-rank lists of actions such as `1F3` (stage 1, forward,
+# micro-batch 3), the simulator, the Gantt charts, and lesson 06's two ideas against 1F1B's bubble:
+# make the slots shorter (interleaving, lesson 06) or **fill them** (this lesson). Notation: p GPUs
+# (ranks), m micro-batches, F and B the time of one stage's forward and backward of one micro-batch.
 
 # %%
 from parallel_lab.course.notebook import setup
@@ -34,102 +26,25 @@ from parallel_lab.course.notebook import setup
 setup()
 
 # %% [markdown]
-# ## 1. Where 1F1B's bubble comes from
-#
-# Take 4 GPUs, 8 micro-batches, a forward that takes 2 time units and a backward that takes 4 (the
-# usual B ≈ 2F). Every GPU does the same work, m·(F+B) = 48 units, and every GPU idles the same
-# (p−1)·(F+B) = 18 units — but not in the same places. GPU r waits r forward slots (r·F) for the
-# first activation to reach it, and finishes r backward slots (r·B) before the step ends, when
-# GPU 0 runs the last backward; the rest, (p−1−r)·(F+B), are gaps in between, where it waits for a
-# gradient. GPU 0 idles only in between, GPU p−1 only at the two ends:
+# 1F1B on 4 GPUs with 8 micro-batches, F = 2 and B = 4, as lesson 06 left it: every GPU idles
+# (p−1)·(F+B) = 18 units of a step of 66.
 
 # %%
+from parallel_lab.pipeline import communication
 from parallel_lab.pipeline.actions import format_grid
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import Costs, simulate
 from parallel_lab.show import pipeline as figures
+from parallel_lab.show import schedules as schedule_figures
 
 p, m = 4, 8
 ideal = m * (2 + 4)  # m·(F+B): the work of one GPU
 one_f_one_b = simulate(build("1f1b", p, m), Costs(F=2, B=4))
-idle = [one_f_one_b.makespan - busy for busy in one_f_one_b.busy]
-print(f"1F1B, p={p}, m={m}: step {one_f_one_b.makespan:g} units, ideal m·(F+B) = {ideal}, idle per GPU {idle}")
-for r, timed in enumerate(one_f_one_b.ranks):
-    start, end = timed[0][1], one_f_one_b.makespan - timed[-1][2]
-    print(f"  GPU {r}: idle {start:g} at the start (r·F), {idle[r] - start - end:g} in between "
-          f"((p−1−r)·(F+B)), {end:g} at the end (r·B)")
-print(f"idle / compute = {idle[0] / ideal:.3f} = (p−1)/m; idle share of the step = {one_f_one_b.bubble_fraction:.1%}")
-figures.gantt(one_f_one_b).update_xaxes(range=[0, 68])
+print(f"1F1B, p={p}, m={m}: step {one_f_one_b.makespan:g} units, idle per GPU "
+      f"{[one_f_one_b.makespan - b for b in one_f_one_b.busy]}, idle share {one_f_one_b.bubble_fraction:.1%}")
 
 # %% [markdown]
-# More micro-batches shrink (p−1)/m, but m is not free: the global batch size is fixed by the
-# optimisation (a larger one changes the training), so more micro-batches means smaller ones, and a
-# GPU runs small matrix products inefficiently. The idle time itself is p−1 *slots*. Two ideas
-# attack the slots:
-#
-# 1. **make every slot shorter**: give each GPU several thin pieces of the model instead of one thick
-#    one (interleaving, section 2);
-# 2. **fill the slots**: part of the backward pass is work that no other GPU waits for; do it in the
-#    gaps (zero bubble, sections 3 and 4).
-#
-# ## 2. Interleaved 1F1B: v thin chunks per GPU
-#
-# Megatron-LM (Narayanan et al. 2021, *Efficient Large-Scale Language Model Training on GPU Clusters*)
-# cuts the model into p·v **chunks** (model stages) instead of p, and places chunk s on GPU s mod p.
-# With p = 4 and v = 2, GPU 0 holds chunks 0 and 4: the first and the fifth eighth of the layers. A
-# micro-batch goes around the GPUs v times. **Predict:** which GPU sends chunk 3's output to chunk 4?
-
-# %%
-interleaved = build("interleaved-1f1b", p, m, virtual=2)
-print("model stage -> GPU:", dict(enumerate(interleaved.stage_to_rank)))
-print(format_grid(interleaved, rows=(0, 12)))
-
-# %% [markdown]
-# GPU 3 sends chunk 3's output back to GPU 0, which holds chunk 4. The grid shows Megatron's order:
-# micro-batches move through the chunks in groups of p — `0F0 … 0F3` on chunk 0, then `4F0 … 4F3` on
-# chunk 4 — so Megatron-LM's schedule (and the course's copy of it) needs m divisible by p. That is
-# a constraint of this implementation's grouping, not of interleaving itself: later interleaved
-# schedules (PyTorch's `ScheduleInterleaved1F1B`, for one) accept other m. After a longer warm-up
-# each GPU alternates one forward and one backward, as in 1F1B.
-#
-# Each chunk has half a stage's layers, so its forward takes 1 unit and its backward 2. The total
-# work per GPU is the same 48 units; the fill and drain are now made of half-size slots:
-
-# %%
-interleaved_t = simulate(interleaved, Costs(F=1, B=2))
-idle = [interleaved_t.makespan - busy for busy in interleaved_t.busy]
-print(f"interleaved 1F1B, v=2: step {interleaved_t.makespan:g} units, idle per GPU {idle}")
-print(f"idle / compute = {idle[0] / ideal:.4f} = (p−1)/(v·m) = 3/16; idle share {interleaved_t.bubble_fraction:.1%}")
-figures.gantt(interleaved_t).update_xaxes(range=[0, 68])
-
-# %% [markdown]
-# Lighter bars are a GPU's second chunk. The bubble halves: idle per GPU (p−1)·(F+B)/v. It is not
-# free:
-#
-# - **more messages**: a micro-batch now crosses p·v − 1 chunk boundaries instead of p − 1, each
-#   one an activation forward and a gradient backward — about v times the point-to-point traffic
-#   (`communication.messages` counts the sends of one step from the schedule);
-# - **more activation memory on the first GPUs**: GPU 0 starts 11 chunk-forwards (5.5 stages' worth)
-#   before its first backward arrives, against 4 in 1F1B;
-# - in Megatron-LM's implementation, m must be a multiple of p.
-
-# %%
-from parallel_lab.pipeline import communication
-from parallel_lab.show import schedules as schedule_figures
-
-for name, schedule, timeline in (("1f1b", build("1f1b", p, m), one_f_one_b),
-                                 ("interleaved v=2", interleaved, interleaved_t)):
-    stash = [n / schedule.virtual for n in timeline.peak_rank_activations]
-    print(f"{name:<16} messages per step: {communication.messages(schedule):>4}   "
-          f"peak stash per GPU (in stages): {stash}")
-
-try:
-    build("interleaved-1f1b", 4, 6, virtual=2)
-except ValueError as err:
-    print(err)
-
-# %% [markdown]
-# ## 3. Splitting the backward: B = I + W
+# ## 1. Splitting the backward: B = I + W
 #
 # Look at what the backward of one linear layer `Y = X·Wᵀ + b` computes from the gradient `dY` that
 # arrives from the next stage:
@@ -226,7 +141,7 @@ memory_guess.versus(zb_h1.peak_rank_activations[3], "simulated")
 # planner (lesson 15) counts ZB-H1 this way. (Freeing at I, as if W needed nothing, would make
 # ZB-H1 look exactly like 1F1B: [4, 3, 2, 1].)
 #
-# ## 4. ZB-V: two stages per GPU, in a V
+# ## 2. ZB-V: two stages per GPU, in a V
 #
 # ZB-V (same paper, §6) cuts the model into 2p stages like interleaving with v = 2, but places them in
 # a **V**: GPU r holds stage r on the way down and stage 2p−1−r on the way back up. GPU 0 holds the
@@ -250,7 +165,7 @@ figures.gantt(zb_v_t).update_xaxes(range=[0, 68])
 # (the turn is local) and, with half-size slots that W passes fill, has the smallest bubble of the
 # four. DeepSeek-V3's schedule, next, keeps this placement and changes the order.
 #
-# ## 5. DualPipeV: a forward and another micro-batch's backward, side by side
+# ## 3. DualPipeV: a forward and another micro-batch's backward, side by side
 #
 # DeepSeek-V3 (DeepSeek-AI 2024, *DeepSeek-V3 Technical Report*, §3.2.1) trains with **DualPipe**, a
 # *bidirectional* pipeline: micro-batches are fed from both ends at once — half enter at GPU 0 and
@@ -334,7 +249,7 @@ for name in ("zb-v", "dualpipe-v"):
           f"peak stash per GPU (in stages) {[n / 2 for n in timeline.peak_rank_activations]}")
 
 # %% [markdown]
-# ## 6. Side by side
+# ## 4. Side by side
 #
 # All five with F = I = W per model stage (B = 2F), for a few pipeline shapes. *Peak stash* is the
 # most activations any one GPU holds, in whole-stage units (chunks / v); *messages* counts the
@@ -368,7 +283,7 @@ schedule_figures.bubble_curves(ranks=4, schedules=five + (("interleaved-1f1b", 4
 figures.schedule_panel("zb-v", ranks=4, microbatches=8)
 
 # %% [markdown]
-# ## 7. On real ranks
+# ## 5. On real ranks
 #
 # The same five schedules now run on 4 simulated GPUs: each rank rebuilds its stages of an 8-layer
 # MLP (fp64), runs exactly the actions printed above with real send/recv, and the gradients are
@@ -415,7 +330,7 @@ for name, result in runs.items():
 figures.compare(runs["zb-v"])
 
 # %% [markdown]
-# ## 8. Exercise: write ZB-H1 yourself
+# ## 6. Exercise: write ZB-H1 yourself
 #
 # Write `my_zb_h1(p, m)`: it returns, for each rank r = 0 … p−1, the ordered list of ZB-H1's
 # actions, as strings `"{stage}{F|I|W}{micro-batch}"` (rank r holds stage r; `"2I5"` is stage 2's
@@ -492,11 +407,7 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 # %% [markdown]
 # ## What to remember
 #
-# - 1F1B idles (p−1)·(F+B) per GPU — GPU r r·F at the start, r·B at the end, the rest in between: a
-#   bubble of (p−1)/m of the compute time. Without raising m, you can shrink the slots or fill them.
-# - **Interleaved 1F1B** gives each GPU v chunks (chunk s on GPU s mod p): bubble (p−1)/(v·m), for
-#   about v times more point-to-point messages, more activations on the first GPUs, and (in
-#   Megatron-LM's implementation) m divisible by p.
+# - Zero-bubble schedules fill 1F1B's idle slots instead of shortening them (lesson 06).
 # - A backward is **I** (input gradient, on the critical path) plus **W** (weight gradient, needed only
 #   by the optimizer). **ZB-H1** defers W's into the cool-down: bubble (p−1)/(3m) with F = I = W.
 #   A deferred W keeps M_W (most of M_B) until it runs: GPU r holds (p−r)·M_B + r·M_W, 1F1B's peak
