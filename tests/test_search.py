@@ -10,6 +10,7 @@ from parallel_lab import cli
 from parallel_lab.pipeline import run as prun
 from parallel_lab.pipeline.schedules import ScheduleError, build
 from parallel_lab.pipeline.search import greedy, improve
+from parallel_lab.pipeline.search import problem as sp
 from parallel_lab.pipeline.search.api import front, lower_bound, profile_stages, search
 from parallel_lab.pipeline.search.exact import solve
 from parallel_lab.pipeline.search.problem import UNIT, as_schedule, evaluate, make_problem
@@ -96,6 +97,36 @@ def test_the_front_never_rises_as_the_cap_grows():
     spans = [pt["makespan"] for pt in points]
     assert spans == sorted(spans, reverse=True) and spans[0] > spans[-1]
     assert all(max(pt["peak_rank_activations"]) <= pt["cap"] + 1e-9 for pt in points)
+
+
+@pytest.mark.parametrize("placement, cap", [("wave", 3), ("wave", P), ("wave", 6), ("wave", 2 * P), ("v", 2),
+                                          ("v", P)])
+def test_without_the_global_synchronisation_steps_overlap_one_longest_span_apart(placement, cap):
+    """Judged.step: with the optimizer's all-reduce every step lasts the makespan; without it (the Zero
+    Bubble paper's post-validation) the simulator, running several steps back to back with each rank
+    starting its next step after its own last action, spaces them one longest span apart."""
+    found = search(P, 8, cap, placement, work=100_000)
+    j = found.judged
+    costs = sp.costs_for_simulation(found.problem)
+    ends = [simulate(sp.back_to_back(found.schedule, k), costs).makespan for k in (1, 2, 3, 4)]
+    assert ends[0] == j.makespan == j.step(synchronised=True)
+    assert [b - a for a, b in zip(ends, ends[1:])] == [j.step(synchronised=False)] * 3 == [j.longest_span] * 3
+    assert j.step(synchronised=True, sync=0.5) == j.makespan + 0.5
+    busy = sum(j.busy)
+    assert j.steady_bubble(True) == pytest.approx(found.bubble_fraction)
+    assert j.steady_bubble(False) == pytest.approx(1 - busy / (P * j.longest_span))
+    # each rank's peak memory is one step's: a rank starts its next step with nothing held
+    assert simulate(sp.back_to_back(found.schedule, 2), costs).peak_rank_activations == \
+        simulate(found.schedule, costs).peak_rank_activations
+
+
+def test_only_without_the_synchronisation_does_memory_beyond_zb_h1s_pay():
+    """Unit costs, p = 4, m = 8: one step is never shorter than ZB-H1's 27 whatever the cap, but the
+    steady step without the synchronisation falls to 3m = 24 (zero bubble) at about 2p."""
+    points = {pt["cap"]: pt for pt in front(P, 8, caps=(3, 4, 6, 8), work=100_000)}
+    assert [points[c]["makespan"] for c in (3, 4, 6, 8)] == [32, 27, 27, 27]
+    assert [points[c]["longest_span"] for c in (3, 4, 6, 8)] == [32, 27, 25, 24]
+    assert points[8]["steady_bubble"] == pytest.approx(0) and points[4]["bubble_fraction"] == pytest.approx(3 / 27)
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -28,8 +28,8 @@ from typing import Sequence
 from parallel_lab.pipeline.actions import Action, Schedule, ScheduleError
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.search import blocks, greedy, improve
-from parallel_lab.pipeline.search.problem import Judged, Problem, as_schedule, evaluate, make_problem
-from parallel_lab.pipeline.simulate import M_W_SHARE, Costs
+from parallel_lab.pipeline.search.problem import UNIT, Judged, Problem, as_schedule, evaluate, make_problem
+from parallel_lab.pipeline.simulate import M_W_SHARE, Costs, simulate
 
 IMPROVE_FROM = 3  # the best candidates local search starts from
 # Local search's budget, in actions timed (a move times the whole schedule): a count, so the result
@@ -209,22 +209,55 @@ def search(ranks: int, microbatches: int, max_activations: float | Sequence[floa
 
 def front(ranks: int, microbatches: int, caps: Sequence[float], placement: str = "wave", **options) -> list[dict]:
     """The best step found at each memory cap: ``[{"cap", "makespan", "bubble_fraction",
-    "peak_rank_activations", "origin"}, ...]`` (a cap nothing fits gives ``makespan`` None). Options as
-    ``search``. A lower cap never gets a longer step than a higher one here: a schedule found for a
-    lower cap also fits every higher one, so each point keeps the best of its own and the lower caps'."""
+    "longest_span", "steady_bubble", "peak_rank_activations", "origin"}, ...]`` (a cap nothing fits
+    gives None for each number). ``bubble_fraction`` is one step's, what every step costs when the
+    optimizer step synchronises the ranks; ``steady_bubble`` that of back-to-back steps without the
+    synchronisation (``problem.Judged.step``: the longest span). Options as ``search``. A lower cap
+    never gets a longer step than a higher one here: a schedule found for a lower cap also fits every
+    higher one, so each point keeps the best of its own and the lower caps'."""
     points, best = [], None
     for cap in sorted(caps):
         try:
             found = search(ranks, microbatches, cap, placement, **options)
         except ScheduleError:
-            points.append({"cap": cap, "makespan": None, "bubble_fraction": None,
-                           "peak_rank_activations": None, "origin": None})
+            points.append({"cap": cap, "makespan": None, "bubble_fraction": None, "longest_span": None,
+                           "steady_bubble": None, "peak_rank_activations": None, "origin": None})
             continue
         if best is None or found.judged.key < best.judged.key:
             best = found
         points.append({"cap": cap, "makespan": best.makespan, "bubble_fraction": best.bubble_fraction,
+                       "longest_span": best.judged.longest_span,
+                       "steady_bubble": best.judged.steady_bubble(synchronised=False),
                        "peak_rank_activations": best.peak_rank_activations, "origin": best.origin})
     return points
+
+
+# The course's generators, (name, virtual stages per rank), as the lessons compare them with a search
+FIXED = (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-v", 2), ("dualpipe-v", 2))
+
+
+def fixed(ranks: int, microbatches: int, schedules: Sequence[tuple[str, int]] = FIXED,
+          costs: Costs | None = None, w_share: float = M_W_SHARE) -> list[dict]:
+    """The course's generators on ``front``'s axes: per schedule ``{"schedule", "virtual", "peak"
+    (the most activations any rank holds, in micro-batches of a rank's layers, counted until W),
+    "makespan", "bubble_fraction" (one step: with the optimizer's synchronisation), "longest_span",
+    "steady_bubble" (back-to-back steps without it)}``, simulated with ``costs`` per model stage
+    (default F = I = W = 1, B = 2: the bubble is the same whatever the stage's share of a rank's
+    layers, with free links). A schedule that does not take ``microbatches`` is left out (DualPipeV
+    needs m >= 2p, interleaving m a multiple of p)."""
+    rows = []
+    for name, v in schedules:
+        try:
+            schedule = build(name, ranks, microbatches, v)
+        except ScheduleError:
+            continue
+        timeline = simulate(schedule, costs or UNIT, w_share=w_share)
+        spans = [float(e.max() - s.min()) if len(s) else 0.0 for s, e in zip(timeline.starts, timeline.ends)]
+        rows.append({"schedule": name, "virtual": v, "peak": max(timeline.peak_rank_activations) / v,
+                     "makespan": timeline.makespan, "bubble_fraction": timeline.bubble_fraction,
+                     "longest_span": max(spans),
+                     "steady_bubble": 1.0 - sum(timeline.busy) / (ranks * max(spans))})
+    return rows
 
 
 def profile_stages(ranks: int = 4, placement: str = "wave", model: str = "mlp", microbatches: int = 8,

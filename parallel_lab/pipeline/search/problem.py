@@ -204,6 +204,22 @@ class Judged:
         """Sort key: shortest makespan, then shortest longest span, then least idle inside spans."""
         return (round(self.makespan, 9), round(self.longest_span, 9), round(self.span_idle, 9))
 
+    def step(self, synchronised: bool = True, sync: float = 0.0) -> float:
+        """How long each of many back-to-back training steps of this schedule lasts, in steady state.
+
+        ``synchronised``: the optimizer step waits for a global all-reduce over every rank (the
+        gradient norm for clipping, a NaN/inf check), so every step ends at the last rank's last
+        action, plus ``sync`` (the all-reduce), and the next starts from an empty pipeline: the
+        makespan + ``sync``. Without it (Qi et al. 2023, section 4: the optimizer steps at once and
+        is validated afterwards), each rank starts its next step as soon as its own last action
+        is done; every rank's next step shifted by the same period keeps every dependency of the
+        step, so the period is the longest span, first action to last, of any rank."""
+        return self.makespan + sync if synchronised else self.longest_span
+
+    def steady_bubble(self, synchronised: bool = True, sync: float = 0.0) -> float:
+        """The idle share of the device time in steady state: ``1 - busy / (p * step)``."""
+        return 1.0 - sum(self.busy) / (len(self.busy) * self.step(synchronised, sync))
+
 
 def costs_for_simulation(problem: Problem) -> Costs:
     """The problem's costs as ``simulate`` takes them (per stage; I and W only with a split backward)."""
@@ -228,6 +244,17 @@ def evaluate(problem: Problem, schedule: Schedule, check: bool = True) -> Judged
     held = peaks(problem, schedule.ranks)
     fits = all(h <= cap + EPS for h, cap in zip(held, problem.max_activations))
     return Judged(schedule, timeline.makespan, tuple(spans), tuple(busy), tuple(held), fits)
+
+
+def back_to_back(schedule: Schedule, steps: int) -> Schedule:
+    """``steps`` training steps of ``schedule`` as one schedule with no synchronisation between them:
+    each rank runs its order again, micro-batch j of step k renamed j + k·m, right after its own last
+    action (the optimizer step taking no time). ``simulate`` on it shows what ``Judged.step`` says
+    without the synchronisation: the steps overlap, one longest span apart."""
+    m = schedule.n_microbatches
+    rows = [[Action(a.stage, a.kind, a.microbatch + k * m) for k in range(steps) for a in row if a is not None]
+            for row in schedule.ranks]
+    return Schedule(schedule.name, schedule.n_ranks, m * steps, schedule.virtual, schedule.stage_to_rank, rows)
 
 
 def as_schedule(problem: Problem, name: str, orders: Sequence[Sequence[Action]]) -> Schedule:
