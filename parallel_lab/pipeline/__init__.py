@@ -17,6 +17,10 @@
   parent side (check, launch, compare, predict); ``trace``: the Chrome/Perfetto trace
 - ``profile``, ``partition``, ``balance``: measure layers, cut them into balanced stages
 - ``pipedream``: asynchronous 1F1B with weight stashing, on the executor (its worker hook)
+- ``search``: the schedule search under a memory cap (a folder); ``pytorch_csv`` and
+  ``pytorch_runtime``: a schedule as PyTorch's CSV, and that CSV on PyTorch's own runtime
+- ``post_validation``: the optimizer step after a pipeline step with gradient clipping, synchronised
+  by an all-reduce or post-validated (Qi et al. 2023, section 4), on real ranks
 
 Nothing here draws: the pictures are in ``parallel_lab.show``. This ``__init__`` imports nothing, so
 ``parallel-lab schedule`` (schedules + simulate: numpy only) does not pay torch's ~3 s import.

@@ -10,7 +10,7 @@
   and the link, a memory cap per rank counted as ``pipeline.simulate`` counts activations; and the
   evaluation of one candidate order (makespan, spans, peak memory)
 - ``greedy``: list scheduling with rules after the Zero Bubble authors' automatic scheduler
-  (Qi et al. 2023, section 4 and their ``auto_schedule.py``): variants of when to admit a new
+  (Qi et al. 2023, section 3, and their ``auto_schedule.py``): variants of when to admit a new
   micro-batch, whether to fill a gap with a W, and what to prefer
 - ``blocks``: the V-shape building blocks of Qi et al. 2024 ("Pipeline Parallelism with
   Controllable Memory"): V-Min and V-Half, repeated, their W's placed in the gaps

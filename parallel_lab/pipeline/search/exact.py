@@ -5,7 +5,7 @@
     best.makespan, best.lower_bound, best.schedule
 
 The model (a job-shop with a memory resource; the Zero Bubble authors solve the same question as
-an integer program, Qi et al. 2023, section 4.1, appendix): every pass F, I, W (or B) of every
+an integer program, Qi et al. 2023, section 3 and its appendix): every pass F, I, W (or B) of every
 (stage, micro-batch) is an interval of its cost on its stage's rank; the intervals of one rank do
 not overlap; F(s) waits for F(s-1) plus the link, I(s) for F(s) and for I(s+1) plus the link, W(s)
 for I(s). Memory is a cumulative resource per rank with the cap as its capacity: a micro-batch

@@ -1,11 +1,12 @@
 """Greedy list scheduling under a memory cap: one pass builds every rank's order, one action at a time.
 
 After the Zero Bubble authors' automatic scheduler (Qi et al. 2023, "Zero Bubble Pipeline
-Parallelism", section 4.1 and ``auto_schedule.py`` in sail-sg/zero-bubble-pipeline-parallelism): a
-pass simulates the ranks, and whenever a rank can start something it picks by a few rules, within
-the memory cap; several variants of the rules run and the shortest result is kept. Theirs fixes
-the warm-up by memory and decides, at each gap, whether a W fills it; these rules are the same
-kinds of choices, written for any placement (one stage per rank, or the V with two):
+Parallelism", section 3, "automatic pipeline scheduling", and ``auto_schedule.py`` in
+sail-sg/zero-bubble-pipeline-parallelism): a pass simulates the ranks, and whenever a rank can start
+something it picks by a few rules, within the memory cap; several variants of the rules run and the
+shortest result is kept. Theirs fixes the warm-up by memory and decides, at each gap, whether a W
+fills it; these rules are the same kinds of choices, written for any placement (one stage per rank,
+or the V with two):
 
 - ``admit``: how many micro-batches a rank may have started and not finished, as a multiple of
   1F1B's p - r (1: 1F1B's warm-up; 2: about ZB-H2's 2(p - r) - 1; inf: as many as memory allows);
