@@ -79,8 +79,8 @@ def test_every_bank_is_bilingual_and_valid():
     """Every bank, lessons and FAQ alike, declares en and zh-Hant, carries both in every text field,
     and validates on its own."""
     banks = load_all(BANKS)
-    # one bank per lesson with a quiz (00-09, 11-15, 18) and the FAQ's (17)
-    assert len(banks) == 16 and {"zero-sharding", "mixture-of-experts", "long-context"} <= {b.id for b in banks}
+    # one bank per lesson with a quiz (00-05, 07-14, 16, 18) and the FAQ's (17)
+    assert len(banks) == 17 and {"zero-sharding", "mixture-of-experts", "long-context"} <= {b.id for b in banks}
     for b in banks:
         assert {"en", "zh-Hant"} <= set(b.languages), b.id
         errors, loaded = validate.validate_file(b.path, BANKS)

@@ -242,6 +242,7 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 # - **07 Zero-bubble schedules** — splitting the backward pass (B = I + W), ZB-H1, the V shape, DualPipeV
 # - **08 Recomputation and PipeDream** — trading compute for memory, asynchronous weight versions
 # - **09 Balancing stages** — profiling and partitioning layers
+# - **10 Let the machine find the schedule** — a search under a memory cap, the bubble–memory front
 # - **11 3D parallelism** — data × pipeline × tensor on one device mesh
 # - **12 Sharding the model state** — ZeRO stages 1-3 and FSDP
 # - **13 Mixture of experts** — routing, capacity, expert parallelism with all-to-all

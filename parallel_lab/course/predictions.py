@@ -116,6 +116,18 @@ GRADED: dict[str, GradedPrediction] = {p.id: p for p in (
                                        "B": 4.0, "W": 2.0},
         tolerance=0.1, about=_l("ZB-H1 bubble, p = 4, m = 8, F = I = W")),
     GradedPrediction(
+        "synchronised-bubble", "10",
+        {"en": "the bubble of each step in steady state (the idle share of the device time, a fraction between "
+               "0 and 1) when a global all-reduce (gradient clipping) precedes every optimizer step: p = 4 ranks, "
+               "m = 12 micro-batches, F = I = W = 1, free links, and the search's schedule under a cap of 2p = 8, "
+               "which keeps every rank busy from its first action to its last",
+         "zh-Hant": "每次最佳化器（optimizer）更新之前都有一次全域 all-reduce（梯度裁剪，gradient clipping）時，"
+                    "穩定狀態下每一步的氣泡（bubble）（裝置時間中閒置的比例，介於 0 與 1 之間的分數）：p = 4 個"
+                    " rank、m = 12 個微批次（micro-batch）、F = I = W = 1、連線不計成本，排程（schedule）是搜尋"
+                    "在 2p = 8 的記憶體上限下找到的那一個，它讓每個 rank 從第一個動作到最後一個動作都不停工作"},
+        f"{ANSWERS}:searched_bubble", {"ranks": 4, "microbatches": 12, "max_activations": 8, "synchronised": True},
+        tolerance=0.1, about=_l("searched schedule, cap 2p, p = 4, m = 12, with the optimizer's all-reduce")),
+    GradedPrediction(
         "tp8-memory", "15",
         {"en": "GB on the fullest GPU for GPT-3 175B with TP 8 (sequence parallel) × PP 8 × DP 8, 1F1B, "
                "64 micro-batches of one 2048-token sequence, no recomputation, no ZeRO: weights, "

@@ -12,9 +12,10 @@ from parallel_lab.exercises.moe_dispatch import check_moe_dispatch
 from parallel_lab.exercises.one_f_one_b import check_one_f_one_b
 from parallel_lab.exercises.ring_all_reduce import check_ring_all_reduce
 from parallel_lab.exercises.row_parallel import check_row_parallel_forward
+from parallel_lab.exercises.schedule_design import check_schedule_design
 from parallel_lab.exercises.zb_h1_order import check_zb_h1_order
 from parallel_lab.exercises.zero2_step import check_zero2_step
 
 __all__ = ["REGISTRY", "Exercise", "Verdict", "check_balanced_cut", "check_device_memory", "check_g_operator",
            "check_lse_merge", "check_mesh_groups", "check_moe_dispatch", "check_one_f_one_b", "check_ring_all_reduce",
-           "check_row_parallel_forward", "check_zb_h1_order", "check_zero2_step", "reveal"]
+           "check_row_parallel_forward", "check_schedule_design", "check_zb_h1_order", "check_zero2_step", "reveal"]

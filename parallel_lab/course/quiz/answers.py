@@ -17,6 +17,7 @@ from __future__ import annotations
 from parallel_lab.context.cost import context_cost
 from parallel_lab.hardware import PCIE4, ring_all_reduce_time
 from parallel_lab.pipeline.schedules import MAX_MICROBATCHES, build
+from parallel_lab.pipeline.search.api import search
 from parallel_lab.pipeline.simulate import M_W_SHARE, Costs, simulate
 from parallel_lab.planning import memory
 from parallel_lab.planning.planner import training_cost
@@ -37,6 +38,15 @@ def bubble_fraction(schedule: str, ranks: int, microbatches: int, virtual: int =
     """Idle share of the device-time box, ``1 - busy / (p * makespan)``, of the simulated schedule
     (F, B, W: per-microbatch costs of one stage; links free). GPipe and 1F1B: (p-1)/(m+p-1)."""
     return _timeline(schedule, ranks, microbatches, virtual, F, B, W).bubble_fraction
+
+
+def searched_bubble(ranks: int, microbatches: int, max_activations: float, synchronised: bool = True,
+                    placement: str = "wave") -> float:
+    """The steady-state bubble of back-to-back steps of the schedule ``pipeline.search`` finds under
+    ``max_activations`` (F = I = W = 1, free links): with the optimizer's global synchronisation
+    every step lasts its makespan, without it its longest span (``problem.Judged.step``)."""
+    found = search(ranks, microbatches, max_activations, placement)
+    return found.judged.steady_bubble(synchronised)
 
 
 def bubble_ratio(schedule: str, ranks: int, microbatches: int, virtual: int = 1,
