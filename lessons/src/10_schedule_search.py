@@ -64,8 +64,7 @@ print(sf.found_text(found))
 
 # %% tags=["nbval-ignore-output"]
 proved = search(4, 6, max_activations=3, exact=True, time_limit=10)
-print(f"CP-SAT: {proved.exact}; step {proved.makespan:g}, lower bound {proved.lower_bound:g}; "
-      f"found by {proved.origin}")
+print(sf.found_text(proved, grid=False))
 
 # %% [markdown]
 # On the 48 small cases (p = 4, m ≤ 8, three cost mixes, both placements) that CP-SAT proves within
@@ -137,7 +136,7 @@ guess = predict("synchronised-bubble", my_prediction)
 
 # %%
 busy = search(4, 12, max_activations=8)
-print(f"spans per rank {list(busy.judged.spans)}, busy {list(busy.judged.busy)}, step {busy.makespan:g}")
+print(sf.found_text(busy, grid=False))
 guess.versus(busy.judged.steady_bubble(synchronised=True), "simulated")
 sf.two_steps(busy, synchronised=True)
 
@@ -168,12 +167,7 @@ sf.two_steps(busy, synchronised=False)
 from parallel_lab.pipeline.post_validation import run_clipped
 
 clipped = run_clipped(found.schedule, max_norms=(1.0, 0.05))
-print(f"global gradient norm {clipped['norm']:.4f}")
-for case in clipped["cases"]:
-    late = case["post-validated"]
-    equal = all(case[mode]["max_param_diff"] < 1e-12 for mode in ("synchronised", "post-validated"))
-    print(f"clip at {case['max_norm']:g}: clipping needed {case['clipped']}; both equal one process {equal}; "
-          f"stepped at once: ranks {late['stepped_early']}; rolled back: ranks {late['rolled_back']}")
+print(sf.clipped_text(clipped))
 
 # %% [markdown]
 # With a threshold of 1 nothing is clipped: every rank steps at once and nothing is redone, the

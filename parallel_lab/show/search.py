@@ -33,6 +33,8 @@ _LINE = {"wave": "#f58518", "v": "#b279a2"}
 _SYMBOLS = {"gpipe": "square", "1f1b": "circle", "interleaved-1f1b": "diamond", "zb-h1": "triangle-up",
             "zb-v": "star", "dualpipe-v": "x"}
 _COLORS = {**SCHEDULE_COLORS, "gpipe": "#9d755d"}
+STATUS = {"optimal": _l("optimal, proved"), "feasible": _l("the best found in the time, not proved optimal"),
+          "infeasible": _l("nothing fits the cap"), "unknown": _l("nothing found in the time")}
 
 
 def found_text(found, grid: bool = True) -> str:
@@ -49,9 +51,27 @@ def found_text(found, grid: bool = True) -> str:
         _("step {makespan:g} (lower bound {bound:g}), bubble {bubble:.1%}; longest span of a rank {span:g}").format(
             makespan=round(j.makespan, 6), bound=round(found.lower_bound, 6), bubble=found.bubble_fraction,
             span=round(j.longest_span, 6)),
+        _("span of each rank (first action to last) {spans}, busy {busy}").format(
+            spans=[round(x, 6) for x in j.spans], busy=[round(x, 6) for x in j.busy]),
         _("peak activations per rank {peaks} (cap {cap})").format(
             peaks=[round(x, 3) for x in j.peaks], cap=[round(x, 3) for x in found.problem.max_activations]),
     ]
+    if found.exact is not None:
+        lines.append(_("exact solver (CP-SAT): {status}").format(status=STATUS.get(found.exact, found.exact)))
+    return "\n".join(lines)
+
+
+def clipped_text(result: Mapping) -> str:
+    """``post_validation.run_clipped``'s result as text: per threshold, whether clipping was needed,
+    whether both optimizer steps equal one process, and which ranks stepped at once and rolled back."""
+    lines = [_("global gradient norm {norm:.4f}").format(norm=result["norm"])]
+    for case in result["cases"]:
+        late = case["post-validated"]
+        equal = all(case[mode]["max_param_diff"] < 1e-12 for mode in ("synchronised", "post-validated"))
+        lines.append(_("clip at {max_norm:g}: clipping needed: {clipped}; both steps equal one process: {equal}; "
+                       "post-validated: ranks {early} stepped at once, ranks {back} rolled back").format(
+            max_norm=case["max_norm"], clipped=_("yes") if case["clipped"] else _("no"),
+            equal=_("yes") if equal else _("no"), early=late["stepped_early"], back=late["rolled_back"]))
     return "\n".join(lines)
 
 
