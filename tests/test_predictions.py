@@ -65,7 +65,7 @@ def test_no_prediction_prompts_for_a_number_and_still_shows_the_measurement(caps
 
 def test_a_graded_prediction_takes_its_question_from_the_registry_only():
     assert predict("1f1b-peak-stash", 4).tolerance == predictions.GRADED["1f1b-peak-stash"].tolerance
-    with pytest.raises(ValueError, match="is graded: its question, unit and tolerance are those of"):
+    with pytest.raises(ValueError, match="is graded: its question, unit, tolerance and choices are those of"):
         predict("gpipe-bubble", 0.4, tolerance=0.5)
     with pytest.raises(ValueError, match="is not graded: say what it predicts"):
         predict("not-registered", 0.4)
@@ -217,3 +217,62 @@ def test_the_gradebook_scores_predictions_without_a_process(lesson04, tmp_path):
         ("ada", "predict:gpipe-bubble", "1"), ("bob", "predict:gpipe-bubble", "0")}
     feedback = (tmp_path / "feedback" / "bob.md").read_text()
     assert "predict:gpipe-bubble (1 point): FAILED: prediction gpipe-bubble: FAILED: predicted 0.1" in feedback
+
+
+# ----------------------------------------------------------------------------------------------
+# Predictions that are not numbers: a count, a choice, an order.
+
+
+def test_a_count_a_choice_and_an_order_are_recorded_and_compared_exactly(capsys):
+    stash = predict("stash", 3, "the most micro-batches stage 0 keeps", unit="micro-batches", tolerance=0)
+    assert stash.comparison(4, "simulated") == \
+        "prediction stash: predicted 3 micro-batches, simulated 4 micro-batches: not this time"
+    assert stash.comparison(3, "simulated").endswith(": right")
+    split = predict("split", "Rows", "which split needs no communication", choices=("columns", "rows"))
+    assert split.value == "rows" and split.comparison("columns") == "prediction split: predicted rows, measured " \
+                                                                     "columns: not this time"
+    order = predict("order", ["time", "even", "params"], "the cuts from fastest to slowest",
+                    order=("even", "time", "params"))
+    assert order.value == ("time", "even", "params")
+    assert order.comparison(["time", "params", "even"], "simulated") == (
+        "prediction order: predicted time → even → params, simulated time → params → even: 1 of 3 in place")
+    capsys.readouterr()
+    refused = predict("split", "diagonals", "which split", choices=("columns", "rows"))
+    assert refused.value is None and "must be one of 'columns', 'rows', got 'diagonals'" in capsys.readouterr().out
+    asked = predict("order", None, "the cuts from fastest to slowest", order=("even", "time", "params"))
+    assert "write 'even', 'time', 'params' as a list, in your order" in asked.text()
+    with pytest.raises(ValueError, match="is not one of"):
+        split.versus("diagonals")
+    with pytest.raises(ValueError, match="needs at least two choices"):
+        predict("x", None, "?", choices=("only",))
+
+
+def test_versus_carries_the_reference_in_the_outputs_metadata_in_a_notebook(monkeypatch):
+    import IPython
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from parallel_lab.show import predict as module
+
+    shown = []
+    shell = InteractiveShell.instance()
+    monkeypatch.setattr(shell, "kernel", object(), raising=False)  # as under ipykernel
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    monkeypatch.setattr("IPython.display.display", lambda obj, raw, metadata: shown.append((obj, metadata)))
+    module.predict("gpipe-bubble", None).versus(3 / 7, "simulated")
+    (data, metadata), = shown
+    assert data["text/plain"].startswith("prediction gpipe-bubble: simulated 0.429")
+    assert metadata == {"parallel_lab": {"prediction": "gpipe-bubble", "kind": "number", "unit": "",
+                                         "reference": pytest.approx(3 / 7)}}
+
+
+def test_the_grader_reads_a_choice_and_an_order_as_data():
+    read = predictions.read_prediction
+    assert read("my_prediction = 'rows'", "choice") == "rows"
+    assert read("my_prediction = ['b', 'a']", "order") == ("b", "a")
+    assert read("my_prediction = ('b', 'a')", None) == ("b", "a") and read("my_prediction = 2", None) == 2.0
+    with pytest.raises(ValueError, match="is not one of the choices"):
+        read("my_prediction = 3", "choice")
+    with pytest.raises(ValueError, match="is not an order"):
+        read("my_prediction = 'a'", "order")
+    with pytest.raises(ValueError, match="is not a number"):
+        read("my_prediction = 'a'")

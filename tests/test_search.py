@@ -144,7 +144,7 @@ def test_bad_input_names_the_broken_invariant(kwargs, message):
 # ----------------------------------------------------------------------------------------------
 # The exact solver: the heuristic's gap, measured.
 
-GAP = 0.05  # within 5 % of the optimum here; 3.3 % at most on the 48 cases of README's table CP-SAT proves
+GAP = 0.05  # within 5 % of the optimum here; 3.3 % at most on the 48 cases of docs/benchmarks.md's table CP-SAT proves
 MIXES = {"1,1,1": Costs(F=1, B=2, I=1, W=1), "5,6,4": Costs(F=5, B=10, I=6, W=4),
          "2,2,1 link 1": Costs(F=2, B=3, I=2, W=1, latency=1)}
 

@@ -78,8 +78,9 @@ def test_the_edition_has_the_english_lessons_code_and_its_own_language(path):
     changed = [(a.source, b.source) for a, b in zip(code, code_zh) if a.source != b.source]
     assert len(changed) == 1 and editions.with_language(changed[0][0], LANG) == changed[0][1], changed
     source = ROOT / "lessons" / "src" / f"{path.stem}.py"
-    expected = build_lessons.localized_links(
-        editions.translated_cells(path.stem, build_lessons.parse(source.read_text(encoding="utf-8")), LANG), LANG)
+    expected = build_lessons.with_load(source, build_lessons.localized_links(
+        editions.translated_cells(path.stem, build_lessons.parse(source.read_text(encoding="utf-8")), LANG), LANG),
+        LANG)
     assert [c.source for c in expected if c.cell_type == "markdown"] == \
         [c.source for c in chinese.cells if c.cell_type == "markdown"][:len([c for c in expected
                                                                              if c.cell_type == "markdown"])]

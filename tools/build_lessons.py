@@ -36,6 +36,15 @@ the same cells, its markdown from the lesson's catalog (``lessons/locale/zh_Hant
 first ``setup()`` given the language, its quiz text in that language; the build refuses a lesson
 whose catalog lacks a cell or holds a fuzzy one (``tools/catalogs.py check`` says which).
 
+**What a student sees first.** Under each lesson's title the build writes how long it takes, by the
+rule of ``parallel_lab.course.load`` (words, code cells, predictions, exercise points, quiz
+questions), and in lesson 00's course map every lesson's minutes, in the edition's language, so that
+the numbers cannot drift from the sources (``--readme`` writes them into the README's map). After
+executing, it hides the outputs of the cells tagged ``reveals:<prediction id>`` behind a reveal
+(``parallel_lab.course.hidden``): nothing visible answers a prediction before the student runs the
+cell. ``--markdown-only`` rewrites the markdown of committed lessons from their sources without
+executing anything, when only text changed (it refuses when a code cell differs).
+
 The build appends each lesson's quiz from its bank (``parallel_lab.course.quiz.text.lesson_cells``:
 the widget, the text form, the answer sheet and the graded check), so every lesson's identical
 tail is written once. Each notebook gets kernelspec metadata (JupyterLab otherwise asks for a kernel)
@@ -60,7 +69,7 @@ import render_static  # tools/, beside this file
 from nbclient import NotebookClient
 
 from parallel_lab import i18n
-from parallel_lab.course import editions, predictions, tags
+from parallel_lab.course import editions, hidden, load, predictions, tags
 from parallel_lab.course.quiz import bank, text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,7 +137,7 @@ def check_predictions(name: str, cells) -> None:
     for check, cell in tags.answer_cells(cells).items():
         if tags.prediction(check) is not None:
             try:
-                left = predictions.read_prediction(student_source(cell.source, stub=""))
+                left = predictions.read_prediction(student_source(cell.source, stub=""), kind=None)
             except ValueError as err:
                 left = err
             if left is not None:
@@ -158,13 +167,39 @@ def localized_links(cells, lang: str) -> list:
     return cells
 
 
+def quiz_items(lesson: str) -> int:
+    """How many questions lesson ``lesson``'s quiz asks (0 without a bank)."""
+    return sum(len(b.items) for b in bank.load_all() if b.lesson == lesson)
+
+
+def lesson_load(source: Path) -> load.Load:
+    """What lesson ``source`` asks of a student, by the rule of ``parallel_lab.course.load``."""
+    return load.measure(parse(source.read_text(encoding="utf-8")), quiz_items(source.stem[:2]))
+
+
+def with_load(source: Path, cells, lang: str) -> list:
+    """The lesson's cells with its time stated under its title, and, in lesson 00, every lesson's
+    time after its line of the course map; in ``lang`` (the rule's minutes, written at build time so
+    that they cannot drift from the source)."""
+    with i18n.using(lang):
+        first = next(c for c in cells if c.cell_type == "markdown")
+        first.source = load.with_statement(first.source, load.statement(lesson_load(source)))
+        if source.stem.startswith("00"):
+            minutes = {s.stem[:2]: lesson_load(s).minutes for s in sorted(SOURCES.glob("*.py"))}
+            for cell in cells:
+                if cell.cell_type == "markdown":
+                    cell.source = load.with_map_minutes(cell.source, minutes)
+    return cells
+
+
 def notebook(source: Path, edition: str = "student", lang: str = "en"):
     """The unexecuted notebook of a lesson source in ``edition`` ("student" or "solutions") and
-    ``lang``: its cells (markdown from the lesson's catalog in a translated edition), its quiz,
-    stable ids, the metadata."""
+    ``lang``: its cells (markdown from the lesson's catalog in a translated edition), its time (the
+    rule's), its quiz, stable ids, the metadata."""
     cells = parse(source.read_text(encoding="utf-8"))
     if lang != i18n.DEFAULT:
         cells = localized_links(editions.translated_cells(source.stem, cells, lang), lang)
+    cells = with_load(source, cells, lang)
     cells += quiz_cells(source.stem[:2], lang)
     check_editions(source.name, cells)
     check_predictions(source.name, cells)
@@ -219,6 +254,11 @@ def build(source: Path, edition: str = "student", directory: Path = LESSONS, lan
         except Exception as exc:  # kaleido and the browser fail in many ways; all mean the same here
             raise SystemExit(f"cannot build {source.name}: the static renderings of its figures failed "
                              f"({type(exc).__name__}: {exc}); nothing was written.") from exc
+    # Outputs that answer a prediction wait, in the student edition, until the student runs their cell
+    # (parallel_lab.course.hidden; lessons/conftest.py gives nbval the real ones back).
+    if edition == "student":
+        with i18n.using(lang):
+            hidden.hide(nb)
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"{source.stem}.ipynb"
     nbformat.write(nb, target)
@@ -248,6 +288,20 @@ def refresh_markdown(source: Path, directory: Path = LESSONS, lang: str = "en") 
     return target
 
 
+README = ROOT / "README.md"
+README_ROW = re.compile(r"^\| \[(?P<n>\d\d) · (?P<title>[^\]]+)\]\(lessons/(?P<stem>\d\d_[a-z0-9_]+)\.ipynb\) \| "
+                        r"(?:(?P<minutes>\d+) min \| )?", re.M)
+
+
+def readme_with_minutes(text: str) -> str:
+    """The README's course map with each lesson's minutes (by the rule) in its second column."""
+    def row(match):
+        minutes = lesson_load(SOURCES / f"{match['stem']}.py").minutes
+        return f"| [{match['n']} · {match['title']}](lessons/{match['stem']}.ipynb) | {minutes} min | "
+
+    return README_ROW.sub(row, text)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("prefixes", nargs="*", metavar="NN", help="lessons whose name starts with NN (default: all)")
@@ -256,10 +310,16 @@ def main(argv=None) -> None:
     parser.add_argument("--lang", choices=list(i18n.LANGUAGES),
                         help="build this language's edition only (default: English, and Traditional Chinese for "
                              "every lesson not in parallel_lab.course.editions.NOT_YET_TRANSLATED)")
+    parser.add_argument("--readme", action="store_true",
+                        help="only write each lesson's minutes (by the rule) into the README's course map")
     parser.add_argument("--markdown-only", action="store_true",
                         help="rewrite only the markdown cells of the committed student editions (refused when a code "
                              "cell differs from its source)")
     args = parser.parse_args(argv)
+    if args.readme:
+        README.write_text(readme_with_minutes(README.read_text(encoding="utf-8")), encoding="utf-8")
+        print(f"{README}: the course map's minutes written", file=sys.stderr)
+        return
     edition, directory = ("solutions", args.solutions.resolve()) if args.solutions else ("student", LESSONS)
     if edition == "solutions" and directory == LESSONS.resolve():
         raise SystemExit("the solution edition never goes into lessons/ (what students open): pick another DIR")

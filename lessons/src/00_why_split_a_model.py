@@ -169,16 +169,17 @@ print(memory.summary("GPT-3 175B", micro_batch=1, seq=2048, precision="mixed", r
 # GPU 3    ·  ·  · F1 B1  ·  ·  ·         busy 2 of 8 slots: 75 % bubble
 # ```
 #
-# Cutting the batch into **micro-batches** keeps several stages busy at once (GPipe):
+# Cutting the batch into **micro-batches** keeps several stages busy at once (GPipe; lesson 04 works
+# out how much for any number of them):
 #
 # ```
-# time →   1  2  3  4  5  6  7  8  9 10 11 12 13 14
-# GPU 0   F1 F2 F3 F4  ·  ·  ·  ·  ·  · B1 B2 B3 B4
-# GPU 1    · F1 F2 F3 F4  ·  ·  ·  · B1 B2 B3 B4  ·
-# GPU 2    ·  · F1 F2 F3 F4  ·  · B1 B2 B3 B4  ·  ·
-# GPU 3    ·  ·  · F1 F2 F3 F4 B1 B2 B3 B4  ·  ·  ·
+# time →   1  2  3  4  5  6  7  8  9 10
+# GPU 0   F1 F2  ·  ·  ·  ·  ·  · B1 B2
+# GPU 1    · F1 F2  ·  ·  ·  · B1 B2  ·
+# GPU 2    ·  · F1 F2  ·  · B1 B2  ·  ·
+# GPU 3    ·  ·  · F1 F2 B1 B2  ·  ·  ·
 #
-# each GPU busy 8 of 14 slots: 43 % bubble = (p−1)/(m+p−1)
+# two micro-batches: each GPU busy 4 of 10 slots, a 60 % bubble instead of 75 %
 # ```
 #
 # Lessons 03 onwards run these schedules (and better ones: 1F1B, interleaved, zero-bubble) on real

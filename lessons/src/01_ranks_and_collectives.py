@@ -57,6 +57,50 @@ except launcher.RanksHung as err:
         print(f"  rank {rank} was blocked in {blocked_in}")
 
 # %% [markdown]
+# ### Your own code on ranks
+# `launcher.run` runs the library's functions. To run code you write here, start a cell with
+# `%%ranks N`: the whole cell runs on N fresh ranks, with `rank`, `world_size`, `torch` and `dist`
+# (`torch.distributed`) defined. What each rank prints comes back prefixed with its rank, and the
+# cell's last expression is each rank's value:
+
+# %%
+# %%ranks 2
+import torch
+import torch.distributed as dist
+
+x = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(x)
+print(f"rank {dist.get_rank()} of {dist.get_world_size()}: sum {x.item():g}")
+x.item()
+
+# %% [markdown]
+# A function you wrote in a cell runs the same way with `cells.run(fn, N, args=...)`: the cell's
+# imports, functions and constants travel with it (its other lines do not run on the ranks). A
+# mistake is reported as the launcher reports one, with the line of *your* cell:
+
+# %%
+from parallel_lab.runtime import cells
+
+
+def my_gather(scale):
+    values = [torch.zeros(1) for _ in range(dist.get_world_size())]
+    dist.all_gather(values, torch.tensor([float(dist.get_rank() * scale)]))
+    return [v.item() for v in values]
+
+
+def my_broken(n):
+    if dist.get_rank() == 1:
+        return n / 0
+    return n
+
+
+print(cells.run(my_gather, 4, args=(10,)))
+try:
+    cells.run(my_broken, 2, args=(1,))
+except cells.RankError as err:
+    print(str(err).split("\n--- the other ranks")[0])
+
+# %% [markdown]
 # ## 2. The five collectives
 # Each rank starts with a small tensor; rank *r* holds `10·r + j` in slot *j*. The pictures come from a
 # real run on 4 ranks (`collectives.holdings`). Empty cells are slots a rank does not hold.
@@ -156,6 +200,17 @@ def my_ring_all_reduce(tensor):
     return tensor
 
 
+# %% [markdown]
+# **Try it on ranks** before the check: `--with my_ring_all_reduce` runs your answer cell's
+# definitions on the ranks first. Each rank starts with its own tensor; after your ring, every rank
+# should hold the same sums, `[60, 64, 68, 72, 76, 80]`.
+
+# %%
+# %%ranks 4 --with my_ring_all_reduce
+x = torch.arange(6.0) + 10 * dist.get_rank()
+my_ring_all_reduce(x)
+print(x.tolist())
+
 # %% tags=["check:ring-all-reduce", "points:2"]
 from parallel_lab.exercises import check_ring_all_reduce
 
@@ -183,7 +238,7 @@ from parallel_lab.show.predict import predict
 guess = predict("all-reduce-4mb", my_prediction, "gloo's all-reduce of 4 MB on 4 ranks, from your α–β fit",
                 unit="ms", tolerance=0.5)
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["reveals:all-reduce-4mb", "nbval-ignore-output"]
 from parallel_lab.hardware import ring_all_reduce_time
 
 size = [4 * 2**20]

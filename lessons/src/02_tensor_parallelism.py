@@ -137,6 +137,20 @@ def my_row_parallel_forward(x_shard, w_shard, bias, group):
     ### END SOLUTION
 
 
+# %% [markdown]
+# **Try it on ranks** before the check: this cell runs on 2 ranks after your answer cell's
+# definitions (`--with`); each rank passes its half of the columns of X and of the rows of W, and
+# compares what your function returns with the dense X·W + bias.
+
+# %%
+# %%ranks 2 --with my_row_parallel_forward
+torch.manual_seed(0)  # the same X, W and bias on every rank
+x, w, bias = (torch.randn(3, 4, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64),
+              torch.randn(5, dtype=torch.float64))
+half = slice(2 * dist.get_rank(), 2 * dist.get_rank() + 2)
+y = my_row_parallel_forward(x[:, half], w[half], bias, dist.group.WORLD)
+print("equal to the dense X·W + bias:", torch.allclose(y, x @ w + bias))
+
 # %% tags=["check:row-parallel-forward", "points:2"]
 from parallel_lab.exercises import check_row_parallel_forward
 
@@ -242,6 +256,17 @@ class MyG(torch.autograd.Function):
         return grad, None
         ### END SOLUTION
 
+
+# %% [markdown]
+# **Try it on ranks** before the check: forward, every rank should hold the sum over the ranks;
+# backward, each rank's gradient should come back unchanged (all ones here).
+
+# %%
+# %%ranks 2 --with MyG
+x = torch.full((3,), float(dist.get_rank() + 1), requires_grad=True)
+y = MyG.apply(x, dist.group.WORLD)
+y.sum().backward()
+print("forward:", y.tolist(), " backward:", x.grad.tolist())
 
 # %% tags=["check:g-operator", "points:2"]
 from parallel_lab.exercises import check_g_operator

@@ -65,7 +65,7 @@ from parallel_lab.show.predict import predict
 
 guess = predict("gpipe-bubble", my_prediction)
 
-# %%
+# %% tags=["reveals:gpipe-bubble"]
 from parallel_lab.pipeline.simulate import Costs, simulate, unit_grid
 
 costs = Costs(F=1, B=2)
@@ -85,7 +85,7 @@ guess.versus(timeline.bubble_fraction, "simulated")
 # For p = 4, m = 4 that is 3/7 ≈ 0.429, down from 0.75 with the whole batch in one piece. The costs
 # cancel: the bubble depends only on p and m (as long as the stages are equally fast).
 
-# %%
+# %% tags=["reveals:gpipe-bubble"]
 from parallel_lab.show import pipeline as figures
 
 figures.gantt(timeline)
@@ -115,7 +115,7 @@ my_prediction = 27  # (p−1)/(m+p−1) <= 0.1  <=>  m >= 9 (p−1) = 27
 guess = predict("gpipe-microbatches", my_prediction, "the fewest micro-batches that bring a 4-stage GPipe's "
                 "bubble to at most 10 %", unit="micro-batches", tolerance=0.02)
 
-# %%
+# %% tags=["reveals:gpipe-microbatches"]
 p = 4
 print(" m   bubble (simulated)   (p−1)/(m+p−1)   idle/compute (p−1)/m")
 for m in (1, 2, 4, 8, 16, 32):
@@ -164,7 +164,7 @@ for m in (1, 2, 4, 8):
 # machine's **wall clock**, where 4 ranks share its cores. Your numbers will differ from the ones
 # stored here.
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["reveals:gpipe-bubble", "nbval-ignore-output"]
 import os
 
 print(" m   (p−1)/(m+p−1)   predicted (measured costs)   measured (virtual clock)   "

@@ -8,8 +8,8 @@
 #   alternates, a cool-down;
 # - explain why it has exactly GPipe's bubble, (p−1)/(m+p−1), although it does the work in another
 #   order;
-# - predict and measure the activations stage r keeps at once: at most **min(m, p−r)**
-#   micro-batches, instead of GPipe's m;
+# - predict and measure how many micro-batches' activations each stage keeps at once, against
+#   GPipe's m;
 # - trade compute for memory with **recomputation**;
 # - write the 1F1B schedule yourself, and have it validated, simulated and run on real ranks.
 #
@@ -84,7 +84,7 @@ guess = predict("1f1b-peak-stash", my_prediction)
 # %%
 figures.memory(timelines["1f1b"], title="1F1B, p = 4, m = 8: stashed micro-batches per stage")
 
-# %%
+# %% tags=["reveals:1f1b-peak-stash"]
 guess.versus(max(timelines["1f1b"].peak_activations), "simulated")
 
 # %% [markdown]

@@ -95,7 +95,7 @@ from parallel_lab.show.predict import predict
 
 guess = predict("zb-h1-bubble", my_prediction)
 
-# %%
+# %% tags=["reveals:zb-h1-bubble"]
 zb_h1 = simulate(build("zb-h1", p, m), Costs(F=2, B=4, I=2, W=2))
 idle = [zb_h1.makespan - busy for busy in zb_h1.busy]
 print(f"ZB-H1: step {zb_h1.makespan:g} units, idle per GPU {idle}")
@@ -124,7 +124,7 @@ my_prediction = 1 + 3 * 32 / 34  # one micro-batch whole, three waiting for thei
 memory_guess = predict("zb-h1-last-gpu-memory", my_prediction, "ZB-H1's peak activations on GPU 3 of 4, "
                        "m = 8, counted until W", unit="micro-batches (M_B)", tolerance=0.1)
 
-# %%
+# %% tags=["reveals:zb-h1-last-gpu-memory"]
 share = simulate(build("zb-h1", p, m)).w_share  # M_W / M_B: the paper's 32/34
 print(f"M_W / M_B = {share:.3f}")
 print(f"{'GPU':>4} {'1F1B: (p−r)':>12} {'ZB-H1 counted until W':>22} {'= (p−r) + r·M_W/M_B':>21}")
@@ -214,7 +214,7 @@ my_prediction = 3 / 51  # ZB-V's: a step of 6m + p − 1 = 51 units, p − 1 = 3
 dualpipe_guess = predict("dualpipe-v-bubble", my_prediction, "DualPipeV's bubble (idle share of the step), "
                          "p = 4, m = 8, F = I = W = 1 per model stage", tolerance=0.1)
 
-# %%
+# %% tags=["reveals:dualpipe-v-bubble"]
 dualpipe_t = simulate(dualpipe, Costs(F=1, B=2, I=1, W=1))
 print(f"DualPipeV: step {dualpipe_t.makespan:g} units, idle per GPU "
       f"{[dualpipe_t.makespan - b for b in dualpipe_t.busy]}, idle share {dualpipe_t.bubble_fraction:.1%}")
@@ -237,7 +237,7 @@ figures.gantt(dualpipe_t).update_xaxes(range=[0, 68])
 # - with an input gradient dearer than the weight gradient, ZB-V fills the drain better than
 #   DualPipeV's pairs do; DualPipe's gain, the hidden all-to-all, is what these timelines leave out.
 
-# %%
+# %% tags=["reveals:zb-h1-bubble"]
 try:
     build("dualpipe-v", 4, 7)
 except ValueError as err:
@@ -255,7 +255,7 @@ for name in ("zb-v", "dualpipe-v"):
 # most activations any one GPU holds, in whole-stage units (chunks / v); *messages* counts the
 # activations and gradients sent between GPUs in one step.
 
-# %%
+# %% tags=["reveals:zb-h1-bubble"]
 five = schedule_figures.SCHEDULES + (("dualpipe-v", 2),)
 print(schedule_figures.schedule_table(schedule_figures.compare_schedules([(4, 8), (4, 16), (8, 16)], five)))
 

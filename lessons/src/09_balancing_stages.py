@@ -73,7 +73,7 @@ print("per-stage costs for the simulator: F =", costs.F, " B =", costs.B)
 unbalanced = simulate(build("1f1b", 4, 8), costs)
 figures.gantt(unbalanced, title=f"1F1B, even blocks: stage loads {costs.F}, bubble {unbalanced.bubble_fraction:.1%}")
 
-# %%
+# %% tags=["reveals:uneven-cut-step"]
 guess.versus(unbalanced.makespan, "simulated")
 
 # %% [markdown]
@@ -85,7 +85,7 @@ guess.versus(unbalanced.makespan, "simulated")
 # possible (`partition.balanced`, below). Here it leaves the head alone on the last stage and moves
 # the blocks up:
 
-# %%
+# %% tags=["reveals:uneven-cut-step"]
 best = partition.balanced(layer_f, 4)
 print(partition.describe(best, names, layer_f))
 balanced = simulate(build("1f1b", 4, 8), balance.stage_costs(layer_f, best))

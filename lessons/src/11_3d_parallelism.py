@@ -126,6 +126,24 @@ def my_mesh_groups(dp, pp, tp):
     ### END SOLUTION
 
 
+# %% [markdown]
+# **Try it on ranks** before the check: on 4 ranks, every rank creates every group your function
+# returns for dp 1 × pp 2 × tp 2 (all ranks must create all groups, in the same order), then sums
+# its rank over its tensor-parallel group: ranks 0 and 1 should get 1, ranks 2 and 3 should get 5.
+
+# %%
+# %%ranks 4 --with my_mesh_groups
+import torch
+import torch.distributed as dist
+
+groups = my_mesh_groups(1, 2, 2)
+me = dist.get_rank()
+made = {axis: [dist.new_group(g) for g in members] for axis, members in groups.items()}
+tp_group = next(h for g, h in zip(groups["tp"], made["tp"]) if me in g)
+x = torch.tensor([float(me)])
+dist.all_reduce(x, group=tp_group)
+print({axis: next(g for g in members if me in g) for axis, members in groups.items()}, "tp sum", x.item())
+
 # %% tags=["check:mesh-groups", "points:2"]
 from parallel_lab.exercises import check_mesh_groups
 

@@ -8,13 +8,13 @@
 #   for Adam in mixed precision), at each of ZeRO's stages 0-3;
 # - run every stage on real ranks and check that it trains **exactly** like one process, while the
 #   model state measured on each rank falls stage by stage as the formula says;
-# - count what each stage sends per step: 2Ψ for stages 0-2, 3Ψ for stage 3 (FSDP), and read it from
-#   what the ranks really sent;
+# - count what each stage sends per step, in units of Ψ, and read it from what the ranks really
+#   sent;
 # - read the overlap of compute and communication on a Gantt chart of the virtual clock: DDP's gradient
 #   buckets and FSDP's prefetch;
 # - write ZeRO-2's step yourself (reduce-scatter, Adam on the shard, all-gather), checked on real
 #   ranks;
-# - say where ZeRO-3 loses: when its 3Ψ must cross the slow links between nodes.
+# - say where ZeRO-3 loses: when its extra traffic must cross the slow links between nodes.
 #
 # This lesson continues lesson 11's **data parallelism**: there every replica held the whole model,
 # its gradients and its Adam state, and averaged the gradients with one all-reduce per step
@@ -67,7 +67,7 @@ from parallel_lab.show.predict import predict
 
 guess = predict("zero2-model-state", my_prediction)
 
-# %%
+# %% tags=["reveals:zero2-model-state"]
 from parallel_lab.zero import memory as zero_memory
 
 row = zero_memory.per_rank(1e9, dp=8, stage=2, value_bytes=2, adam_bytes=12)
@@ -152,7 +152,7 @@ my_prediction = 0.25 + 0.12  # the shards, plus two full blocks in use
 share_guess = predict("zero3-share", my_prediction, "stage 3's bytes per rank as a share of stage 0's, dp = 4",
                       tolerance=0.25)
 
-# %%
+# %% tags=["reveals:zero3-share"]
 print(zf.memory_table(reports))
 totals = {s: r["memory_per_rank"]["total"]["measured"] for s, r in reports.items()}
 share_guess.versus(totals[3] / totals[0])
@@ -197,7 +197,7 @@ traffic_guess = predict("zero3-traffic", my_prediction, "values moved per rank a
 # rank passed in (an all-gather: its shard; a reduce-scatter: its whole input) into values moved in the
 # paper's sense:
 
-# %%
+# %% tags=["reveals:zero3-traffic"]
 print(zf.traffic_table(reports))
 stage3 = zf.traffic_rows(reports)[3]
 traffic_guess.versus(stage3["measured_psi"])
@@ -321,6 +321,18 @@ def my_zero2_step(param, grad, state, lr):
     dist.all_gather_single(param, mine.clone())  # every rank's updated shard, into the full param
     ### END SOLUTION
 
+
+# %% [markdown]
+# **Try it on ranks** before the check: two ranks, the same parameter, each its own gradient. After
+# one step every rank should hold the same updated parameter (the all-gather's work), 0.1 away from
+# where it started in every value (Adam's first step moves each value by about lr).
+
+# %%
+# %%ranks 2 --with my_zero2_step
+torch.manual_seed(dist.get_rank())  # each rank its own gradient
+param = torch.arange(8, dtype=torch.float64)
+my_zero2_step(param, torch.randn(8, dtype=torch.float64), {}, 0.1)
+print([round(v, 4) for v in param.tolist()])
 
 # %% tags=["check:zero2-step", "points:2"]
 from parallel_lab.exercises import check_zero2_step

@@ -108,7 +108,7 @@ from parallel_lab.show.predict import predict
 
 guess = predict("moe-dropped", my_prediction)
 
-# %%
+# %% tags=["reveals:moe-dropped"]
 print(xf.load_table(routing))
 guess.versus(routing.dropped, "models.MoE")
 
@@ -116,7 +116,7 @@ guess.versus(routing.dropped, "models.MoE")
 # Each bar is an expert's demand: the kept first and second choices, and in red what lies beyond the
 # capacity line:
 
-# %%
+# %% tags=["reveals:moe-dropped"]
 xf.load_figure(routing, title=f"n = 64, E = 8, top-2, C = 1: capacity {routing.capacity}, "
                               f"{routing.dropped} assignments dropped")
 

@@ -186,7 +186,7 @@ from parallel_lab.show.predict import predict
 
 guess = predict("ring-score-bytes", my_prediction)
 
-# %%
+# %% tags=["reveals:ring-score-bytes"]
 from parallel_lab.context.run import run_context
 
 results = [run_context(cp=cp, variant=variant) for variant in ("ring", "ulysses") for cp in (2, 4)]
@@ -202,7 +202,7 @@ guess.versus(ring4["score_bytes_per_rank"]["measured"], "measured on 4 ranks")
 # B·(n/cp)·s², cp times less: exactly s²/cp per head's worth, the plain row split's amount.
 # Measured and predicted (`context.cost.context_cost`) agree, and so do the bytes sent.
 
-# %%
+# %% tags=["reveals:ring-score-bytes"]
 for r in results:
     scores = r["score_bytes_per_rank"]
     print(f"{r['variant']:<8} cp {r['cp']}: measured {scores['measured']:>6,} B, one process / cp = "

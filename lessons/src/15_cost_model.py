@@ -100,7 +100,7 @@ from parallel_lab.show.predict import predict
 
 guess = predict("tp8-memory", my_prediction)
 
-# %%
+# %% tags=["reveals:tp8-memory"]
 gpt3 = pw.GPT3
 layout = dict(model=gpt3, micro_batch=1, dp=8, pp=8, tp=8, sequence_parallel=True, microbatches=64)
 print(pw.memory_table({

@@ -81,7 +81,7 @@ my_prediction = 7 / 3  # twice the layers per GPU, 2·7/8 instead of 2·3/4 of e
 ratio_guess = predict("tp8-over-tp4", my_prediction, "TP 8 × PP 8's all-reduce time per step over TP 4 × "
                       "PP 16's, dp 8, 192 micro-batches", tolerance=0.25)
 
-# %%
+# %% tags=["reveals:tp8-over-tp4"]
 only_1f1b = planner.plan(gpt3, pw.CLUSTER, pw.BATCH, schedules=("1f1b",), zero=(0,))
 print("DGX H100, 1F1B only, the five fastest:")
 print(pw.plans_table(only_1f1b["plans"][:5]))

@@ -34,10 +34,12 @@ above; ``tools/build_lessons.py`` refuses a lesson whose ``check:predict:`` tags
 entries differ, or whose student edition would not leave ``my_prediction = None``.
 
 **What the grader reads.** ``my_prediction`` from the answer cell's source, as data: a number, or
-numbers with ``+ - * /`` (``3 / 7``), or ``None``; nothing in the cell is executed (see
-``read_prediction``). The reference is computed by the grader with the registered function
-(``parallel_lab.course.quiz.answers``, like the quiz banks' computed answers), never taken from the
-submission, whose measured outputs a student could edit. The grader cannot know *when* the number
+numbers with ``+ - * /`` (``3 / 7``), or ``None``; for a prediction of another ``kind`` a string
+(``"choice"``: one of its ``choices``) or a list of strings (``"order"``: its ``choices`` in the
+student's order); nothing in the cell is executed (see ``read_prediction``). The reference is
+computed by the grader with the registered function (``parallel_lab.course.quiz.answers``, like
+the quiz banks' computed answers), never taken from the submission, whose measured outputs a
+student could edit. The grader cannot know *when* the number
 was written: the lesson asks for it before the run, and the comparison is there to learn from.
 """
 
@@ -56,11 +58,16 @@ from parallel_lab.i18n import _, _l
 VARIABLE = "my_prediction"  # what every prediction's answer cell assigns
 
 
+KINDS = ("number", "choice", "order")  # what a prediction is: a number, one of its choices, an order of them
+
+
 @dataclass(frozen=True)
 class GradedPrediction:
-    """A prediction the grader scores: within ``tolerance`` (relative: 0.1 is ±10 %) of
+    """A prediction the grader scores: within ``tolerance`` (relative: 0.1 is ±10 %; 0 is exact) of
     ``function(**params)`` earns ``points``. ``question`` is ``{"en": ..., "zh-Hant": ...}``;
-    ``about`` names the reference in feedback ("GPipe bubble, p = 4, m = 4")."""
+    ``about`` names the reference in feedback ("GPipe bubble, p = 4, m = 4"). ``kind`` "choice"
+    (the reference is one of ``choices``) or "order" (the reference is ``choices`` in some order)
+    is scored right or wrong."""
 
     id: str
     lesson: str
@@ -71,8 +78,10 @@ class GradedPrediction:
     points: float = 1.0
     unit: str = ""
     about: str = ""
+    kind: str = "number"
+    choices: tuple = ()
 
-    def reference(self) -> float:
+    def reference(self):
         """The reference value, computed here (``parallel_lab.course.quiz.bank.resolve``)."""
         return resolve({"function": self.function, "params": dict(self.params)}, f"prediction {self.id}")
 
@@ -198,10 +207,21 @@ def _assigns(node) -> bool:
         node.target.id == VARIABLE and node.value is not None
 
 
-def read_prediction(source: str) -> float | None:
-    """``my_prediction`` of an answer cell's source (its last top-level assignment): a float, or
-    None while it is still None. ValueError, with the reason, when it is missing or not a number.
-    Nothing in the cell is executed."""
+def _words(node):
+    """A string literal, or a list/tuple of string literals (as a tuple), else None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, (ast.List, ast.Tuple)) and all(
+            isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+        return tuple(e.value for e in node.elts)
+    return None
+
+
+def read_prediction(source: str, kind: str | None = "number"):
+    """``my_prediction`` of an answer cell's source (its last top-level assignment): a float (kind
+    "number"), a string ("choice"), a tuple of strings ("order"), or None while it is still None;
+    ``kind=None`` takes any of them. ValueError, with the reason, when it is missing or not of its
+    kind. Nothing in the cell is executed."""
     try:
         tree = ast.parse(source)
     except SyntaxError as err:
@@ -213,6 +233,17 @@ def read_prediction(source: str) -> float | None:
     node = values[-1]
     if isinstance(node, ast.Constant) and node.value is None:
         return None
+    words = _words(node)
+    if kind == "choice" or (kind is None and isinstance(words, str)):
+        if not isinstance(words, str):
+            raise ValueError(_("{variable} is not one of the choices (the grader reads it, it never runs it): "
+                               "write one of them in quotes, such as 'rows'").format(variable=VARIABLE))
+        return words
+    if kind == "order" or (kind is None and isinstance(words, tuple)):
+        if not isinstance(words, tuple):
+            raise ValueError(_("{variable} is not an order (the grader reads it, it never runs it): write the "
+                               "choices as a list of strings, such as ['a', 'b', 'c']").format(variable=VARIABLE))
+        return words
     try:
         value = _number(node)
     except (ValueError, ZeroDivisionError, OverflowError, RecursionError):
@@ -238,10 +269,45 @@ def within(value: float, target: float, tolerance: float) -> bool:
     return abs(value - target) <= tolerance * abs(target) + 1e-12
 
 
+def answer_text(value, unit: str = "") -> str:
+    """A prediction or its reference as the lessons print it: a number (``number``), a choice as
+    written, an order as ``a → b → c``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (tuple, list)):
+        return " → ".join(str(v) for v in value)
+    return number(float(value), unit)
+
+
+def matches(value, target) -> bool:
+    """A choice or an order equals its reference (case and surrounding spaces aside)."""
+    def norm(v):
+        return tuple(norm(x) for x in v) if isinstance(v, (tuple, list)) else str(v).strip().casefold()
+
+    return norm(value) == norm(target)
+
+
+def exact_comparison(value, target, unit: str = "", name: str = "measured", about: str = "") -> str:
+    """``predicted rows, simulated columns (...): not this time`` for a choice, an order or an exact
+    count (a number with tolerance 0); an order also says how many are in place."""
+    right = matches(value, target) if not isinstance(value, (int, float)) else within(value, target, 0)
+    about = f" ({about})" if about else ""
+    fields = dict(value=answer_text(value, unit), name=name, target=answer_text(target, unit), about=about)
+    if right:
+        return _("predicted {value}, {name} {target}{about}: right").format(**fields)
+    if isinstance(value, (tuple, list)) and isinstance(target, (tuple, list)):
+        placed = sum(matches(a, b) for a, b in zip(value, target))
+        return _("predicted {value}, {name} {target}{about}: {placed} of {n} in place").format(
+            placed=placed, n=len(target), **fields)
+    return _("predicted {value}, {name} {target}{about}: not this time").format(**fields)
+
+
 def comparison(value: float, target: float, tolerance: float, unit: str = "", name: str = "measured",
                about: str = "") -> str:
     """``predicted 0.1, reference 0.273 (GPipe bubble, p = 4, m = 8): -63 %, outside ±10 %`` (in the
-    process's language; ``name`` as given)."""
+    process's language; ``name`` as given). A tolerance of 0 is an exact count: ``exact_comparison``."""
+    if tolerance == 0:
+        return exact_comparison(value, target, unit, name, about)
     percent = round((value - target) / abs(target) * 100) if target else 0
     off = f"{percent:+d} %, " if percent else ("0 %, " if target else "")
     inside = within(value, target, tolerance)
@@ -264,7 +330,7 @@ def grade(prediction_id: str, source: str) -> Verdict:
         return Verdict(False, [_("prediction {id}: FAILED: the grader knows no graded prediction {id!r}").format(
             id=prediction_id)])
     try:
-        value = read_prediction(source)
+        value = read_prediction(source, graded.kind)
     except ValueError as err:
         return Verdict(False, [_("prediction {id}: FAILED: {reason}").format(id=prediction_id, reason=err)])
     if value is None:
@@ -272,7 +338,11 @@ def grade(prediction_id: str, source: str) -> Verdict:
                                  "tagged answer:predict:{id}").format(id=prediction_id, variable=VARIABLE)],
                        not_yet=True)
     target = graded.reference()
-    passed = within(value, target, graded.tolerance)
-    text = comparison(value, target, graded.tolerance, str(graded.unit), _("reference"), str(graded.about))
+    if graded.kind == "number":
+        passed = within(value, target, graded.tolerance)
+        text = comparison(value, target, graded.tolerance, str(graded.unit), _("reference"), str(graded.about))
+    else:
+        passed = matches(value, target)
+        text = exact_comparison(value, target, str(graded.unit), _("reference"), str(graded.about))
     line = _("prediction {id}: PASSED: {comparison}") if passed else _("prediction {id}: FAILED: {comparison}")
     return Verdict(passed, [line.format(id=prediction_id, comparison=text)])

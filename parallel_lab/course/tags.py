@@ -12,6 +12,9 @@ the built notebooks carry them in each cell's ``metadata.tags``.
   - ``predict:PID``, a prediction (``answer:predict:PID`` holds ``my_prediction = ...``); graded when
     ``check:predict:PID`` is tagged and PID is in ``course.predictions.GRADED``, whose points it
     takes (no ``points:`` tag);
+- ``reveals:PID``: a code cell whose output answers prediction ``PID`` (the run after it, a table
+  or a figure that shows the answer): the student edition hides that output until the student runs
+  the cell (``course.hidden``);
 - nbval's own: ``nbval-ignore-output`` (outputs not compared: widgets, timings), ``nbval-skip``,
   ``raises-exception``.
 """
@@ -19,7 +22,7 @@ the built notebooks carry them in each cell's ``metadata.tags``.
 from __future__ import annotations
 
 ANSWER, CHECK, POINTS = "answer:", "check:", "points:"
-QUIZ, PREDICT = "quiz:", "predict:"
+QUIZ, PREDICT, REVEALS = "quiz:", "predict:", "reveals:"
 NBVAL_IGNORE_OUTPUT, NBVAL_SKIP, RAISES_EXCEPTION = "nbval-ignore-output", "nbval-skip", "raises-exception"
 
 
@@ -64,6 +67,11 @@ def check(cell) -> tuple[str | None, str | None]:
     if not found or cell.get("cell_type") != "code":
         return None, None
     return found, written
+
+
+def reveals(cell) -> list[str]:
+    """The predictions a code cell's output answers (``reveals:PID``)."""
+    return _values(cell, REVEALS)
 
 
 def quiz(check_id: str) -> str | None:

@@ -10,8 +10,8 @@ A training step frees its gradients and allocates them again (``zero_grad`` sets
 the moving thresholds a rank's heap top can end a step above the trim threshold: glibc gives it back
 and the next step takes it again, faulted in 4 KB at a time. ``keep_freed_memory`` fixes both
 thresholds where glibc's own rule ends up, so the pages stay. Every rank the launcher starts calls it
-(``rank_process.main``), and so does ``torchrun.init_from_env``. What it changed in the benchmarks is in the
-README (Benchmarks, "Freed memory stays with the rank"); ``demos.heap_refaults`` is the test's probe.
+(``rank_process.main``), and so does ``torchrun.init_from_env``. What it changed in the benchmarks is in
+docs/benchmarks.md ("Freed memory stays with the rank"); ``demos.heap_refaults`` is the test's probe.
 PyTorch's CPU performance tuning guide recommends jemalloc or TCMalloc for the same reuse; neither is
 in the course's environment, mallopt is in glibc.
 """

@@ -9,7 +9,17 @@ from __future__ import annotations
 import signal
 
 
-class RankError(RuntimeError):
+class _Report:
+    """In a notebook, IPython shows ``_render_traceback_()`` instead of the kernel's own traceback: the
+    report (which rank, its traceback, what the others were doing) without the launcher's frames,
+    which say nothing about the code that failed."""
+
+    def _render_traceback_(self) -> list[str]:
+        lines = str(self).splitlines() or [""]
+        return [f"{type(self).__name__}: {lines[0]}", *lines[1:]]
+
+
+class RankError(_Report, RuntimeError):
     """An exception raised by the function on one rank (``rank``, ``exc_type``, ``remote_traceback``)."""
 
     def __init__(self, rank, exc_type, message, remote_traceback, others=""):
@@ -21,7 +31,7 @@ class RankError(RuntimeError):
         )
 
 
-class RankDied(RuntimeError):
+class RankDied(_Report, RuntimeError):
     """A rank process ended without answering (killed, crashed): ``rank``, ``exitcode``."""
 
     def __init__(self, rank, exitcode, doing, others=""):
@@ -32,7 +42,7 @@ class RankDied(RuntimeError):
         )
 
 
-class RanksHung(TimeoutError):
+class RanksHung(_Report, TimeoutError):
     """Ranks still running after the timeout; ``blocked`` maps rank -> what it was doing."""
 
     def __init__(self, timeout, blocked, report):
