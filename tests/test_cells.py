@@ -144,3 +144,19 @@ def test_the_magic_runs_with_a_function_from_another_cell_and_says_not_yet_for_a
     assert "NOT YET: rank 0 raised NotImplementedError" in capsys.readouterr().out
     unknown = shell.run_cell("%%ranks 2 --with nothing_here\n1\n")
     assert not unknown.success and "no such function here yet" in str(unknown.error_in_exec)
+
+
+def test_a_verdict_for_an_answer_that_raises_shows_the_line_of_the_answer():
+    from parallel_lab.exercises import one_f_one_b, ring_all_reduce
+
+    ring = ("import torch\nimport torch.distributed as dist\n\n\ndef my_ring_all_reduce(tensor):\n"
+            "    rank = dist.get_rank()\n    scale = 1 / (rank - rank)\n    return tensor * scale\n")
+    verdict = ring_all_reduce.EXERCISE.check(ring)
+    assert not verdict.passed
+    text = str(verdict)
+    assert "rank 0 raised ZeroDivisionError: division by zero" in text
+    assert "  your answer, line 7, in my_ring_all_reduce: scale = 1 / (rank - rank)" in text
+    assert "parallel_lab" not in text  # the harness's own frames are not the student's business
+    order = "def my_one_f_one_b(p, m):\n    ranks = []\n    return ranks[p]\n"
+    verdict = one_f_one_b.EXERCISE.check(order)
+    assert "  your answer, line 3, in my_one_f_one_b: return ranks[p]" in str(verdict), str(verdict)

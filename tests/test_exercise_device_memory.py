@@ -242,7 +242,9 @@ def test_two_byte_values_fail_against_the_model_and_the_real_tensors_determinist
         "bytes per value? this plan stores 4-byte values (value_bytes=4)"]
     assert EXERCISE.check(two_bytes).lines == verdict.lines
     raises = EXERCISE.check(SOLUTION.replace('model["vocab"]', 'model["vocabulary"]'))
-    assert raises.lines[1] == "  " + describe(CASES[0]) + ": my_device_memory raised KeyError: 'vocabulary'"
+    first, *where = raises.lines[1].splitlines()
+    assert first == "  " + describe(CASES[0]) + ": my_device_memory raised KeyError: 'vocabulary'"
+    assert where and where[0].startswith("  your answer, line 6, in my_device_memory: ")  # the line that raised
 
 
 def my_device_memory(model, dp, pp, tp, microbatches, micro_batch, recompute="none", sequence_parallel=False,

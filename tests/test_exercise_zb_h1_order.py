@@ -221,7 +221,7 @@ def test_a_wrong_answer_fails_through_the_whole_check_and_its_verdict_is_determi
     assert not raises.passed
     assert raises.lines[0].startswith("ZB-H1 p=2, m=4: FAILED: my_zb_h1: 0F0 (stage 0, microbatch 0) is missing")
     assert "ZB-H1 p=4, m=8: FAILED: my_zb_h1(4, 8) raised NameError: name 'undefined_name' is not defined" in \
-        raises.lines
+        [line.splitlines()[0] for line in raises.lines]
 
 
 def my_zb_h1(p, m):

@@ -218,7 +218,8 @@ def test_patching_torch_on_a_rank_does_not_change_the_comparison():
 def test_errors_and_hangs_on_a_rank_become_failed_lines(monkeypatch):
     raises = RING.check(answer("    return tensor + undefined_name"))
     assert raises.lines[0] == ("ring all-reduce on 2 ranks: FAILED: rank 0 raised NameError: "
-                               "name 'undefined_name' is not defined")
+                               "name 'undefined_name' is not defined\n"
+                               "  your answer, line 2, in my_ring_all_reduce: return tensor + undefined_name")
     monkeypatch.setenv("PARALLEL_LAB_CHECK_TIMEOUT", "3")
     waits = RING.check(answer("    buffer = torch.empty_like(tensor)\n"
                               "    dist.recv(buffer, src=(dist.get_rank() - 1) % dist.get_world_size())\n"

@@ -160,7 +160,9 @@ def test_invalid_and_deadlocking_solutions_fail_pointing_at_the_first_offending_
 @pytest.mark.timeout(120)
 def test_exception_in_the_answer_is_a_failed_line_per_case():
     verdict = ONE.check(RAISES)
-    assert verdict.lines[0] == "1F1B p=2, m=3: FAILED: my_one_f_one_b(2, 3) raised NameError: name 'q' is not defined"
+    assert verdict.lines[0].splitlines()[0] == \
+        "1F1B p=2, m=3: FAILED: my_one_f_one_b(2, 3) raised NameError: name 'q' is not defined"
+    assert verdict.lines[0].splitlines()[1].startswith("  your answer, line ")
 
 
 def test_the_library_schedules_are_not_an_answer():

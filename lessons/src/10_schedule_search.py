@@ -134,7 +134,7 @@ from parallel_lab.show.predict import predict
 
 guess = predict("synchronised-bubble", my_prediction)
 
-# %%
+# %% tags=["reveals:synchronised-bubble"]
 busy = search(4, 12, max_activations=8)
 print(sf.found_text(busy, grid=False))
 guess.versus(busy.judged.steady_bubble(synchronised=True), "simulated")
@@ -181,7 +181,7 @@ print(sf.clipped_text(clipped))
 # fixed schedules: solid lines are one step (with the synchronisation), dashed ones back-to-back
 # steps without it. (A smaller local-search budget than the default keeps this cell short.)
 
-# %%
+# %% tags=["reveals:synchronised-bubble"]
 from parallel_lab.pipeline.search.api import front
 
 caps = (1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8)

@@ -92,8 +92,9 @@ def statement(load: Load) -> str:
     if load.quiz_items:
         parts.append(ngettext("a quiz of {n} question", "a quiz of {n} questions", load.quiz_items).format(
             n=load.quiz_items))
+    # TRANSLATORS: the separator between the parts of a lesson's load ("、" in Chinese)
     return _("*About {minutes} minutes: {parts} (how this is estimated: docs/students.md).*").format(
-        minutes=load.minutes, parts=", ".join(parts))
+        minutes=load.minutes, parts=_(", ").join(parts))
 
 
 def with_statement(first_markdown: str, line: str) -> str:

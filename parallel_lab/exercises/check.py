@@ -27,7 +27,9 @@ import ast
 import inspect
 import linecache
 import os
+import re
 import textwrap
+import traceback
 from dataclasses import dataclass
 from typing import Callable
 
@@ -184,12 +186,40 @@ def is_stub(source: str, name: str) -> bool:
 # On the ranks: the harnesses' common parts (trusted code that runs beside an answer).
 
 
+ANSWER_FILE = "<answer>"  # the name the answer cell is compiled under, on the ranks
+
+
 def compile_answer(source: str, name: str):
     """On a rank (never in the checking process): run the answer cell with ``torch`` and ``dist`` in
-    scope and return what it defines under ``name``."""
+    scope and return what it defines under ``name``. The cell's lines go to ``linecache``, so that a
+    traceback through the answer shows them (``answer_lines``)."""
+    linecache.cache[ANSWER_FILE] = (len(source), None, source.splitlines(True), ANSWER_FILE)
     namespace = {"torch": torch, "dist": dist, "__name__": "answer"}
-    exec(compile(source, "<answer>", "exec"), namespace)
+    exec(compile(source, ANSWER_FILE, "exec"), namespace)
     return namespace[name]
+
+
+_FRAME = re.compile(r'^  File "<answer>", line (\d+), in (.+)$')
+
+
+def answer_lines(traceback_text: str) -> list:
+    """The lines of a traceback that are in the student's answer: ``  your answer, line 7, in
+    my_ring: x = y / 0`` (the answer cell's line numbers; the library's frames left out)."""
+    lines, out = traceback_text.splitlines(), []
+    for index, line in enumerate(lines):
+        match = _FRAME.match(line)
+        if match:
+            code = lines[index + 1].strip() if index + 1 < len(lines) and lines[index + 1].startswith("    ") else ""
+            out.append(_("  your answer, line {line}, in {function}: {code}").format(
+                line=match[1], function=match[2], code=code))
+    return out
+
+
+def answer_error(err: BaseException) -> str:
+    """On a rank: an exception the answer raised, as a verdict shows it: ``ZeroDivisionError:
+    division by zero`` and, below, the lines of the answer it went through (``answer_lines``)."""
+    head = f"{type(err).__name__}: {err}"
+    return "\n".join([head, *answer_lines("".join(traceback.format_exception(err)))])
 
 
 def plain(value) -> dict:
@@ -268,8 +298,8 @@ def run_answer(harness, source: str, name: str, world_size: int, label: str, arg
         if err.exc_type == "NotImplementedError":
             raise NotYet() from None
         message = str(err).splitlines()[0].split(": ", 1)[-1]
-        return _("{where}: FAILED: rank {rank} raised {error}: {message}").format(
-            where=where, rank=err.rank, error=err.exc_type, message=message)
+        return "\n".join([_("{where}: FAILED: rank {rank} raised {error}: {message}").format(
+            where=where, rank=err.rank, error=err.exc_type, message=message), *answer_lines(err.remote_traceback)])
     except launcher.RanksHung as err:
         blocked = "; ".join(_("rank {rank}: {what}").format(rank=r, what=what)
                             for r, what in sorted(err.blocked.items()))

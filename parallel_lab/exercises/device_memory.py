@@ -38,7 +38,7 @@ import math
 
 import torch
 
-from parallel_lab.exercises.check import Exercise, NotYet, Verdict, compile_answer, register, run_answer
+from parallel_lab.exercises.check import Exercise, NotYet, Verdict, answer_error, compile_answer, register, run_answer
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.i18n import _l
 from parallel_lab.planning import memory, memory_check, memory_model
@@ -120,7 +120,7 @@ def harness(source: str, name: str, cases) -> list[dict]:
             out.append({"not_yet": True})
             continue
         except Exception as err:  # the answer's own error: reported per case
-            out.append({"error": f"{type(err).__name__}: {err}"})
+            out.append({"error": answer_error(err)})
             continue
         if isinstance(got, dict):
             out.append({"values": {field: _number(got[field]) if field in got else None for field in FIELDS}})

@@ -31,7 +31,7 @@ import numbers
 import torch
 import torch.distributed as dist
 
-from parallel_lab.exercises.check import Exercise, NotYet, Verdict, compile_answer, register, run_answer
+from parallel_lab.exercises.check import Exercise, NotYet, Verdict, answer_error, compile_answer, register, run_answer
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.i18n import _l
 
@@ -152,7 +152,7 @@ def harness(source: str, name: str, cases=CASES) -> list[dict]:
             except NotImplementedError:
                 answers.append({"not_yet": True})
             except Exception as err:  # the answer's own error: reported per case
-                answers.append({"error": f"{type(err).__name__}: {err}"})
+                answers.append({"error": answer_error(err)})
         box = [answers]
     dist.broadcast_object_list(box, src=0)
     out = []

@@ -34,6 +34,7 @@ from parallel_lab.exercises.check import (
     Exercise,
     NotYet,
     Verdict,
+    answer_error,
     compile_answer,
     plain,
     register,
@@ -90,7 +91,7 @@ def _queues(fn, choices, experts: int, capacity: int) -> dict:
     except NotImplementedError:
         return {"not_yet": True}
     except Exception as err:  # the answer's own error
-        return {"error": f"{type(err).__name__}: {err}"}
+        return {"error": answer_error(err)}
     try:
         if isinstance(got, dict):
             got = [got.get(e, []) for e in range(experts)]

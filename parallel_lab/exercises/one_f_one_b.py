@@ -17,7 +17,7 @@ line is deterministic (no timings), so nbval compares it.
 
 from __future__ import annotations
 
-from parallel_lab.exercises.check import Exercise, NotYet, Verdict, compile_answer, register, run_answer
+from parallel_lab.exercises.check import Exercise, NotYet, Verdict, answer_error, compile_answer, register, run_answer
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.i18n import _l
 from parallel_lab.pipeline.actions import ScheduleError, as_schedule
@@ -64,7 +64,7 @@ def harness(source: str, name: str, cases=CASES) -> list[dict]:
         except NotImplementedError:
             out.append({"not_yet": True})
         except Exception as err:  # the answer's own error: reported per case
-            out.append({"error": f"{type(err).__name__}: {err}"})
+            out.append({"error": answer_error(err)})
     return out
 
 
