@@ -234,7 +234,7 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 # ## 4. The course map
 #
 # - **00 Why split a model at all** — memory arithmetic, the two flavours *(this lesson)*
-# - **01 Ranks and collectives** — processes, send/recv, all-reduce, all-gather, reduce-scatter, α–β
+# - **01 Ranks and collectives** — processes, send/recv, all-reduce, all-gather, reduce-scatter, all-to-all, α–β
 # - **02 Tensor parallelism** — column and row splits, the f/g conjugate pair, a tensor-parallel GPT block
 # - **03 The assembly line and the bubble** — stages, the naive split, measuring idle time
 # - **04 Micro-batching and GPipe** — predict the bubble, then run it

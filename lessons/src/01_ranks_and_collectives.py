@@ -3,8 +3,8 @@
 #
 # **Learning goals**
 # - Start several *ranks* (one process per simulated GPU) from this notebook and get their results back.
-# - Know the five communication patterns every parallel method is built from — send/recv, broadcast,
-#   all-reduce, all-gather, reduce-scatter — by seeing what each rank holds before and after.
+# - Know the six communication patterns every parallel method is built from — send/recv, broadcast,
+#   all-reduce, all-gather, reduce-scatter, all-to-all — by seeing what each rank holds before and after.
 # - Measure all-reduce on this machine and fit the α–β (latency–bandwidth) model that later lessons use
 #   to predict the cost of tensor and pipeline parallelism.
 # - Write ring all-reduce yourself from send/recv, and have it checked on real ranks.
@@ -101,7 +101,7 @@ except cells.RankError as err:
     print(str(err).split("\n--- the other ranks")[0])
 
 # %% [markdown]
-# ## 2. The five collectives
+# ## 2. The six collectives
 # Each rank starts with a small tensor; rank *r* holds `10·r + j` in slot *j*. The pictures come from a
 # real run on 4 ranks (`collectives.holdings`). Empty cells are slots a rank does not hold.
 #
@@ -112,6 +112,7 @@ except cells.RankError as err:
 # | all-reduce | everyone ends with the element-wise sum | tensor parallelism (Megatron's *g*), data parallelism |
 # | all-gather | everyone ends with all ranks' pieces | gathering a sharded output; sequence parallelism |
 # | reduce-scatter | the sum, but each rank keeps only its piece | sequence parallelism, ZeRO |
+# | all-to-all | rank r sends its piece j to rank j: who holds what is transposed | expert parallelism (lesson 13), Ulysses' context parallelism (lesson 14) |
 
 # %%
 from parallel_lab.planning import calibration
@@ -126,6 +127,9 @@ for name in collectives.COLLECTIVES:
 # Notice that **all-reduce = reduce-scatter followed by all-gather**: the reduce-scatter leaves rank *r*
 # with the full sum of slot *r*; an all-gather then hands every slot to everyone. That identity is the
 # whole idea behind ring all-reduce (your exercise below) and behind sequence parallelism (lesson 02).
+# **All-to-all** moves every piece and sums nothing: rank r's slot j lands on rank j as its slot r. A
+# mixture of experts sends each token to the rank of its expert this way (lesson 13), and Ulysses
+# swaps a sequence split for a split by attention heads (lesson 14).
 
 # %% [markdown]
 # ## 3. What does an all-reduce cost? The α–β model

@@ -2,10 +2,11 @@
 from send/recv.
 
 Lesson 01 (lessons/01_ranks_and_collectives.ipynb) runs these on simulated GPUs: ``holdings`` shows
-each of the five collectives on small integer tensors, and ``ring_all_reduce`` is the reference
-solution of its exercise. Everything here that runs on a rank reads its rank from
-``torch.distributed`` and takes the group explicitly. The all-reduce the package's layers call is
-``runtime.transport.all_reduce`` (shared memory, one shot, or the backend's own).
+each of the six collectives on small integer tensors (all-to-all too, which lessons 13 and 14 use),
+and ``ring_all_reduce`` is the reference solution of its exercise. Everything here that runs on a
+rank reads its rank from ``torch.distributed`` and takes the group explicitly. The all-reduce the
+package's layers call is ``runtime.transport.all_reduce`` (shared memory, one shot, or the backend's
+own).
 
 A ring all-reduce over p ranks sends 2(p−1) messages of n/p bytes per rank (Patarasuk & Yuan 2009,
 the algorithm behind NCCL's and gloo's large all-reduces); its α–β cost is
@@ -20,7 +21,7 @@ import torch.distributed as dist
 
 from parallel_lab.runtime.transport import global_rank
 
-COLLECTIVES = ("send/recv", "broadcast", "all_reduce", "all_gather", "reduce_scatter")
+COLLECTIVES = ("send/recv", "broadcast", "all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -56,6 +57,10 @@ def holdings(name: str) -> dict:
         out = torch.empty(1)
         dist.reduce_scatter_single(out, mine)
         return {"before": mine.tolist(), "after": [out.item() if j == rank else None for j in range(p)]}
+    if name == "all_to_all":  # rank r sends its slot j to rank j: who holds what is transposed
+        before, out = mine.clone(), torch.empty(p)
+        dist.all_to_all_single(out, mine)
+        return {"before": before.tolist(), "after": out.tolist()}
     raise ValueError(f"unknown collective {name!r}; choose one of {COLLECTIVES}")
 
 
