@@ -316,17 +316,25 @@ def my_schedule(p, m, cap):
 
 
 # %% [markdown]
-# Look at your schedule and its numbers before checking it:
+# Try it before checking it: your schedule for a cap of 3, validated, its numbers, and a run on 4 real
+# ranks through the library's executor, as the check will run it (a broken schedule is refused with
+# its grid before any process starts):
 
 # %%
-from parallel_lab.pipeline.actions import as_schedule
+from parallel_lab.pipeline.actions import ScheduleError, as_schedule
 from parallel_lab.pipeline.search.problem import evaluate, make_problem
 
 try:
     mine = evaluate(make_problem(4, 8, 3), as_schedule(my_schedule(4, 8, 3), p=4, m=8, name="my_schedule"))
-    print(f"cap 3: step {mine.makespan:g}, peak per rank {[round(x, 3) for x in mine.peaks]}, fits: {mine.fits}")
+    print(f"cap 3: step {mine.makespan:g}, bubble {mine.steady_bubble():.1%}, "
+          f"peak per rank {[round(x, 3) for x in mine.peaks]}, fits: {mine.fits}")
+    tried = run_pipeline(mine.schedule)
+    print("on 4 real ranks, loss and gradients equal one process:",
+          tried["max_grad_diff"] < 1e-10 and tried["loss_diff"] < 1e-10)
 except NotImplementedError:
     print("my_schedule is not written yet: fill it in above, run its cell, then this one")
+except ScheduleError as err:
+    print(err)
 
 # %% tags=["check:schedule-design", "points:2"]
 from parallel_lab.exercises.schedule_design import check_schedule_design
