@@ -2,13 +2,18 @@
 results, and judged here. Shortcuts fail with a reason; patches on a rank change nothing; a correct
 answer written another way passes; every verdict is deterministic text."""
 
+import ast
+import inspect
 import pickle
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
 from parallel_lab import exercises
-from parallel_lab.exercises import check, policy
+from parallel_lab.exercises import check, copies, policy
 from parallel_lab.exercises.ring_all_reduce import EXERCISE as RING
 from parallel_lab.runtime import demos, launcher, rank_process
 
@@ -75,6 +80,99 @@ def my_ring_all_reduce(tensor):
 
 def answer(body: str) -> str:
     return f"def my_ring_all_reduce(tensor):\n{body}\n"
+
+
+# The library's ring (runtime.collectives.ring_all_reduce) as a student would copy it: every name
+# changed, the layout changed, its comments and docstring gone, its helper written into the cell.
+LIBRARY_RING_RENAMED = """
+def _g(grp, r):
+    return r if grp is None else dist.get_global_rank(grp, r)
+
+def my_ring_all_reduce(t, g=None):
+    me, n = dist.get_rank(g), dist.get_world_size(g)
+    if n == 1: return t
+    f = t.view(-1)
+    parts = list(f.tensor_split(n))   # the chunks
+    nxt, prv = _g(g, (me + 1) % n), _g(g, (me - 1) % n)
+    buf = torch.empty_like(parts[0]) if parts[0].numel() else torch.empty(0, dtype=f.dtype)
+    for s in range(2 * (n - 1)):
+        red = s < n - 1
+        si = (me - s) % n if red else (me + 1 - (s - n + 1)) % n
+        ri = (si - 1) % n
+        b = buf[: parts[ri].numel()]
+        req = dist.isend(parts[si].contiguous(), dst=nxt, group=g)
+        dist.recv(b, src=prv, group=g)
+        req.wait()
+        if red:
+            parts[ri] += b
+        else:
+            parts[ri].copy_(b)
+    return t
+"""
+
+
+class _Rename(ast.NodeTransformer):
+    """Every identifier renamed (``x`` -> ``renamed_x``), annotations and docstrings dropped."""
+
+    def visit_Name(self, node):
+        return ast.copy_location(ast.Name(f"renamed_{node.id}", node.ctx), node)
+
+    def visit_arg(self, node):
+        node.arg, node.annotation = f"renamed_{node.arg}", None
+        return node
+
+    def visit_FunctionDef(self, node):
+        self.generic_visit(node)
+        if node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
+            node.body = node.body[1:] or [ast.Pass()]
+        node.returns = None
+        return node
+
+
+def renamed_copy(spec: str, name: str) -> str:
+    """The library function ``spec`` renamed to ``name``, every other name changed, laid out anew by
+    ``ast.unparse`` (no comments, no docstring)."""
+    module, _, qualname = spec.partition(":")
+    obj = getattr(__import__(module, fromlist=[qualname]), qualname)
+    tree = _Rename().visit(ast.parse(textwrap.dedent(inspect.getsource(obj))))
+    tree.body[0].name = name
+    return ast.unparse(ast.fix_missing_locations(tree))
+
+
+def test_the_librarys_ring_renamed_and_reformatted_fails_naming_the_copy():
+    verdict = RING.check(LIBRARY_RING_RENAMED)
+    assert not verdict.passed and verdict.cases == (0, 0)
+    assert verdict.lines == ["ring all-reduce: FAILED: your my_ring_all_reduce is a copy of the library's "
+                             "collectives.ring_all_reduce (100% alike once names, layout, comments and "
+                             "docstrings are set aside); write my_ring_all_reduce yourself"]
+    edited = LIBRARY_RING_RENAMED.replace("        req.wait()\n", "        req.wait()\n        last = s\n")
+    assert "is a copy of the library's collectives.ring_all_reduce (9" in RING.check(edited).lines[0]
+
+
+@pytest.mark.parametrize("exercise", [e for e in exercises.REGISTRY.values() if e.copies], ids=lambda e: e.id)
+def test_every_named_library_function_renamed_is_a_copy_and_the_lessons_solution_is_not(exercise):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    import build_lessons
+
+    for spec in exercise.copies:
+        copied = copies.copy_of(renamed_copy(spec, exercise.name), exercise.copies)
+        assert copied is not None and copied.ratio == 1.0, spec
+    solutions = [build_lessons.solution_source(cell.source) for source in sorted(build_lessons.SOURCES.glob("*.py"))
+                 for check_id, cell in build_lessons.answer_cells(build_lessons.parse(source.read_text())).items()
+                 if check_id == exercise.id]
+    assert solutions, f"no lesson answers {exercise.id}"
+    for solution in solutions:
+        assert copies.copy_of(solution, exercise.copies) is None
+
+
+def test_copies_are_compared_after_normalising_names_layout_comments_and_docstrings():
+    a = 'def f(x, y):\n    """Add."""\n    z = x + y  # sum\n    return z.clone()\n'
+    b = "def g(p,q):\n  r=p+q\n  return r.clone()"
+    assert copies.tokens(a) == copies.tokens(b)
+    assert copies.tokens(a) != copies.tokens(b.replace("clone", "detach"))  # attributes are kept
+    assert copies.tokens(a) != copies.tokens(b.replace("+", "-"))  # and operators
+    assert copies.similarity(copies.tokens(RING_SOLUTION), copies.tokens(RING_BY_PARITY)) < 0.8
+    assert copies.copy_of(RING_SOLUTION, RING.copies) is None and copies.copy_of(RING_BY_PARITY, RING.copies) is None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -176,7 +274,9 @@ def test_a_wrong_ring_fails_with_the_first_wrong_case_and_expected_against_actua
     return tensor''')
     verdict = RING.check(forgets_to_gather)
     assert not verdict.passed
-    assert verdict.lines[0].startswith("ring all-reduce on 2 ranks: FAILED: tensor of 1 element: rank 0: got [")
+    assert verdict.lines[0].startswith("ring all-reduce on 2 ranks: FAILED (0/5 cases): tensor of 1 element: rank 0: "
+                                       "got [")
+    assert verdict.cases == (0, 10)
     assert ", expected [" in verdict.lines[0]
     assert verdict == RING.check(forgets_to_gather)  # deterministic
 
@@ -198,9 +298,10 @@ def test_a_ring_that_sends_the_whole_tensor_around_fails_on_the_bytes():
     return tensor''')
     verdict = RING.check(naive)
     assert not verdict.passed and verdict.lines[0].startswith("ring all-reduce on 2 ranks: PASSED")  # p = 2: alike
-    assert verdict.lines[1] == ("ring all-reduce on 4 ranks: FAILED: tensor of 1 element: the ranks sent 96 bytes "
-                                "in all; a ring sends 2(p−1)·n = 48 bytes (2(p−1)/p of the tensor per rank): "
-                                "reduce-scatter then all-gather, one chunk per step")
+    assert verdict.cases == (5, 10)  # p = 2's five cases pass
+    assert verdict.lines[1] == ("ring all-reduce on 4 ranks: FAILED (0/5 cases): tensor of 1 element: the ranks "
+                                "sent 96 bytes in all; a ring sends 2(p−1)·n = 48 bytes (2(p−1)/p of the tensor per "
+                                "rank): reduce-scatter then all-gather, one chunk per step")
 
 
 @ranks
@@ -210,7 +311,7 @@ def test_patching_torch_on_a_rank_does_not_change_the_comparison():
     checking process all the same."""
     patched = "t = torch\nt.equal = lambda a, b: True\n" + answer("    return tensor")
     verdict = RING.check(patched)
-    assert not verdict.passed and "FAILED: tensor of 1 element: rank 0: got [" in verdict.lines[0]
+    assert not verdict.passed and "FAILED (0/5 cases): tensor of 1 element: rank 0: got [" in verdict.lines[0]
 
 
 @ranks
@@ -254,3 +355,26 @@ def test_every_exercise_is_registered_with_what_it_forbids():
                                        "lse-merge", "zero2-step", "moe-dispatch", "schedule-design"}
     for exercise in exercises.REGISTRY.values():
         assert exercise.forbids and exercise.policy.name
+
+
+@ranks
+@pytest.mark.timeout(300)
+def test_a_verdict_counts_the_cases_that_pass():
+    """A 1F1B order that forgets min(·, m) in its warm-up is wrong only when m < p: 2 of 3 cases."""
+    from parallel_lab.exercises.one_f_one_b import EXERCISE as ONE_F_ONE_B
+
+    forgets = """def my_one_f_one_b(p, m):
+    ranks = []
+    for r in range(p):
+        warm = p - r - 1
+        f = [f"{r}F{i}" for i in range(m)]
+        b = [f"{r}B{i}" for i in range(m)]
+        order = f[:warm]
+        for i in range(m - warm):
+            order += [f[warm + i], b[i]]
+        ranks.append(order + b[m - warm:])
+    return ranks
+"""
+    verdict = ONE_F_ONE_B.check(forgets)
+    assert not verdict.passed and verdict.cases == (2, 3)
+    assert [line.split(":")[0] for line in verdict.lines if "PASSED" in line] == ["1F1B p=2, m=3", "1F1B p=4, m=8"]

@@ -61,20 +61,22 @@ def judge_case(answer: dict, weights, stages) -> str | None:
     return None
 
 
-def judge(source: str) -> tuple[bool, list]:
+def judge(source: str):
     answers = run_answer(harness, source, POLICY.name, 1, "balanced cut")
     if isinstance(answers, str):
-        return False, [answers]
+        return False, [answers], (0, len(CASES))
     failures = [f"{list(weights)} into {stages} stages: {wrong}" for (weights, stages), answer in zip(CASES, answers[0])
                 if (wrong := judge_case(answer, weights, stages))]
+    cases = (len(CASES) - len(failures), len(CASES))
     if failures:
-        return False, [f"balanced cut: FAILED ({len(CASES) - len(failures)}/{len(CASES)} cases)", "  " + failures[0]]
-    return True, [f"balanced cut: PASSED ({len(CASES)}/{len(CASES)} cases)"]
+        return False, [f"balanced cut: FAILED ({cases[0]}/{cases[1]} cases)", "  " + failures[0]], cases
+    return True, [f"balanced cut: PASSED ({len(CASES)}/{len(CASES)} cases)"], cases
 
 
 EXERCISE = register(Exercise(
     "balanced-cut", _l("balanced cut"), POLICY, judge,
-    forbids="the library's partitioner (partition.balanced): write the search yourself"))
+    forbids="the library's partitioner (partition.balanced): write the search yourself",
+    copies=tuple(f"parallel_lab.pipeline.partition:{name}" for name in ("balanced", "_cut", "_stages_needed"))))
 
 
 def check_balanced_cut(fn) -> Verdict:

@@ -5,9 +5,10 @@
 
 How a check keeps the student's code away from its own verdict:
 
-1. **Review** (``exercises.policy``): the answer's source is read, never run, in the checking
-   process; an import of the library, a collective the exercise forbids, reflection or a patch of
-   torch is refused with a reason the student can act on.
+1. **Review** (``exercises.policy``, ``exercises.copies``): the answer's source is read, never run,
+   in the checking process; a copy of the library's own implementation (renamed, reformatted), an
+   import of the library, a collective the exercise forbids, reflection or a patch of torch is
+   refused with a reason the student can act on.
 2. **Run, on ranks only**: the source is compiled and run on fresh rank processes
    (``launcher.run(..., untrusted=True)``: a pool of its own, discarded afterwards, whose answers are
    read as plain data only, so a rank cannot send an object that runs code here). A rank's harness
@@ -17,8 +18,10 @@ How a check keeps the student's code away from its own verdict:
    torch or the library on a rank changes nothing here.
 
 The verdict is deterministic text (no timings, no addresses): nbval compares it in the lessons, and
-the grader's feedback quotes it. A stub (``# YOUR CODE HERE`` / ``raise NotImplementedError``) gets
-the "not yet" verdict without starting a process.
+the grader's feedback quotes it. It also counts the cases the judge tried and how many passed
+(``Verdict.cases``), which a grading policy with partial credit turns into points. A stub
+(``# YOUR CODE HERE`` / ``raise NotImplementedError``) gets the "not yet" verdict without starting a
+process.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from parallel_lab.exercises.copies import copy_of
 from parallel_lab.exercises.policy import Policy, review
 from parallel_lab.i18n import _, ngettext
 from parallel_lab.runtime import launcher
@@ -46,12 +50,14 @@ STUB = "# YOUR CODE HERE\nraise NotImplementedError"
 
 @dataclass
 class Verdict:
-    """The outcome of one check: ``passed``, the lines printed for the student, and ``not_yet`` when
-    the answer is still the stub."""
+    """The outcome of one check: ``passed``, the lines printed for the student, ``not_yet`` when
+    the answer is still the stub, and ``cases``: (cases passed, cases tried) -- (0, 0) when nothing
+    was tried (the answer was refused from its source, or is the stub)."""
 
     passed: bool
     lines: list
     not_yet: bool = False
+    cases: tuple = (0, 0)
 
     def __str__(self):
         return "\n".join(self.lines)
@@ -69,17 +75,23 @@ class NotYet(Exception):
     """The answer still raises NotImplementedError."""
 
 
+Judged = tuple  # (passed, lines, (cases passed, cases tried)): what a judge returns; (passed, lines) is one case
+
+
 @dataclass(frozen=True)
 class Exercise:
     """One exercise: ``id`` (its check's tag in the lesson, ``check:<id>``), ``label`` (how verdicts
-    name it), ``policy`` (what its answer must define and may use) and ``judge(source)`` -> the
-    verdict lines and whether they pass (the dynamic part: ranks run, this process compares)."""
+    name it), ``policy`` (what its answer must define and may use), ``judge(source)`` -> whether it
+    passes, the verdict lines and (cases passed, cases tried) (the dynamic part: ranks run, this
+    process compares), and ``copies``: the library's own implementations of what the exercise asks
+    for (``"parallel_lab.<module>:<qualname>"``), which an answer may not copy (``exercises.copies``)."""
 
     id: str
     label: str
     policy: Policy
-    judge: Callable[[str], tuple[bool, list]]
+    judge: Callable[[str], Judged]
     forbids: str = ""
+    copies: tuple = ()
 
     @property
     def name(self) -> str:
@@ -88,6 +100,13 @@ class Exercise:
     def screen(self, source: str) -> Verdict | None:
         """The verdict that needs no process (the answer is refused, or still the stub), or None.
         Reads the source only: safe in any process, the grader's included."""
+        copied = copy_of(source, self.copies)
+        if copied:
+            return Verdict(False, [_("{label}: FAILED: your {defined} is a copy of the library's {copied} ({percent} "
+                                     "alike once names, layout, comments and docstrings are set aside); write {name} "
+                                     "yourself").format(label=str(self.label), defined=copied.defined,
+                                                        copied=copied.library_name, name=self.name,
+                                                        percent=f"{copied.ratio:.0%}")])
         reason = review(source, self.policy)
         if reason:
             return Verdict(False, [_("{label}: FAILED: your answer {reason}").format(label=str(self.label),
@@ -102,10 +121,12 @@ class Exercise:
         if screened is not None:
             return screened
         try:
-            passed, lines = self.judge(source)
+            judged = self.judge(source)
         except NotYet:
             return self.not_yet()
-        return Verdict(passed, lines)
+        passed, lines, *counts = judged  # a judge that counts no cases is one case
+        cases = tuple(counts[0]) if counts else (int(bool(passed)), 1)
+        return Verdict(passed, lines, cases=cases)
 
     def not_yet(self) -> Verdict:
         return Verdict(False, [_("{label}: NOT YET: {name} still raises NotImplementedError; write your code where "
@@ -286,6 +307,12 @@ def tp_group_labels(world: int) -> list[tuple[str, int, int]]:
 # In the checking process: run an answer on ranks.
 
 
+def counted(results) -> tuple[int, int]:
+    """(cases passed, cases tried) of per-case outcomes (True for a case that passed)."""
+    results = list(results)
+    return sum(bool(r) for r in results), len(results)
+
+
 def run_answer(harness, source: str, name: str, world_size: int, label: str, args=()) -> list | str:
     """``harness(source, name, *args)`` on ``world_size`` fresh untrusted ranks: their raw results
     (one per rank), or the FAILED line that says what went wrong. Raises NotYet when the answer
@@ -309,14 +336,18 @@ def run_answer(harness, source: str, name: str, world_size: int, label: str, arg
         return _("{where}: FAILED: {reason}").format(where=where, reason=str(err).splitlines()[0])
 
 
-
-def judge_worlds(harness, source: str, name: str, label: str, worlds, judge_world) -> tuple[bool, list]:
+def judge_worlds(harness, source: str, name: str, label: str, worlds, judge_world, cases) -> Judged:
     """An exercise checked on each world size of ``worlds`` in turn: ``run_answer`` on fresh ranks,
-    then ``judge_world(world, per_rank) -> (passed, line)``; a run that failed gives its FAILED line."""
-    lines, passed = [], True
+    then ``judge_world(world, per_rank) -> (passed, line, (cases passed, cases tried))``; a run that
+    failed gives its FAILED line and none of its ``cases(world)`` cases."""
+    lines, passed, good, tried = [], True, 0, 0
     for world in worlds:
         per_rank = run_answer(harness, source, name, world, label)
-        ok, line = (False, per_rank) if isinstance(per_rank, str) else judge_world(world, per_rank)
+        if isinstance(per_rank, str):
+            ok, line, (n_good, n_tried) = False, per_rank, (0, cases(world))
+        else:
+            ok, line, (n_good, n_tried) = judge_world(world, per_rank)
         passed &= ok
+        good, tried = good + n_good, tried + n_tried
         lines.append(line)
-    return passed, lines
+    return passed, lines, (good, tried)

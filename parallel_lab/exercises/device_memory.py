@@ -318,10 +318,11 @@ def _real_counts() -> tuple[list[int], list[int]]:
     return [params[pp] for pp in PARAM_PPS], [block[case["recompute"]] for case in REAL_BLOCK]
 
 
-def judge(source: str) -> tuple[bool, list]:
+def judge(source: str):
+    tried = len(CASES) + len(REAL_PARAMS) + len(REAL_BLOCK)
     answers = run_answer(harness, source, POLICY.name, 1, "device memory", args=(CASES + REAL_PARAMS + REAL_BLOCK,))
     if isinstance(answers, str):
-        return False, [answers]
+        return False, [answers], (0, tried)
     got = answers[0]
     mine, real_params, real_block = got[:len(CASES)], got[len(CASES):-len(REAL_BLOCK)], got[-len(REAL_BLOCK):]
 
@@ -355,7 +356,7 @@ def judge(source: str) -> tuple[bool, list]:
         lines.append("device memory on the course GPT: PASSED: the first stage's parameters equal its real modules "
                      f"(pp {', '.join(map(str, PARAM_PPS))}); one block's activations equal the bytes autograd saves, "
                      "less the per-token statistics (recompute none, selective, full)")
-    return not failures and not real, lines
+    return not failures and not real, lines, (tried - len(failures) - len(real), tried)
 
 
 EXERCISE = register(Exercise(

@@ -16,6 +16,7 @@ from parallel_lab.exercises.check import (
     Exercise,
     Verdict,
     compile_answer,
+    counted,
     integers,
     judge_worlds,
     plain,
@@ -76,8 +77,8 @@ def expected_layer(index: int, r: int, tp: int) -> list[torch.Tensor]:
     return [(x @ w + bias), dense[0].grad[..., r * k:(r + 1) * k], dense[1].grad[r * k:(r + 1) * k], dense[2].grad]
 
 
-def judge_layout(world: int, where: str, tp: int, groups: int, answers: list[dict]) -> str | None:
-    """Why the ranks' answers for one group layout are wrong, or None."""
+def judge_forward(where: str, tp: int, groups: int, answers: list[dict]) -> str | None:
+    """Why g's forward alone is wrong for one group layout (it must sum over the group), or None."""
     for rank, answer in enumerate(answers):
         index, r = (rank // tp if groups > 1 else 0), rank % tp
         first = rank - r
@@ -86,6 +87,11 @@ def judge_layout(world: int, where: str, tp: int, groups: int, answers: list[dic
         if got is None or got.shape != expected.shape or not torch.equal(got, expected):
             shown = short(got) if got is not None else f"a {answer['alone']['type']}"
             return f"forward sums over {where}: rank {rank}: got {shown}, expected the group's sum {short(expected)}"
+    return None
+
+
+def judge_layer(where: str, tp: int, groups: int, answers: list[dict]) -> str | None:
+    """Why the row-parallel layer built with g is wrong, forward and backward, or None."""
     for rank, answer in enumerate(answers):
         index, r = (rank // tp if groups > 1 else 0), rank % tp
         for what, data, e in zip(GRADS, answer["layer"], expected_layer(index, r, tp)):
@@ -99,17 +105,22 @@ def judge_layout(world: int, where: str, tp: int, groups: int, answers: list[dic
     return None
 
 
-def judge_world(world: int, per_rank: list) -> tuple[bool, str]:
-    layouts = tp_group_labels(world)
-    wrong = next((w for i, (where, tp, groups) in enumerate(layouts)
-                  if (w := judge_layout(world, where, tp, groups, [answers[i] for answers in per_rank]))), None)
+def judge_world(world: int, per_rank: list) -> tuple[bool, str, tuple[int, int]]:
+    """Per group layout two cases, g alone and the layer built with it; the line names the first wrong."""
+    wrongs = []
+    for i, (where, tp, groups) in enumerate(tp_group_labels(world)):
+        answers = [answers[i] for answers in per_rank]
+        wrongs += [judge_forward(where, tp, groups, answers), judge_layer(where, tp, groups, answers)]
+    cases = counted(wrong is None for wrong in wrongs)
+    wrong = next((w for w in wrongs if w), None)
     if wrong:
-        return False, f"g operator on {world} ranks: FAILED: {wrong}"
-    return True, f"g operator on {world} ranks: PASSED ({2 * len(layouts)}/{2 * len(layouts)} cases)"
+        return False, f"g operator on {world} ranks: FAILED ({cases[0]}/{cases[1]} cases): {wrong}", cases
+    return True, f"g operator on {world} ranks: PASSED ({cases[1]}/{cases[1]} cases)", cases
 
 
-def judge(source: str) -> tuple[bool, list]:
-    return judge_worlds(harness, source, POLICY.name, "g operator", WORLD_SIZES, judge_world)
+def judge(source: str):
+    return judge_worlds(harness, source, POLICY.name, "g operator", WORLD_SIZES, judge_world,
+                        lambda world: 2 * len(tp_group_labels(world)))
 
 
 EXERCISE = register(Exercise(

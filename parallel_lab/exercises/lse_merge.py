@@ -40,7 +40,16 @@ import torch.distributed as dist
 
 from parallel_lab.context.blockwise import zigzag_shard, zigzag_unshard
 from parallel_lab.context.ring import ring_attention
-from parallel_lab.exercises.check import Exercise, Verdict, compile_answer, plain, register, run_answer, tensor_of
+from parallel_lab.exercises.check import (
+    Exercise,
+    Verdict,
+    compile_answer,
+    counted,
+    plain,
+    register,
+    run_answer,
+    tensor_of,
+)
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.i18n import _l
 
@@ -195,59 +204,76 @@ def _hint(case: str, why: str) -> str:
     return ""
 
 
+def judge_direct_case(case, label: str, answer: dict) -> str | None:
+    if "returned" in answer:
+        return f"{label}: my_merge returned a {answer['returned']}; return the pair (out, lse)"
+    want_out, want_lse = direct_expected(case)
+    for key, want in (("lse", want_lse), ("out", want_out)):  # an overflowing lse explains the rest
+        got = tensor_of(answer[key])
+        if got is None:
+            return f"{label}: {key} is a {answer[key]['type']}, not a tensor"
+        why = _why(got, want, key)
+        if why:
+            return f"{label}: {why}{_hint(case, why)}"
+    return None
+
+
+def judge_ring_case(i: int, label: str, causal: bool, factor, per_rank: list[dict]) -> str | None:
+    ref = dense(causal, factor)
+    for key in ("out", "dq", "dk", "dv"):
+        got = zigzag_unshard([tensor_of(r["ring"][i][key]) for r in per_rank], dim=2)
+        why = _why(got, ref[key], key if key == "out" else f"the gradient {key}")
+        if why:
+            return f"{label}: {why.replace(' over both blocks', '')} (dense attention, fp64)"
+    return None
+
+
+def direct_cases(answers: list[dict]) -> list:
+    """Why each direct case is wrong (None where it is right)."""
+    return [judge_direct_case(case, label, answer) for (case, label), answer in zip(DIRECT, answers)]
+
+
+def ring_cases(per_rank: list[dict]) -> list:
+    """Why each ring-attention case is wrong (None where it is right)."""
+    return [judge_ring_case(i, label, causal, factor, per_rank) for i, (label, causal, factor) in enumerate(RING)]
+
+
 def judge_direct(answers: list[dict]) -> str | None:
-    for (case, label), answer in zip(DIRECT, answers):
-        if "returned" in answer:
-            return f"{label}: my_merge returned a {answer['returned']}; return the pair (out, lse)"
-        want_out, want_lse = direct_expected(case)
-        for key, want in (("lse", want_lse), ("out", want_out)):  # an overflowing lse explains the rest
-            got = tensor_of(answer[key])
-            if got is None:
-                return f"{label}: {key} is a {answer[key]['type']}, not a tensor"
-            why = _why(got, want, key)
-            if why:
-                return f"{label}: {why}{_hint(case, why)}"
-    return None
+    """Why the first wrong direct case is wrong, or None."""
+    return next((w for w in direct_cases(answers) if w), None)
 
 
-def judge_ring(per_rank: list[dict]) -> str | None:
-    for i, (label, causal, factor) in enumerate(RING):
-        ref = dense(causal, factor)
-        for key in ("out", "dq", "dk", "dv"):
-            got = zigzag_unshard([tensor_of(r["ring"][i][key]) for r in per_rank], dim=2)
-            why = _why(got, ref[key], key if key == "out" else f"the gradient {key}")
-            if why:
-                return f"{label}: {why.replace(' over both blocks', '')} (dense attention, fp64)"
-    return None
-
-
-def judge(source: str) -> tuple[bool, list]:
+def judge(source: str):
     per_rank = run_answer(harness, source, POLICY.name, WORLD, "lse merge")
     if isinstance(per_rank, str):
-        return False, [per_rank]
+        return False, [per_rank], (0, len(DIRECT) + len(RING))
     lines, passed = [], True
-    wrong = judge_direct(per_rank[0]["direct"])
+    direct, ring = direct_cases(per_rank[0]["direct"]), ring_cases(per_rank)
+    cases = counted(wrong is None for wrong in direct + ring)
+    wrong = next((w for w in direct if w), None)
     if wrong:
         passed = False
-        lines.append(f"lse merge, direct: FAILED: {wrong}")
+        lines.append(f"lse merge, direct: FAILED ({direct.count(None)}/{len(DIRECT)} cases): {wrong}")
     else:
         lines.append(f"lse merge, direct: PASSED ({len(DIRECT)}/{len(DIRECT)} cases: "
                      + ", ".join(label for _, label in DIRECT) + ")")
-    wrong = judge_ring(per_rank)
+    wrong = next((w for w in ring if w), None)
     if wrong:
         passed = False
-        lines.append(f"lse merge in ring attention on {WORLD} ranks: FAILED: {wrong}")
+        lines.append(f"lse merge in ring attention on {WORLD} ranks: FAILED ({ring.count(None)}/{len(RING)} "
+                     f"cases): {wrong}")
     else:
         lines.append(f"lse merge in ring attention on {WORLD} ranks: PASSED ({len(RING)}/{len(RING)} cases: "
                      + ", ".join(label for label, _, _ in RING)
                      + "; output and q, k, v gradients equal the dense attention in fp64)")
-    return passed, lines
+    return passed, lines, cases
 
 
 EXERCISE = register(Exercise(
     "lse-merge", _l("lse merge"), POLICY, judge,
     forbids="the library's merge (no parallel_lab import) and torch's softmax, log_softmax, logsumexp, "
-            "logaddexp and scaled_dot_product_attention: write the stable merge yourself"))
+            "logaddexp and scaled_dot_product_attention: write the stable merge yourself",
+    copies=("parallel_lab.context.blockwise:merge",)))
 
 
 def check_lse_merge(fn) -> Verdict:

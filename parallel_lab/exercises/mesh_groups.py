@@ -220,13 +220,14 @@ def judge_case(dp: int, pp: int, tp: int, answer: dict, found: list[dict] | None
     return None
 
 
-def judge(source: str) -> tuple[bool, list]:
+def judge(source: str):
     per_rank = run_answer(harness, source, POLICY.name, WORLD, "mesh groups")
     if isinstance(per_rank, str):
-        return False, [per_rank]
+        return False, [per_rank], (0, len(CASES))
     if any(not isinstance(rank, list) or len(rank) != len(CASES) for rank in per_rank):
-        return False, [f"mesh groups on {WORLD} ranks: FAILED: the ranks did not return one result per mesh"]
-    lines, passed = [], True
+        return False, [f"mesh groups on {WORLD} ranks: FAILED: the ranks did not return one result per mesh"], \
+            (0, len(CASES))
+    lines, passed, good = [], True, 0
     for index, (dp, pp, tp) in enumerate(CASES):
         world = dp * pp * tp
         on_ranks = world == WORLD
@@ -243,7 +244,8 @@ def judge(source: str) -> tuple[bool, list]:
         how = ("an all-reduce of 2^rank over each summed exactly its members" if on_ranks else
                "each the ranks that share the other two coordinates")
         lines.append(f"{label}: PASSED ({counts} groups; {how})")
-    return passed, lines
+        good += 1
+    return passed, lines, (good, len(CASES))
 
 
 EXERCISE = register(Exercise(

@@ -285,27 +285,31 @@ def _ep_case(results: list[dict], case: Case) -> tuple[bool, str]:
                   f"batch (fp64, to 1e-12)")
 
 
-def judge(source: str) -> tuple[bool, list]:
+def judge(source: str):
     labelled = cases()
     routings = [(choices, experts, capacity) for _, choices, experts, capacity in labelled]
     results = run_answer(harness, source, POLICY.name, EP, "MoE dispatch", args=(routings, EP_CASE))
+    tried = len(labelled) + 1  # every routing, and the real expert-parallel run
     if isinstance(results, str):
-        return False, [results]
-    lines, passed = [], True
+        return False, [results], (0, tried)
+    lines, passed, good = [], True, 0
     for (label, choices, experts, capacity), answer in zip(labelled, results[0]["cases"]):
         ok, line = _queue_case(label, answer, choices, experts, capacity)
         passed &= ok
+        good += ok
         lines.append(line)
     if passed:
         ok, line = _ep_case(results, EP_CASE)
         passed &= ok
+        good += ok
         lines.append(line)
-    return passed, lines
+    return passed, lines, (good, tried)
 
 
 EXERCISE = register(Exercise(
     "moe-dispatch", _l("MoE dispatch"), POLICY, judge,
-    forbids="the library (models.MoE's queue_positions, moe.layer) and torch.distributed: write the queues yourself"))
+    forbids="the library (models.MoE's queue_positions, moe.layer) and torch.distributed: write the queues yourself",
+    copies=("parallel_lab.models:queue_positions",)))
 
 
 def check_moe_dispatch(fn) -> Verdict:

@@ -134,29 +134,31 @@ def one_f_one_b_case(answer: dict, p: int, m: int, name: str, show_grid: bool = 
                   f"measured stash {result['peak_activations']}"]
 
 
-def judge_orders(source: str, name: str, label: str, cases, judge_case) -> tuple[bool, list]:
+def judge_orders(source: str, name: str, label: str, cases, judge_case):
     """A schedule-order exercise's verdict: the answer ``name`` run on one untrusted rank for every
     ``(p, m)`` of ``cases`` (``harness``), then ``judge_case(answer, p, m, name, show_grid)`` per case;
     only the first case that fails with a grid shows it."""
     answers = run_answer(harness, source, name, 1, label, args=(cases,))
     if isinstance(answers, str):
-        return False, [answers]
-    lines, passed, grid_shown = [], True, False
+        return False, [answers], (0, len(cases))
+    lines, passed, grid_shown, good = [], True, False, 0
     for (p, m), answer in zip(cases, answers[0]):
         ok, case_lines = judge_case(answer, p, m, name, show_grid=not grid_shown)
         grid_shown |= len(case_lines) > 1
         passed &= ok
+        good += ok
         lines += case_lines
-    return passed, lines
+    return passed, lines, (good, len(cases))
 
 
-def judge(source: str) -> tuple[bool, list]:
+def judge(source: str):
     return judge_orders(source, POLICY.name, "1F1B", CASES, one_f_one_b_case)
 
 
 EXERCISE = register(Exercise(
     "one-f-one-b", _l("1F1B"), POLICY, judge,
-    forbids="the library's schedules (one_f_one_b, build): write the order yourself"))
+    forbids="the library's schedules (one_f_one_b, build): write the order yourself",
+    copies=("parallel_lab.pipeline.schedules:_one_f_one_b_rank",)))
 
 
 def check_one_f_one_b(fn) -> Verdict:

@@ -4,12 +4,13 @@
     # ring all-reduce on 2 ranks: PASSED (5/5 cases; send/recv only, 2(p−1)/p of the tensor per rank)
     # ring all-reduce on 4 ranks: PASSED (5/5 cases; ...)
 
-What it forbids, and how it knows: the answer may use only ``dist.isend``/``irecv``/``send``/``recv``
-(and ``get_rank``, ``get_world_size``): a collective, or the library's own ring, is refused from the
-source; on the ranks, ``commlog`` records every call, so a collective reached any other way shows
-up, and the bytes sent must be a ring's, 2(p−1)/p of the tensor per rank (2(p−1)·n over all ranks).
-The inputs are drawn from a seed (different on every rank), and the checking process recomputes
-their sum itself.
+What it forbids, and how it knows: the answer may use only
+``dist.isend``/``irecv``/``send``/``recv`` (and ``get_rank``, ``get_world_size``): a collective, or
+the library's own ring (imported, or copied in renamed and reformatted: ``exercises.copies``), is
+refused from the source; on the ranks, ``commlog`` records every call, so a collective reached any
+other way shows up, and the bytes sent must be a ring's, 2(p−1)/p of the tensor per rank (2(p−1)·n
+over all ranks). The inputs are drawn from a seed (different on every rank), and the checking
+process recomputes their sum itself.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from parallel_lab.exercises.check import (
     Exercise,
     Verdict,
     compile_answer,
+    counted,
     judge_worlds,
     plain,
     register,
@@ -79,23 +81,27 @@ def judge_case(numel: int, world: int, answers: list[dict]) -> str | None:
     return None
 
 
-def judge_world(world: int, per_rank: list) -> tuple[bool, str]:
-    for numel, *answers in zip(CASES, *per_rank):
-        wrong = judge_case(numel, world, answers)
-        if wrong:
-            return False, (f"ring all-reduce on {world} ranks: FAILED: tensor of {numel} element"
-                           f"{'s' * (numel != 1)}: {wrong}")
+def judge_world(world: int, per_rank: list) -> tuple[bool, str, tuple[int, int]]:
+    """One world's verdict line and (cases passed, cases tried); the line names the first wrong case."""
+    wrongs = [(numel, judge_case(numel, world, answers)) for numel, *answers in zip(CASES, *per_rank)]
+    cases = counted(wrong is None for _, wrong in wrongs)
+    numel, wrong = next(((n, w) for n, w in wrongs if w), (None, None))
+    if wrong:
+        return False, (f"ring all-reduce on {world} ranks: FAILED ({cases[0]}/{cases[1]} cases): tensor of "
+                       f"{numel} element{'s' * (numel != 1)}: {wrong}"), cases
     return True, (f"ring all-reduce on {world} ranks: PASSED ({len(CASES)}/{len(CASES)} cases; send/recv "
-                  f"only, 2(p−1)/p of the tensor per rank)")
+                  f"only, 2(p−1)/p of the tensor per rank)"), cases
 
 
-def judge(source: str) -> tuple[bool, list]:
-    return judge_worlds(harness, source, POLICY.name, "ring all-reduce", WORLD_SIZES, judge_world)
+def judge(source: str):
+    return judge_worlds(harness, source, POLICY.name, "ring all-reduce", WORLD_SIZES, judge_world,
+                        lambda world: len(CASES))
 
 
 EXERCISE = register(Exercise(
     "ring-all-reduce", _l("ring all-reduce"), POLICY, judge,
-    forbids="collectives (dist.all_reduce, ...) and the library's own ring: build it from isend/recv"))
+    forbids="collectives (dist.all_reduce, ...) and the library's own ring: build it from isend/recv",
+    copies=("parallel_lab.runtime.collectives:ring_all_reduce",)))
 
 
 def check_ring_all_reduce(fn) -> Verdict:

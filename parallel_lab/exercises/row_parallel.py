@@ -17,6 +17,7 @@ from parallel_lab.exercises.check import (
     Exercise,
     Verdict,
     compile_answer,
+    counted,
     judge_worlds,
     plain,
     register,
@@ -71,26 +72,39 @@ def hint(got, expected, partial, bias, tp, where) -> str:
     return f"got {short(got)}, expected {short(expected)}"
 
 
-def judge_world(world: int, per_rank: list) -> tuple[bool, str]:
-    cases = [(where, tp, groups, shape) for where, tp, groups in tp_group_labels(world) for shape in SHAPES]
-    for i, (where, tp, groups, (leading, n_in, n_out)) in enumerate(cases):
-        for rank in range(world):
-            index, r = (rank // tp if groups > 1 else 0), rank % tp
-            x, w, bias, x_shard, w_shard = shards(leading, n_in, n_out, index, r, tp)
-            expected, got = x @ w + bias, tensor_of(per_rank[rank][i])
-            if got is None:
-                detail = f"returned {per_rank[rank][i]['type']}, expected a tensor of shape {tuple(expected.shape)}"
-            elif got.shape != expected.shape or not torch.equal(got, expected):
-                detail = hint(got, expected, x_shard @ w_shard, bias, tp, where)
-            else:
-                continue
-            return False, (f"row-parallel forward on {world} ranks: FAILED: x {tuple(x.shape)}, W {tuple(w.shape)}, "
-                           f"{where}: rank {rank}: {detail}")
-    return True, f"row-parallel forward on {world} ranks: PASSED ({len(cases)}/{len(cases)} cases)"
+def judge_case(world: int, per_rank: list, i: int, where: str, tp: int, groups: int, shape) -> str | None:
+    """Why the ranks' outputs for case ``i`` are wrong (the first wrong rank), or None."""
+    leading, n_in, n_out = shape
+    for rank in range(world):
+        index, r = (rank // tp if groups > 1 else 0), rank % tp
+        x, w, bias, x_shard, w_shard = shards(leading, n_in, n_out, index, r, tp)
+        expected, got = x @ w + bias, tensor_of(per_rank[rank][i])
+        if got is None:
+            detail = f"returned {per_rank[rank][i]['type']}, expected a tensor of shape {tuple(expected.shape)}"
+        elif got.shape != expected.shape or not torch.equal(got, expected):
+            detail = hint(got, expected, x_shard @ w_shard, bias, tp, where)
+        else:
+            continue
+        return f"x {tuple(x.shape)}, W {tuple(w.shape)}, {where}: rank {rank}: {detail}"
+    return None
 
 
-def judge(source: str) -> tuple[bool, list]:
-    return judge_worlds(harness, source, POLICY.name, "row-parallel forward", WORLD_SIZES, judge_world)
+def world_cases(world: int) -> list:
+    return [(where, tp, groups, shape) for where, tp, groups in tp_group_labels(world) for shape in SHAPES]
+
+
+def judge_world(world: int, per_rank: list) -> tuple[bool, str, tuple[int, int]]:
+    wrongs = [judge_case(world, per_rank, i, *case) for i, case in enumerate(world_cases(world))]
+    cases = counted(wrong is None for wrong in wrongs)
+    wrong = next((w for w in wrongs if w), None)
+    if wrong:
+        return False, f"row-parallel forward on {world} ranks: FAILED ({cases[0]}/{cases[1]} cases): {wrong}", cases
+    return True, f"row-parallel forward on {world} ranks: PASSED ({cases[1]}/{cases[1]} cases)", cases
+
+
+def judge(source: str):
+    return judge_worlds(harness, source, POLICY.name, "row-parallel forward", WORLD_SIZES, judge_world,
+                        lambda world: len(world_cases(world)))
 
 
 EXERCISE = register(Exercise(

@@ -35,7 +35,7 @@ import ast
 import torch
 import torch.distributed as dist
 
-from parallel_lab.exercises.check import Exercise, Verdict, compile_answer, judge_worlds, register, short
+from parallel_lab.exercises.check import Exercise, Verdict, compile_answer, counted, judge_worlds, register, short
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.i18n import _l
 from parallel_lab.runtime import commlog
@@ -174,21 +174,23 @@ def judge_case(numel: int, steps: int, world: int, answers: list[dict]) -> str |
     return None
 
 
-def judge(source: str) -> tuple[bool, list]:
+def judge(source: str):
     reason = static_reason(source)
     if reason:
-        return False, [f"ZeRO-2 step: FAILED: your answer {reason}"]
-    return judge_worlds(harness, source, POLICY.name, "ZeRO-2 step", WORLD_SIZES, judge_world)
+        return False, [f"ZeRO-2 step: FAILED: your answer {reason}"], (0, 0)
+    return judge_worlds(harness, source, POLICY.name, "ZeRO-2 step", WORLD_SIZES, judge_world,
+                        lambda world: len(CASES))
 
 
-def judge_world(world: int, per_rank: list) -> tuple[bool, str]:
-    for (numel, steps), *answers in zip(CASES, *per_rank):
-        wrong = judge_case(numel, steps, world, answers)
-        if wrong:
-            return False, f"ZeRO-2 step on {world} ranks: FAILED: n = {numel}: {wrong}"
+def judge_world(world: int, per_rank: list) -> tuple[bool, str, tuple[int, int]]:
+    wrongs = [(numel, judge_case(numel, steps, world, answers)) for (numel, steps), *answers in zip(CASES, *per_rank)]
+    cases = counted(wrong is None for _, wrong in wrongs)
+    numel, wrong = next(((n, w) for n, w in wrongs if w), (None, None))
+    if wrong:
+        return False, f"ZeRO-2 step on {world} ranks: FAILED ({cases[0]}/{cases[1]} cases): n = {numel}: {wrong}", cases
     return True, (f"ZeRO-2 step on {world} ranks: PASSED ({len(CASES)}/{len(CASES)} cases, "
                   f"{CASES[0][1]} Adam steps each: equal to one process; one reduce-scatter of n and one "
-                  f"all-gather of n/N per step; optimizer state 2n/N values per rank)")
+                  f"all-gather of n/N per step; optimizer state 2n/N values per rank)"), cases
 
 
 EXERCISE = register(Exercise(

@@ -7,10 +7,10 @@ The grader starts it inside the sandbox (``grading.sandbox``) and writes one job
 
 It runs each exercise's check (``parallel_lab.exercises``): the answer's source is reviewed here and
 run only on rank processes; every comparison happens here. It executes none of the submission's
-other cells. Each verdict is written, as one JSON line ``{"id", "passed", "not_yet", "lines"}``, to
-the result pipe ``N``, which no rank inherits (it is made non-inheritable before any rank starts,
-and this process is made non-dumpable, so that its descriptors cannot be opened through /proc):
-a rank can print anything on stdout, but cannot write a verdict.
+other cells. Each verdict is written, as one JSON line ``{"id", "passed", "not_yet", "lines",
+"cases"}``, to the result pipe ``N``, which no rank inherits (it is made non-inheritable before any
+rank starts, and this process is made non-dumpable, so that its descriptors cannot be opened through
+/proc): a rank can print anything on stdout, but cannot write a verdict.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
             else:
                 verdict = exercise.check(check["source"])
                 record = {"id": check["id"], "passed": verdict.passed, "not_yet": verdict.not_yet,
-                          "lines": list(verdict.lines)}
+                          "lines": list(verdict.lines), "cases": list(verdict.cases)}
             out.write(json.dumps(record) + "\n")
             out.flush()
     finally:
