@@ -426,9 +426,16 @@ def _plan_arguments(parser):
 
 
 def _grade_arguments(parser) -> None:
-    parser.add_argument("submissions", nargs="+", metavar="SUBMISSION",
+    parser.add_argument("submissions", nargs="*", metavar="SUBMISSION",
                         help="student notebooks (or folders of them); the student is the notebook's folder name")
     parser.add_argument("--out", required=True, help="the gradebook CSV to write")
+    parser.add_argument("--policy", metavar="YAML",
+                        help="the grading policy (default: grading.yaml of the course, else the built-in defaults)")
+    parser.add_argument("--roster", metavar="CSV", help="folder,student_id,email[,first_name,last_name,section]")
+    parser.add_argument("--overrides", metavar="CSV", help="regrades: student,check,points,reason")
+    parser.add_argument("--from", dest="from_gradebook", metavar="GRADES.csv",
+                        help="grade nothing: rewrite the summary, exports and feedback from this gradebook "
+                             "(with --policy, --roster, --overrides)")
     parser.add_argument("--summary", metavar="CSV",
                         help="per-student summary for an LMS (default: <out>-summary.csv beside --out)")
     parser.add_argument("--reference", action="append", default=[], metavar="LESSON.ipynb",
@@ -446,26 +453,66 @@ def _grade_arguments(parser) -> None:
 
 
 def _grade(args):
-    from parallel_lab.course.grading.gradebook import grade as run_grade
+    from parallel_lab.course.grading import gradebook
+    from parallel_lab.course.grading.policy import Policy, default_file
+    from parallel_lab.course.grading.roster import Roster, load_overrides
     from parallel_lab.course.grading.sandbox import Sandbox
 
     out = Path(args.out)
     feedback = Path(args.feedback) if args.feedback else out.parent / "feedback"
     summary = Path(args.summary) if args.summary else out.with_name(f"{out.stem}-summary.csv")
-    sandbox = Sandbox.detect(prefer_bwrap=not args.no_bwrap)
-    rows = run_grade(args.submissions, out, args.reference or None, feedback, args.check_timeout,
-                     args.timeout, args.student_from, args.jobs, summary=summary, sandbox=sandbox)
-    students = sorted({r.student for r in rows})
-    report = {"gradebook": str(out), "summary": str(summary), "feedback": str(feedback), "sandbox": sandbox.kind,
-              "students": len(students), "submissions": len({r.submission for r in rows}),
+    # The policy, roster and overrides are read first: a mistake in them stops the run before grading.
+    policy = Policy.load(args.policy or (default_file() if default_file().exists() else None))
+    roster = Roster.load(args.roster) if args.roster else None
+    overrides = load_overrides(args.overrides) if args.overrides else []
+    if args.from_gradebook:
+        if args.submissions:
+            raise ValueError("--from re-reads a gradebook: give no submissions with it")
+        rows = gradebook.read_gradebook(args.from_gradebook, policy)
+        written = gradebook.summarize(rows, out, policy, roster, overrides, summary=summary, feedback_dir=feedback)
+        kind = "from " + str(args.from_gradebook)
+    else:
+        if not args.submissions:
+            raise ValueError("give the submissions to grade (notebooks or folders), or --from GRADES.csv")
+        sandbox = Sandbox.detect(prefer_bwrap=not args.no_bwrap)
+        rows = gradebook.grade(args.submissions, out, args.reference or None, feedback, args.check_timeout,
+                               args.timeout, args.student_from, args.jobs, summary=summary, sandbox=sandbox,
+                               policy=policy, roster=roster, overrides=overrides)
+        written, kind = {}, sandbox.kind
+    rows, _ = gradebook.apply_overrides(rows, overrides)
+    table = gradebook.standings(rows, policy)
+    report = {"gradebook": str(out), "summary": str(summary), "feedback": str(feedback), "sandbox": kind,
+              "policy": policy.as_dict(), "students": len(table), "submissions": len({r.submission for r in rows}),
+              "files": {k: str(v) for k, v in written.items()},
+              "standings": {s: {"points": t.points, "max_points": t.max_points, "score": round(t.score, 4),
+                                "passed": t.passed, "lessons_passed": list(t.lessons_passed)}
+                            for s, t in table.items()},
               "rows": [{"student": r.student, "lesson": r.lesson, "exercise": r.exercise, "passed": r.passed,
-                        "points": r.points, "max_points": r.max_points, "reason": r.reason,
+                        "points": r.points, "max_points": r.max_points, "cases": list(r.cases),
+                        "category": r.category, "reason": r.reason, "override": r.override,
                         "sandbox": r.sandbox} for r in rows]}
-    width = max(len(s) for s in students)
-    lines = [f"{s:{width}}  {sum(r.points for r in rows if r.student == s):g} of "
-             f"{sum(r.max_points for r in rows if r.student == s):g} points" for s in students]
-    lines.append(f"gradebook: {out}; summary: {summary}; feedback: {feedback}/ (sandbox: {sandbox.kind})")
+    width = max((len(s) for s in table), default=1)
+    lines = [f"{s:{width}}  {t.points:g} of {t.max_points:g} points, score {100 * t.score:.1f} %"
+             for s, t in sorted(table.items())]
+    lines.append(f"gradebook: {out}; summary: {summary}; Canvas and Moodle: {out.stem}-canvas.csv, "
+                 f"{out.stem}-moodle.csv; similarity.csv; feedback: {feedback}/ ({kind})")
     return report, "\n".join(lines), ""
+
+
+def _release_arguments(parser) -> None:
+    parser.add_argument("dir", metavar="DIR", help="where to write the students' repository (a new folder)")
+    parser.add_argument("--force", action="store_true", help="replace a previous release in DIR (its RELEASE.json)")
+
+
+def _release(args):
+    from parallel_lab.course.release import write_release
+
+    report = write_release(args.dir, force=args.force).as_dict()
+    left = ", ".join(sorted(report["left_out"]))
+    text = (f"students' release written to {report['dir']}: {report['files']} files; "
+            f"{report['solution_regions_removed']} solution regions removed from {len(report['stripped'])} lesson "
+            f"sources; {len(report['sealed_banks'])} quiz banks sealed; left out: {left}; the audit found no answer")
+    return report, text, ""
 
 
 def _certificate_arguments(parser) -> None:
@@ -482,7 +529,11 @@ def _certificate_arguments(parser) -> None:
     source.add_argument("--lessons", nargs="+", metavar="NN")
     source.add_argument("--gradebook", metavar="CSV", help="lessons (and checks) the student passed in this gradebook")
     issue.add_argument("--student", help="the student's name in the gradebook")
-    issue.add_argument("--threshold", type=float, default=0.8, help="share of a lesson's points to pass (0.8)")
+    issue.add_argument("--threshold", type=float,
+                       help="a lesson's score needed to pass it (default: the grading policy's, 0.8)")
+    issue.add_argument("--policy", metavar="YAML", help="the grading policy (default: the course's grading.yaml)")
+    issue.add_argument("--overrides", metavar="CSV",
+                       help="regrades the credential honours: student,check,points,reason")
     issue.add_argument("--key-file", metavar="PRIVATE", required=True, help="your private key (NAME.key from keygen)")
     issue.add_argument("--issuer", required=True, help="who issues it, as shown, e.g. 'Prof. Lin, CS 4xx'")
     issue.add_argument("--issuer-url", metavar="URL", help="the issuer's web page")
@@ -550,9 +601,14 @@ def _certificate(args):
     if args.gradebook:
         if not args.student:
             raise ValueError("--gradebook needs --student (the student's name in the gradebook)")
-        lessons = lessons_from_gradebook(args.gradebook, args.student, args.threshold)
+        from parallel_lab.course.grading.policy import default_file
+
+        policy = args.policy or (default_file() if default_file().exists() else None)
+        lessons = lessons_from_gradebook(args.gradebook, args.student, args.threshold, policy=policy,
+                                         overrides=args.overrides)
         if not lessons:
-            raise ValueError(f"{args.student} passed no lesson at threshold {args.threshold:g} in {args.gradebook}")
+            raise ValueError(f"{args.student} passed no lesson in {args.gradebook} (threshold "
+                             f"{args.threshold or 'of the grading policy'})")
     else:
         lessons = args.lessons
     if (args.status_list is None) != (args.status_index is None):
@@ -676,6 +732,7 @@ COMMANDS = {
               _grade_arguments),
     "certificate": (_certificate, "issue and verify Open Badges 3.0 credentials (keys, revocation lists)",
                     _certificate_arguments),
+    "release": (_release, "write the students' repository: no solution, no readable quiz key", _release_arguments),
     "bench": (_bench, "side-by-side benchmarks against the peers, as ratios", _bench_arguments),
     "serve": (_serve, "the course service: uploads, grading workers, credentials and their verification pages",
               _serve_arguments),

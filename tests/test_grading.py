@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import nbformat
@@ -18,6 +19,7 @@ from parallel_lab import cli
 from parallel_lab.course.grading import gradebook, reference, runner
 from parallel_lab.course.grading.sandbox import ENV_TOKEN, Sandbox
 from parallel_lab.course.quiz import load
+from parallel_lab.course.quiz.variant import variant
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -29,10 +31,10 @@ LESSON = ROOT / "lessons" / "src" / "01_ranks_and_collectives.py"
 NAME = "01_ranks_and_collectives.ipynb"
 
 
-def right_sheet(bank_name: str) -> dict:
-    """A correct answer sheet for a bank, as a student would paste it."""
+def right_sheet(bank_name: str, student: str) -> dict:
+    """A correct answer sheet for ``student``'s graded quiz of a bank."""
     sheet = {}
-    for item in load(bank_name).items:
+    for item in variant(load(bank_name), student).items:
         if item.kind == "numeric":
             sheet[item.id] = item.value()
         elif item.kind == "single":
@@ -112,7 +114,7 @@ def test_the_answer_sheet_is_read_as_a_literal_never_run():
 @pytest.mark.timeout(600)
 def test_gradebook_of_a_class(lesson01, tmp_path):
     ref_path, ref = lesson01
-    sheet = f"my_answers = {right_sheet('01')!r}"
+    sheet = f"my_answers = {right_sheet('01', 's1001')!r}"
     forged = with_answer(ref, "ring-all-reduce", ref_cell(ref, "ring-all-reduce"))  # the stub, untouched
     forged.cells.append(nbformat.v4.new_code_cell('print("ring all-reduce on 2 ranks: PASSED (5/5 cases)")'))
     for cell in forged.cells:  # and the check cell's stored output says PASSED
@@ -124,6 +126,9 @@ def test_gradebook_of_a_class(lesson01, tmp_path):
     students = {
         "alice": with_answer(with_answer(ref, "ring-all-reduce", RING_SOLUTION), "quiz:01", sheet),
         "carl": with_answer(ref, "ring-all-reduce", RING_BY_PARITY),
+        # carl's answer again, renamed and laid out anew, and alice's sheet: the similarity report lists them
+        "ola": with_answer(with_answer(ref, "ring-all-reduce", RING_BY_PARITY.replace("parts", "pieces").replace(
+            "incoming", "got").replace("_exchange", "swap") + "# mine\n"), "quiz:01", sheet),
         "dan": ref,
         "eve": with_answer(ref, "ring-all-reduce", "def my_ring_all_reduce(tensor):\n    dist.all_reduce(tensor)\n"
                                                    "    return tensor\n"),
@@ -141,19 +146,30 @@ def test_gradebook_of_a_class(lesson01, tmp_path):
     root = tmp_path / "submissions"
     for student, nb in students.items():
         submit(root, student, nb)
+    # dan handed in twice: the older file (a correct ring) is listed, the newer graded
+    older = submit(root / "dan" / "old", "x", with_answer(ref, "ring-all-reduce", RING_SOLUTION))
+    older = older.rename(root / "dan" / f"copy of {NAME}")
+    os.utime(older, (1_000_000_000, 1_000_000_000))
+    roster = tmp_path / "roster.csv"
+    roster.write_text("folder,student_id,email,first_name,last_name\n" + "".join(
+        f"{name},s{1001 + n},{name}@uni.example,{name.title()},Student\n" for n, name in enumerate(students)))
+    ids = {name: f"s{1001 + n}" for n, name in enumerate(students)}
     out = tmp_path / "out" / "grades.csv"
-    rows = gradebook.grade([root], out, [ref_path], check_timeout=5, jobs=2, progress=False)
+    rows = gradebook.grade([root], out, [ref_path], check_timeout=5, jobs=2, progress=False, roster=roster)
+    rows = [replace(r, student={v: k for k, v in ids.items()}[r.student]) for r in rows]
     got = rows_by(rows)
     points = {s: sum(r.points for r in rows if r.student == s) for s in students}
-    assert points == {"alice": 5, "carl": 2, "dan": 0, "eve": 0, "fay": 0, "gus": 0, "hal": 0, "ivy": 0, "kim": 0,
-                      "lea": 0}
+    # alice: ring 2 + quiz 3 (her own quiz); ola: the ring, but alice's sheet answers alice's quiz, not hers
+    assert points == {"alice": 5, "carl": 2, "ola": 2, "dan": 0, "eve": 0, "fay": 0, "gus": 0, "hal": 0, "ivy": 0,
+                      "kim": 0, "lea": 0}
+    assert not got["ola", "quiz:01"].passed and got["ola", "quiz:01"].cases[0] < 6
     ring = {s: got[s, "ring-all-reduce"].reason for s in students}
     assert ring["alice"] == ring["carl"] == ""
     assert ring["dan"].startswith("ring all-reduce: NOT YET: my_ring_all_reduce still raises NotImplementedError")
     assert ring["gus"] == ring["dan"]  # a forged output, another cell, an edited check: all ignored
     assert "uses dist.all_reduce; this exercise builds it from isend/recv" in ring["eve"]
     assert "imports parallel_lab.runtime.collectives: the library's own implementation is not an answer" in ring["fay"]
-    assert ring["hal"].startswith("ring all-reduce on 2 ranks: FAILED: tensor of 1 element: rank 0: got [")
+    assert ring["hal"].startswith("ring all-reduce on 2 ranks: FAILED (0/5 cases): tensor of 1 element: rank 0: got [")
     assert "did not finish within 5 s" in ring["ivy"]
     assert ring["kim"].startswith("not a notebook: ") and "{" not in ring["kim"]
     assert ring["lea"] == "answer cell deleted (the cell tagged answer:ring-all-reduce)"
@@ -166,10 +182,26 @@ def test_gradebook_of_a_class(lesson01, tmp_path):
     assert list(table[0]) == list(gradebook.GRADEBOOK_COLUMNS) and len(table) == 2 * len(students)
     with open(out.with_name("grades-summary.csv"), newline="") as f:
         summary = {row["student"]: row for row in csv.DictReader(f)}
-    assert summary["alice"]["01_ranks_and_collectives points"] == "5" and summary["alice"]["total max"] == "5"
-    assert summary["dan"]["total points"] == "0"
-    feedback = (out.parent / "feedback" / "hal.md").read_text()
+    assert summary["s1001"]["01_ranks_and_collectives points"] == "5" and summary["s1001"]["total max"] == "5"
+    assert summary["s1001"]["score %"] == "100.0" and summary["s1001"]["lessons passed"] == "01"
+    assert summary[ids["dan"]]["total points"] == "0" and summary[ids["dan"]]["email"] == "dan@uni.example"
+    feedback = (out.parent / "feedback" / f"{ids['hal']}.md").read_text()
     assert "Score: 0 of 5 points" in feedback and "expected [" in feedback and "got [" in feedback
+    assert "collectives/" in (out.parent / "feedback" / f"{ids['ola']}.md").read_text()  # wrong items explained
+    with open(out.with_name("submissions.csv"), newline="") as f:
+        handed = [row for row in csv.DictReader(f) if row["folder"] == "dan"]
+    assert sorted((Path(r["submission"]).name, r["graded"]) for r in handed) == [
+        (NAME, "yes"), (f"copy of {NAME}", "no")]
+    assert "is newer" in next(r["note"] for r in handed if r["graded"] == "no")
+    with open(out.with_name("similarity.csv"), newline="") as f:
+        pairs = {(r["check"], r["student_a"], r["student_b"]) for r in csv.DictReader(f)}
+    assert ("ring-all-reduce", ids["carl"], ids["ola"]) in pairs  # renamed and laid out anew: the same answer
+    assert ("quiz:01", ids["ola"], ids["alice"]) in pairs  # ola's sheet answers alice's quiz
+    assert not any(ids["alice"] in (a, b) and check == "ring-all-reduce" for check, a, b in pairs)
+    with open(out.with_name("grades-canvas.csv"), newline="") as f:
+        canvas = list(csv.reader(f))
+    assert canvas[0][:5] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
+    assert ["Student, Alice", "", "s1001", "alice@uni.example", ""] == canvas[2][:5]
 
 
 def ref_cell(nb, check):
@@ -273,3 +305,11 @@ def test_grade_command_json_contract(lesson01, tmp_path, capsys):
     assert report["students"] == 1 and report["summary"].endswith("g-summary.csv")
     assert [(r["exercise"], r["passed"]) for r in report["rows"]] == [("ring-all-reduce", True), ("quiz:01", False)]
     assert os.path.exists(report["summary"]) and report["sandbox"] in ("bwrap", "subreaper")
+    assert report["standings"]["ada"]["points"] == 2 and report["policy"]["certificate"]["threshold"] == 0.8
+    # A regrade without grading again: the overrides reach the summary and the standings
+    (tmp_path / "o.csv").write_text("student,check,points,reason\nada,quiz:01,3,paper quiz accepted\n")
+    status = cli.main(["grade", "--from", str(tmp_path / "g.csv"), "--out", str(tmp_path / "g2.csv"),
+                       "--overrides", str(tmp_path / "o.csv"), "--json"])
+    again = json.loads(capsys.readouterr().out)
+    assert status == 0 and again["standings"]["ada"]["points"] == 5 and again["standings"]["ada"]["passed"]
+    assert "paper quiz accepted (was 0)" in (tmp_path / "feedback" / "ada.md").read_text()

@@ -216,7 +216,7 @@ def test_the_gradebook_scores_predictions_without_a_process(lesson04, tmp_path):
     assert {(r["student"], r["exercise"], r["points"]) for r in table} >= {
         ("ada", "predict:gpipe-bubble", "1"), ("bob", "predict:gpipe-bubble", "0")}
     feedback = (tmp_path / "feedback" / "bob.md").read_text()
-    assert "predict:gpipe-bubble (1 point): FAILED: prediction gpipe-bubble: FAILED: predicted 0.1" in feedback
+    assert "predict:gpipe-bubble (0 of 1 point): FAILED: prediction gpipe-bubble: FAILED: predicted 0.1" in feedback
 
 
 # ----------------------------------------------------------------------------------------------

@@ -409,23 +409,35 @@ def test_feedback_in_traditional_chinese():
     assert check.feedback(item, 0.25, "zh-Hant").message.startswith("不太對。這是忙碌的比例")
 
 
-def test_check_quiz_prints_the_pass_line_whatever_the_score(capsys):
+def right_sheet_for(b, student):
+    """A correct answer sheet for ``student``'s graded quiz."""
+    from parallel_lab.course.quiz.variant import variant
+
+    return perfect_sheet(variant(b, student))
+
+
+def test_the_graded_check_reports_the_choice_points_never_which_answers_are_wrong(capsys):
     b = load("01")
-    sheet = perfect_sheet(b)
-    sheet[b.items[0].id] = "z"  # one wrong still passes (pass mark 6 of 8)
-    result = text.check_quiz("01", sheet)
-    assert result.passed and result.points == 7
-    assert capsys.readouterr().out == "quiz collectives (lesson 01): PASSED (pass mark: 6 of 8 points)\n"
-    assert check.passing_verdict(b) == "quiz collectives (lesson 01): PASSED (pass mark: 6 of 8 points)"
-
-
-def test_check_quiz_lists_what_is_not_right_yet(capsys):
-    result = text.check_quiz("01", {"identity": "a", "ring-bytes": 112, "typo": "b"})
-    assert not result.passed
+    sheet = right_sheet_for(b, "s1001")
+    first_choice = next(item for item in b.items if item.kind == "single")
+    sheet[first_choice.id] = next(o.key for o in b.item(first_choice.id).options if o.key != sheet[first_choice.id])
+    result = text.check_quiz("01", {**sheet, "typo": "b", "collectives/ring-bytes": "lots"}, "s1001")
     out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("quiz collectives (lesson 01), student s1001: 5 of 6 points on the choice questions; 2 points "
+                      "of numeric answers are scored by your instructor's grader; pass mark 6 of 8 points")
+    assert out[1:] == ["  typo: no such question in this quiz"]  # an unreadable numeric answer is the grader's
+    assert result.points == 5 and first_choice.id not in capsys.readouterr().out
+    text.check_quiz("01", {}, None)
+    assert "no student id yet" in capsys.readouterr().out
+
+
+def test_the_grader_lists_what_is_not_right(capsys):
+    result = check.score(load("01"), {"identity": "a", "ring-bytes": 112, "typo": "b"})
+    out = check.verdict(result).splitlines()
     assert out[0] == "quiz collectives (lesson 01): NOT PASSED: 1 of 8 points, pass mark 6"
     assert "  collectives/identity: wrong" in out and "  collectives/skipped: not answered" in out
     assert out[-1] == "  typo: no such question in this quiz"
+    assert check.passing_verdict(load("01")) == "quiz collectives (lesson 01): PASSED (pass mark: 6 of 8 points)"
 
 
 def test_pass_mark_is_configurable(monkeypatch):
@@ -433,15 +445,6 @@ def test_pass_mark_is_configurable(monkeypatch):
     assert b.points_needed() == 6 and b.points_needed(1.0) == 8
     monkeypatch.setenv("PARALLEL_LAB_PASS_MARK", "0.5")
     assert b.points_needed() == 4
-
-
-def test_passing_is_recorded_in_the_learners_progress(capsys):
-    from parallel_lab.course.quiz import progress
-
-    text.check_quiz("00", {})
-    assert progress.lessons_passed() == []
-    text.check_quiz("00", perfect_sheet(load("00")))
-    assert progress.lessons_passed() == ["00"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -493,19 +496,25 @@ def _build_lessons():
 def test_lesson_cells_parse_and_run_deterministically(lesson):
     cells = _build_lessons().parse(text.lesson_cells(lesson))
     kinds = [(c.cell_type, c.metadata.get("tags", [])) for c in cells]
-    assert kinds == [("markdown", []), ("code", ["nbval-ignore-output"]), ("code", []),
+    assert kinds == [("markdown", []), ("code", ["nbval-ignore-output"]), ("code", ["student-id"]),
                      ("code", [f"answer:quiz:{lesson}"]), ("code", [f"check:quiz:{lesson}", "points:3"])]
-    namespace, outputs = {}, []
-    for cell in cells[1:]:
-        buffer = io.StringIO()
-        with contextlib.redirect_stdout(buffer):
-            exec(cell.source, namespace)
-        outputs.append(buffer.getvalue())
-    assert outputs[0] == ""  # the widget is built, not printed
-    assert outputs[1] == text.quiz_text(lesson) + "\n"
-    assert outputs[3].startswith(f"quiz {load(lesson).label()}: NOT PASSED: 0 of")
-    for secret in secrets_of(load(lesson), "en"):
-        assert all(secret not in out for out in outputs) and secret not in text.lesson_cells(lesson)
+    for student in (None, "s1001"):
+        namespace, outputs = {}, []
+        for cell in cells[1:]:
+            source = cell.source if student is None else cell.source.replace(
+                "my_student_id = None", f"my_student_id = {student!r}")
+            buffer = io.StringIO()
+            with contextlib.redirect_stdout(buffer):
+                exec(source, namespace)
+            outputs.append(buffer.getvalue())
+        assert outputs[0] == ""  # the widget is built, not printed
+        if student is None:
+            assert "write it in my_student_id" in outputs[1] and "no student id yet" in outputs[3]
+        else:
+            assert "drawn for student id s1001" in outputs[1] and text.quiz_text(lesson) not in outputs[1]
+            assert outputs[3].startswith(f"quiz {load(lesson).label()}, student s1001: 0 of")
+        for secret in secrets_of(load(lesson), "en"):
+            assert all(secret not in out for out in outputs) and secret not in text.lesson_cells(lesson)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -560,7 +569,6 @@ def test_widget_feedback_score_retry_and_language():
     view.choice.value = sorted(item.correct_keys())[0]
     view.check_button.click()
     assert "Correct." in view.feedback.value and "Score: 1 of 12 points (pass mark 9)" in box.score_line.value
-    assert f"&quot;{item.id}&quot;: &quot;{view.choice.value}&quot;," in box.sheet.value  # the hand-in line
     box.language.value = "zh-Hant"
     assert "正確。" in view.feedback.value and item.prompt["zh-Hant"][:10] in view.prompt.value
     assert view.choice.value == sorted(item.correct_keys())[0]  # kept across the switch

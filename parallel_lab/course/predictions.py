@@ -7,7 +7,7 @@ comparison (the notebook side is ``parallel_lab.show.predict``):
     # %% tags=["answer:predict:gpipe-bubble"]
     my_prediction = None  # GPipe's bubble, p = 4, m = 4: a fraction of the step (e.g. 0.5)
     ### BEGIN SOLUTION
-    my_prediction = 3 / 7
+    my_prediction = ...  # the instructor's answer, which only the lesson source holds
     ### END SOLUTION
 
     # %% tags=["check:predict:gpipe-bubble"]
@@ -34,7 +34,7 @@ above; ``tools/build_lessons.py`` refuses a lesson whose ``check:predict:`` tags
 entries differ, or whose student edition would not leave ``my_prediction = None``.
 
 **What the grader reads.** ``my_prediction`` from the answer cell's source, as data: a number, or
-numbers with ``+ - * /`` (``3 / 7``), or ``None``; for a prediction of another ``kind`` a string
+numbers with ``+ - * /`` (``3 / 11``), or ``None``; for a prediction of another ``kind`` a string
 (``"choice"``: one of its ``choices``) or a list of strings (``"order"``: its ``choices`` in the
 student's order); nothing in the cell is executed (see ``read_prediction``). The reference is
 computed by the grader with the registered function (``parallel_lab.course.quiz.answers``, like

@@ -1,17 +1,20 @@
-"""The quiz widget (ipywidgets): instant feedback with the explanation, a live score, retry, a
-language switch for bilingual banks, and the answer sheet to paste for hand-in.
+"""The practice quiz (ipywidgets): instant feedback with the explanation, a live score, retry and a
+language switch for bilingual banks. What a student hands in is the graded quiz drawn for their
+student id (``course.quiz.variant``: the same questions, the options in another order, other
+numbers), answered in the notebook's answer sheet, so the widget offers no sheet to paste.
 
 What reaches the browser: prompts, option labels, the student's own choices and the feedback on
 them. The widget is built from ``PublicItem`` views that carry no answer, explanation or hint, and
-every check calls back into the kernel (``parallel_lab.course.quiz.check.feedback``), so the widget state
-JupyterLab or nbclient save into a notebook's metadata holds no answer key (tests/test_quizzes.py
-inspects that state). Where widgets do not render, the text form is shown instead (``text/plain``).
+every check calls back into the kernel (``parallel_lab.course.quiz.check.feedback``), so the widget
+state JupyterLab or nbclient save into a notebook's metadata holds no answer key (tests/test_quizzes.py
+inspects that state). In the students' release the kernel holds no readable key either: the banks
+are sealed (``course.quiz.seal``) and feedback comes from salted hashes. Where widgets do not
+render, the text form is shown instead (``text/plain``).
 """
 
 from __future__ import annotations
 
 import html
-import json
 from dataclasses import dataclass
 
 import ipywidgets as widgets
@@ -31,12 +34,12 @@ LABELS = {
            "(pass mark {needed:g})", "passed": "Passed! It is recorded on this computer: <code>my_progress()</code> "
            "(from parallel_lab.show.progress) lists what you have passed. A credential anyone can verify comes "
            "from whoever grades your notebook: hand it in, or submit it to the course's grading service.",
-           "sheet": "Your answer sheet (paste it into the answer-sheet cell to hand in):", "number": "a number"},
+           "number": "a number"},
     "zh-Hant": {"check": "檢查", "retry": "再試一次", "score": "得分：{points:g} / {total:g} 分（及格 {needed:g} 分）",
                 "passed": "及格！已記錄在這臺電腦上：<code>my_progress()</code>（來自 parallel_lab.show.progress）"
                           "列出你已通過的測驗。任何人都能驗證的憑證（credential）由評閱你筆記本的人發出："
                           "繳交筆記本，或上傳到課程的評分服務。",
-                "sheet": "你的答案卷（貼到答案卷儲存格後繳交）：", "number": "一個數字"},
+                "number": "一個數字"},
 }
 
 
@@ -151,11 +154,6 @@ class ItemView:
         self.show("unanswered", "")
 
 
-def _python(value) -> str:
-    """A response as Python source for the answer sheet (double quotes, like the lessons)."""
-    return "None" if value is None else json.dumps(value, ensure_ascii=False)
-
-
 class QuizBox(widgets.VBox):
     """The quiz of one bank. Python-side attributes (``views``, ``answers``) are not widget traits
     and never reach the browser."""
@@ -168,10 +166,9 @@ class QuizBox(widgets.VBox):
         self.header_html = widgets.HTML(**html_kw)
         self.language = widgets.ToggleButtons(options=[(LANGUAGES[c], c) for c in bank.languages], value=lang)
         self.language.observe(lambda change: self.set_language(change["new"]), names="value")
-        self.score_line, self.sheet = widgets.HTML(**html_kw), widgets.HTML(**html_kw)
+        self.score_line = widgets.HTML(**html_kw)
         header = [self.header_html] + ([self.language] if len(bank.languages) > 1 else [])
-        super().__init__(header + [v.box for v in self.views] + [self.score_line, self.sheet],
-                         layout=shared(widgets.Layout))
+        super().__init__(header + [v.box for v in self.views] + [self.score_line], layout=shared(widgets.Layout))
         self.set_language(lang)
 
     def set_language(self, lang: str) -> None:
@@ -197,10 +194,6 @@ class QuizBox(widgets.VBox):
             progress.record_pass(self._bank.id, self._bank.lesson, result.points, result.total)
             line += "<br>" + _label(self.lang, "passed")
         self.score_line.value = f"<b>{line}</b>"
-        rows = "\n".join(f"    {json.dumps(item.id)}: {_python(self.answers.get(item.id))},"
-                         for item in self._bank.items)
-        self.sheet.value = (f"{html.escape(_label(self.lang, 'sheet'))}"
-                            f"<pre>{html.escape('my_answers = {' + chr(10) + rows + chr(10) + '}')}</pre>")
 
     def _repr_mimebundle_(self, **kwargs):
         bundle = super()._repr_mimebundle_(**kwargs)

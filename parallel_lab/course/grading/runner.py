@@ -11,7 +11,8 @@ answer cell (by tag ``answer:ID``, else by the reference's cell id):
   runs it only on rank processes, and computes each verdict itself; verdicts come back on a pipe
   no rank holds;
 - a **quiz**'s answer sheet is read as a literal (``ast.literal_eval``: a dict of answers; never
-  executed) and scored here, with the bank;
+  executed) and scored here against the student's own graded quiz (``course.quiz.variant``: the
+  options in their order, their numbers, drawn from the student id the roster gives);
 - a graded **prediction**'s ``my_prediction`` is read as data (``course.predictions.read_prediction``)
   and scored here against the reference the grader computes (never the submission's outputs).
 
@@ -32,11 +33,13 @@ from pathlib import Path
 import nbformat
 
 from parallel_lab.course import tags
+from parallel_lab.course.grading.policy import Policy
 from parallel_lab.course.grading.reference import Check, Reference
 from parallel_lab.course.grading.sandbox import Limits, Sandbox
 from parallel_lab.course.predictions import grade as grade_prediction
 from parallel_lab.course.quiz.bank import load
-from parallel_lab.course.quiz.check import score, verdict
+from parallel_lab.course.quiz.check import feedback, score, verdict
+from parallel_lab.course.quiz.variant import variant
 from parallel_lab.exercises import REGISTRY
 
 CHECKER = [sys.executable, "-m", "parallel_lab.course.grading.checker"]
@@ -44,7 +47,12 @@ CHECKER = [sys.executable, "-m", "parallel_lab.course.grading.checker"]
 
 @dataclass(frozen=True)
 class Row:
-    """One gradebook row; ``detail`` (the verdict, with expected and actual) goes to the feedback."""
+    """One gradebook row: the student (their id), the lesson, the check (``exercise``), whether it
+    passed, the points under the grading policy (``cases``: cases passed and tried, which partial
+    credit counts), why it failed. ``detail`` (the verdict, with expected and actual) and
+    ``feedback`` (the quiz's explanations of wrong answers) go to the student's feedback;
+    ``answer`` (the answer cell's source) to the similarity report; ``override`` says why an
+    instructor changed the points."""
 
     student: str
     lesson: str
@@ -56,10 +64,16 @@ class Row:
     submission: str = ""
     detail: str = ""
     sandbox: str = ""
+    cases: tuple = (0, 0)
+    category: str = ""
+    override: str = ""
+    answer: str = ""
+    feedback: tuple = ()
 
     def csv_row(self) -> list:
         return [self.student, self.lesson, self.exercise, "true" if self.passed else "false",
-                f"{self.points:g}", f"{self.max_points:g}", self.reason, self.sandbox]
+                f"{self.points:g}", f"{self.max_points:g}", self.reason, self.sandbox, self.cases[0], self.cases[1],
+                self.category, self.override, self.submission]
 
 
 def first_line(text: str) -> str:
@@ -116,23 +130,47 @@ def answer_sheet(source: str):
     return "the answer sheet cell defines no my_answers"
 
 
-def quiz_row(check: Check, source, row):
+def claimed_student(nb) -> str | None:
+    """The ``my_student_id`` a submission's student-id cell holds (read as a literal), or None."""
+    for cell in nb.cells:
+        if "student-id" in tags.of(cell):
+            try:
+                for node in ast.parse(cell.source if isinstance(cell.source, str) else "".join(cell.source)).body:
+                    if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "my_student_id"
+                                                            for t in node.targets):
+                        value = ast.literal_eval(node.value)
+                        return None if value is None else str(value)
+            except (SyntaxError, ValueError):
+                return None
+    return None
+
+
+def quiz_row(check: Check, source, row, student: str, claimed: str | None = None):
+    """The quiz's row: the sheet scored against ``student``'s graded quiz (``course.quiz.variant``;
+    the roster's id, never the one the notebook claims), with the practice quiz's explanation of
+    each wrong answer for the feedback."""
     if isinstance(source, Missing):
         return row(check, False, source)
     sheet = answer_sheet(source)
     if isinstance(sheet, str):
         return row(check, False, sheet)
-    bank = load(check.quiz)
+    bank = variant(load(check.quiz), student)
     result = score(bank, sheet)
     text = verdict(result)
-    return row(check, result.passed, "" if result.passed else first_line(text), text)
+    if claimed is not None and claimed != student:
+        text += (f"\n  (this notebook's my_student_id is {claimed!r}; the quiz was graded as {student!r}'s, the id "
+                 f"your instructor's roster gives this submission)")
+    wrong = tuple(f"{item.id}: {feedback(item, result.responses.get(item.id)).message or 'not answered'}"
+                  for item in bank.items if result.status[item.id] != "correct")
+    return row(check, result.passed, "" if result.passed else first_line(text), text,
+               cases=(int(result.points), int(result.total)), feedback=wrong)
 
 
 def prediction_row(check: Check, source, row):
     if isinstance(source, Missing):
         return row(check, False, source)
     verdict = grade_prediction(check.prediction, str(source))
-    return row(check, verdict.passed, verdict.reason, str(verdict))
+    return row(check, verdict.passed, verdict.reason, str(verdict), cases=(int(verdict.passed), 1))
 
 
 def run_checks(jobs: list[dict], sandbox: Sandbox, limits: Limits, modules=(), env=None) -> tuple[dict, str]:
@@ -163,18 +201,26 @@ def run_checks(jobs: list[dict], sandbox: Sandbox, limits: Limits, modules=(), e
 
 
 def grade_submission(path, reference: Reference, student: str, sandbox: Sandbox, limits: Limits = Limits(),
-                     modules=(), env=None) -> list[Row]:
-    """Grade one submission against ``reference``: one Row per check, in the reference's order."""
+                     modules=(), env=None, policy: Policy | None = None,
+                     capstone_lesson: str | None = None) -> list[Row]:
+    """Grade one submission against ``reference``: one Row per check, in the reference's order, its
+    points under ``policy`` (default: ``Policy()``; partial credit counts the verdict's cases)."""
     path = Path(path)
+    policy = policy or Policy()
+    sources: dict = {}
 
-    def row(check, passed, reason="", detail=""):
-        return Row(student, reference.lesson, check.id, passed, check.points if passed else 0,
-                   check.points, reason, str(path), detail, sandbox.kind)
+    def row(check, passed, reason="", detail="", cases=None, feedback=()):
+        category = policy.category(check.id, reference.lesson, capstone_lesson)
+        cases = cases if cases is not None else (int(passed), 1)
+        answer = sources.get(check.id)
+        return Row(student, reference.lesson, check.id, passed, policy.points(category, check.points, passed, cases),
+                   check.points, reason, str(path), detail, sandbox.kind, tuple(cases), category,
+                   answer="" if answer is None or isinstance(answer, Missing) else str(answer), feedback=feedback)
 
     nb = read_notebook(path)
     if isinstance(nb, str):
         return [row(check, False, nb) for check in reference.checks]
-    sources = answer_sources(nb, reference.checks)
+    sources.update(answer_sources(nb, reference.checks))
     # What the source alone decides (a stub, a refused import) needs no process: an untouched
     # notebook is graded at once. Everything else goes to the sandboxed checker.
     records, jobs = {}, []
@@ -184,7 +230,8 @@ def grade_submission(path, reference: Reference, student: str, sandbox: Sandbox,
         exercise = REGISTRY.get(c.id)
         screened = exercise.screen(str(sources[c.id])) if exercise is not None else None
         if screened is not None:
-            records[c.id] = {"id": c.id, "passed": False, "not_yet": screened.not_yet, "lines": screened.lines}
+            records[c.id] = {"id": c.id, "passed": False, "not_yet": screened.not_yet, "lines": screened.lines,
+                             "cases": list(screened.cases)}
         else:
             jobs.append({"id": c.id, "source": str(sources[c.id])})
     checked, why = run_checks(jobs, sandbox, limits, modules, env) if jobs else ({}, "")
@@ -193,7 +240,7 @@ def grade_submission(path, reference: Reference, student: str, sandbox: Sandbox,
     for check in reference.checks:
         source = sources[check.id]
         if check.quiz:
-            rows.append(quiz_row(check, source, row))
+            rows.append(quiz_row(check, source, row, student, claimed_student(nb)))
         elif check.prediction:
             rows.append(prediction_row(check, source, row))
         elif check.id in records:
@@ -201,7 +248,7 @@ def grade_submission(path, reference: Reference, student: str, sandbox: Sandbox,
             text = "\n".join(record["lines"])
             reason = "" if record["passed"] else next(
                 (line for line in record["lines"] if "FAILED" in line or "NOT YET" in line), record["lines"][0])
-            rows.append(row(check, bool(record["passed"]), reason, text))
+            rows.append(row(check, bool(record["passed"]), reason, text, tuple(record.get("cases") or (0, 0))))
         elif any(j["id"] == check.id for j in jobs):
             rows.append(row(check, False, f"not checked: {why}"))
         else:

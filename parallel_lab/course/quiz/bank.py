@@ -15,7 +15,8 @@ A bank is data, not code (format: ``quizzes/schema.json``; checks: ``parallel_la
       - id: collectives/ring-bytes
         kind: numeric
         prompt: "A ring all-reduce of {size:g} MB on {ranks} ranks ..."
-        answer: {function: "parallel_lab.course.quiz.answers:ring_all_reduce_sent", params: {size: 64, ranks: 8}}
+        answer: {function: "parallel_lab.<module>:<function>", params: {size: 64, ranks: 8}}
+        vary: {size: [32, 96], ranks: [4, 16]}      # the graded quiz's numbers, drawn per student
         tolerance: {rel: 0.01}
         explanation: ...            # shown once answered correctly ({answer} is the computed value)
         hint: ...                   # shown after a wrong answer; must not give the answer away
@@ -69,7 +70,17 @@ class Option:
     key: str
     text: Mapping
     correct: bool
-    why: Mapping
+    why: Mapping | None
+    origin: str = ""  # the key as the bank writes it, when a graded quiz relabels the option
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """What an item of a sealed bank (the students' release, ``course.quiz.seal``) carries instead
+    of its key: the bank's salt and the item's ``sealed`` mapping of hashes and ciphertexts."""
+
+    salt: str
+    data: Mapping = field(hash=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -97,6 +108,8 @@ class Item:
     hint: Mapping | None = None
     mistakes: tuple = ()
     faq: int | None = None
+    vary: Mapping | None = None  # numeric: {param: [values]} the graded quiz draws from, per student
+    sealed: Sealed | None = None  # a sealed bank's item (the students' release): no key, hashes instead
     source: str = field(default="", compare=False)  # "file: item 'id'", for error messages
 
     @property
@@ -121,6 +134,8 @@ class Item:
         """The numeric answer, computed by the named function when the item is parametrised."""
         if self.kind != "numeric":
             raise BankError(f"{self.source}: a {self.kind} item has no numeric value")
+        if self.sealed is not None:
+            raise BankError(f"{self.source}: this bank is sealed (a students' release): its answers are not in it")
         return resolve(self.answer, self.source)
 
     def within_tolerance(self, x: float, target: float | None = None) -> bool:
@@ -171,6 +186,8 @@ def resolve(answer: Mapping, where: str = "") -> float:
     """The number an ``answer`` spec stands for: a literal ``value``, or ``function(**params)``."""
     if "value" in answer:
         return float(answer["value"])
+    if "function" not in answer:
+        raise BankError(f"{where}: no answer here: a students' release keeps only an item's numbers")
     params = answer.get("params") or {}
     return _call(answer["function"], tuple(sorted(params.items())), where)
 
@@ -206,25 +223,27 @@ def _read(path: Path) -> dict:
     return data
 
 
-def _item(raw: dict, where: str) -> Item:
-    options = tuple(Option(str(o["key"]), o["text"], bool(o.get("correct", False)), o["why"])
+def _item(raw: dict, where: str, salt: str | None = None) -> Item:
+    options = tuple(Option(str(o["key"]), o["text"], bool(o.get("correct", False)), o.get("why"))
                     for o in raw.get("options") or ())
     mistakes = tuple(Mistake(m["answer"], m["why"]) for m in raw.get("mistakes") or ())
+    sealed = Sealed(salt, raw["sealed"]) if salt and isinstance(raw.get("sealed"), dict) else None
     return Item(id=raw["id"], kind=raw["kind"], prompt=raw["prompt"], points=raw.get("points", 1),
                 options=options, answer=raw.get("answer"), tolerance=raw.get("tolerance"),
                 unit=raw.get("unit", ""), explanation=raw.get("explanation"), hint=raw.get("hint"),
-                mistakes=mistakes, faq=raw.get("faq"), source=where)
+                mistakes=mistakes, faq=raw.get("faq"), vary=raw.get("vary"), sealed=sealed, source=where)
 
 
 def bank_from_data(data: dict, path: Path) -> Bank:
     """A Bank from parsed YAML. Raises BankError naming the file and item for a missing field
     (the full checks, against the schema, are ``parallel_lab.course.quiz.validate``)."""
     items = []
+    salt = data["sealed"].get("salt") if isinstance(data.get("sealed"), dict) else None
     for index, raw in enumerate(data.get("items") or ()):
         where = f"{path.name}: item {raw.get('id', f'#{index + 1}')!r}" if isinstance(raw, dict) \
             else f"{path.name}: item #{index + 1}"
         try:
-            items.append(_item(raw, where))
+            items.append(_item(raw, where, salt))
         except (KeyError, TypeError) as exc:
             raise BankError(f"{where}: missing or malformed field {exc}") from None
     try:

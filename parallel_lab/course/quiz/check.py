@@ -2,7 +2,9 @@
 
 Everything here runs in the Python process (the notebook kernel), never in the browser: the widget
 sends the student's choice to the kernel and gets back only the feedback for that choice, so no
-answer key (not even a salted hash of one) is ever part of a widget's state or a cell's output.
+answer key (not even a salted hash of one) is ever part of a widget's state or a cell's output. In
+the students' release the banks are sealed (``seal``): the same feedback comes from salted hashes
+and ciphertexts keyed by the answer.
 
 Responses: a single-choice item takes an option key (``"b"``); a multiple-choice item a list of
 keys or a string ``"a, c"``; a numeric item a number or a string holding one. ``None`` means not
@@ -12,8 +14,9 @@ answered. The text of every feedback is a pure function of (item, response, lang
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
+from . import seal
 from .bank import Bank, Item, localize, resolve
 
 UI = {
@@ -92,6 +95,13 @@ def feedback(item: Item, response, lang: str = "en") -> Feedback:
     if item.kind == "numeric":
         return _numeric_feedback(item, value, lang)
     chosen = [o for o in item.options if o.key in value]
+    if item.sealed is not None:  # a students' release: a salted hash of the key, ciphertexts of the whys
+        right = seal.choice_right(item, value)
+        lines = [_ui(lang, "correct" if right else "wrong")]
+        lines += [f"({o.key}) {seal.option_why(item, o.key, lang)}" for o in chosen]
+        if not right:
+            lines.append(_ui(lang, "retry"))
+        return Feedback(item.id, "correct" if right else "wrong", "\n".join(lines))
     right = value == item.correct_keys()
     lines = [_ui(lang, "correct" if right else "wrong")]
     lines += [f"({o.key}) {localize(o.why, lang)}" for o in chosen]
@@ -104,6 +114,13 @@ def feedback(item: Item, response, lang: str = "en") -> Feedback:
 
 
 def _numeric_feedback(item: Item, value: float, lang: str) -> Feedback:
+    sep = _ui(lang, "sep")
+    if item.sealed is not None:
+        right, texts = seal.numeric_feedback(item, value)
+        if right:
+            return Feedback(item.id, "correct", _ui(lang, "correct") + sep + (texts.get(lang) or texts["en"]))
+        text = (texts.get(lang) or texts["en"]) if texts else localize(item.hint, lang).format(**item.params)
+        return Feedback(item.id, "wrong", sep.join([_ui(lang, "wrong"), text, _ui(lang, "retry")]))
     answer = item.value()
     fields, sep = {**item.params, "answer": answer}, _ui(lang, "sep")
     if item.within_tolerance(value, answer):
@@ -124,13 +141,15 @@ def _numeric_feedback(item: Item, value: float, lang: str) -> Feedback:
 @dataclass(frozen=True)
 class Score:
     """An answer sheet scored against a bank: ``status`` maps item id -> correct / wrong / invalid /
-    unanswered; ``unknown`` lists sheet keys that name no item of the bank."""
+    unanswered; ``responses`` item id -> the sheet's response; ``unknown`` lists sheet keys that name
+    no item of the bank."""
 
     bank: Bank
     status: dict
     points: float
     needed: float
     unknown: tuple
+    responses: dict = field(default_factory=dict)
 
     @property
     def total(self) -> float:
@@ -155,7 +174,28 @@ def score(bank: Bank, sheet: dict | None, pass_mark: float | None = None) -> Sco
         result = feedback(item, by_id.get(item.id))
         status[item.id] = result.status
         points += item.points if result.correct else 0
-    return Score(bank, status, points, bank.points_needed(pass_mark), tuple(unknown))
+    return Score(bank, status, points, bank.points_needed(pass_mark), tuple(unknown), by_id)
+
+
+def score_choices(bank: Bank, sheet: dict | None, pass_mark: float | None = None) -> Score:
+    """Score only the choice questions of ``sheet`` (what a notebook may check of a graded quiz);
+    the pass mark stays the whole bank's."""
+    choices = replace(bank, items=tuple(item for item in bank.items if item.kind != "numeric"))
+    result = score(choices, {k: v for k, v in (sheet or {}).items() if _known_choice(bank, k)}, pass_mark)
+    unknown = tuple(str(k) for k in (sheet or {}) if not _known(bank, k))
+    return replace(result, needed=bank.points_needed(pass_mark), unknown=unknown)
+
+
+def _known(bank: Bank, key) -> bool:
+    try:
+        bank.item(str(key))
+        return True
+    except KeyError:
+        return False
+
+
+def _known_choice(bank: Bank, key) -> bool:
+    return _known(bank, key) and bank.item(str(key)).kind != "numeric"
 
 
 def _num(x: float) -> str:

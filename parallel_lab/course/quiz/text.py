@@ -1,13 +1,18 @@
 """The quiz as plain text: for a terminal, a notebook where widgets do not render, and for grading.
 
-    from parallel_lab.course.quiz import show, answer, check_quiz
-    show("01")                                   # every question with its options (no answers)
-    answer("01", "ring-bytes", 112)              # instant feedback on one answer, retry at will
+    from parallel_lab.course.quiz import show, answer, graded_quiz, check_quiz
+    show("01")                                   # practice: every question with its options (no answers)
+    answer("01", "ring-bytes", 112)              # practice: instant feedback on one answer, retry at will
+    graded_quiz("01", "s1234567")                # the student's graded quiz: own option order, own numbers
     my_answers = {"collectives/identity": "b", ...}
-    check_quiz("01", my_answers)                 # the deterministic verdict nbval compares
+    check_quiz("01", my_answers, "s1234567")     # the graded check: the score, not which answers are wrong
 
-Everything printed is a pure function of the bank and the responses, so nbval can compare it, and
-no answer key is printed unless the student's own answer earns its explanation.
+Everything printed is a pure function of the bank, the student id and the responses, so nbval can
+compare it, and no answer key is printed unless the student's own practice answer earns its
+explanation. The graded check scores the choice questions of the student's own quiz (how many
+points, never which); its numeric questions carry numbers drawn for that student, and only the
+instructor's grader scores them (``course.quiz.variant``): the notebook cannot be asked whether
+a number is right for them.
 """
 
 from __future__ import annotations
@@ -15,11 +20,11 @@ from __future__ import annotations
 import json
 import textwrap
 
-from parallel_lab.i18n import _, language
+from parallel_lab.i18n import _, _l, language
 
-from . import progress
 from .bank import LANGUAGES, Bank, Item, load, localize
-from .check import Feedback, Score, feedback, score, verdict
+from .check import Feedback, Score, feedback, score_choices
+from .variant import variant
 
 WIDTH = 100
 KIND_NOTE = {
@@ -61,8 +66,9 @@ def item_text(item: Item, number: int, lang: str = "en", faq_question: str | Non
     return "\n".join(lines)
 
 
-def quiz_text(lesson, lang: str | None = None) -> str:
-    """The whole quiz as text, with how to answer it in text mode."""
+def quiz_text(lesson, lang: str | None = None, practice: bool = True) -> str:
+    """The whole quiz as text, with how to answer it (in practice: with ``answer``; graded: in the
+    answer sheet)."""
     bank = _bank(lesson)
     lang = _check_lang(bank, lang)
     faq = {e["entry"]: localize(e["question"], lang) for e in bank.faq}
@@ -70,12 +76,17 @@ def quiz_text(lesson, lang: str | None = None) -> str:
     parts = [f"Quiz: {localize(bank.title, lang)} — {len(bank.items)} questions, "
              f"{bank.total_points:g} points, pass mark {bank.points_needed():g}"]
     if len(bank.languages) > 1:
+        how = f"show({name!r}" if practice else f"graded_quiz({name!r}, my_student_id"
         parts.append("Languages: " + ", ".join(f"{code} ({LANGUAGES[code]})" for code in bank.languages)
-                     + f"; e.g. show({name!r}, lang={bank.languages[-1]!r})")
+                     + f"; e.g. {how}, lang={bank.languages[-1]!r})")
     parts += [item_text(item, n, lang, faq.get(item.faq)) for n, item in enumerate(bank.items, 1)]
-    parts.append(f"Answer one question: answer({name!r}, \"{bank.items[0].id}\", <your answer>).\n"
-                 f"Hand in: put your answers in the answer-sheet cell; check_quiz({name!r}, my_answers) "
-                 f"prints the verdict.")
+    if practice:
+        parts.append(_wrap(f"Practise one question: answer({name!r}, \"{bank.items[0].id}\", <your answer>). "
+                           f"Your graded quiz (graded_quiz({name!r}, my_student_id)) asks the same questions with "
+                           f"the options in your own order and your own numbers.", ""))
+    else:
+        parts.append(_wrap(f"Hand in: write your answers in the answer sheet (my_answers); check_quiz({name!r}, "
+                           f"my_answers, my_student_id) prints your points on the choice questions.", ""))
     return "\n\n".join(parts)
 
 
@@ -102,37 +113,84 @@ def sheet_template(lesson) -> str:
     return "my_answers = {\n" + "\n".join(rows) + "\n}"
 
 
-def check_quiz(lesson, sheet: dict | None, pass_mark: float | None = None) -> Score:
-    """Score an answer sheet and print the verdict (the line nbval compares). A pass is recorded in the
-    learner's progress (``progress``; ``parallel_lab.show.progress.my_progress`` shows it). Returns the Score."""
+# What the graded quiz says (``graded_quiz``, ``check_quiz``); translated (parallel_lab.i18n).
+GRADED = {
+    "no_id": _l("Your graded quiz is drawn from your student id: write it in my_student_id, exactly as your "
+                "instructor's roster has it (e.g. my_student_id = \"s1234567\"), and run this cell again."),
+    "head": _l("Your graded quiz, drawn for student id {student}: the practice quiz's questions, with the options "
+               "in your own order and your own numbers. Answer it in the answer sheet below (my_answers)."),
+    "check_no_id": _l("quiz {bank}: no student id yet: set my_student_id in the cell above the answer sheet, then "
+                      "run that cell, fill in the sheet and run this check again"),
+    "check": _l("quiz {bank}, student {student}: {points} of {choice_total} points on the choice questions; "
+                "{numeric_total} points of numeric answers are scored by your instructor's grader; pass mark "
+                "{needed} of {total} points"),
+    "check_choice_only": _l("quiz {bank}, student {student}: {points} of {choice_total} points; pass mark {needed}"),
+    "unreadable": _l("  {item}: answer not readable"),
+    "unknown": _l("  {key}: no such question in this quiz"),
+}
+
+
+def graded_quiz(lesson, student, lang: str | None = None) -> None:
+    """Print ``student``'s graded quiz (``course.quiz.variant``): the questions with the options in
+    their own order and their own numbers; with no student id yet, what to do."""
     bank = _bank(lesson)
-    result = score(bank, sheet, pass_mark)
-    print(verdict(result, pass_mark))
-    if result.passed:
-        progress.record_pass(bank.id, bank.lesson, result.points, result.total)
+    if student in (None, ""):
+        print(_wrap(str(GRADED["no_id"]), ""))
+        return
+    print(_wrap(str(GRADED["head"]).format(student=student), "") + "\n")
+    print(quiz_text(variant(bank, str(student)), _check_lang(bank, lang), practice=False))
+
+
+def graded_verdict(bank: Bank, sheet: dict | None, student, pass_mark: float | None = None) -> tuple[str, Score]:
+    """The graded check's text and the choice questions' score for ``student``'s quiz: how many
+    points, never which answers are wrong."""
+    if student in (None, ""):
+        return str(GRADED["check_no_id"]).format(bank=bank.label()), score_choices(bank, {}, pass_mark)
+    result = score_choices(variant(bank, str(student)), sheet, pass_mark)
+    numeric = sum(item.points for item in bank.items if item.kind == "numeric")
+    fields = {"bank": bank.label(), "student": student, "points": f"{result.points:g}",
+              "choice_total": f"{bank.total_points - numeric:g}", "numeric_total": f"{numeric:g}",
+              "needed": f"{result.needed:g}", "total": f"{bank.total_points:g}"}
+    lines = [str(GRADED["check" if numeric else "check_choice_only"]).format(**fields)]
+    lines += [str(GRADED["unreadable"]).format(item=item_id) for item_id, s in result.status.items() if s == "invalid"]
+    lines += [str(GRADED["unknown"]).format(key=key) for key in result.unknown]
+    return "\n".join(lines), result
+
+
+def check_quiz(lesson, sheet: dict | None, student=None, pass_mark: float | None = None) -> Score:
+    """The notebook's graded check: score the choice questions of ``student``'s quiz and print how
+    many points they earn (never which answers are wrong); the numeric ones are the grader's.
+    Returns the Score of the choice questions. (Passing the practice quiz in the widget is what
+    ``progress`` records on this computer.)"""
+    bank = _bank(lesson)
+    text, result = graded_verdict(bank, sheet, student, pass_mark)
+    print(text)
     return result
 
 
 def lesson_cells(lesson, points: int = 3) -> str:
     """The percent-format cells that end a lesson source with its quiz (see ``tools/build_lessons.py``):
-    the widget (output ignored by nbval), the text form, the answer sheet, and the graded check. The
-    text is in the process's language (the build sets the edition's); the code cells are the same."""
+    the practice widget (output ignored by nbval), the student id and the graded quiz drawn for it,
+    the answer sheet, and the graded check. The text is in the process's language (the build sets
+    the edition's); the code cells are the same."""
     bank = _bank(lesson)
     name = bank.lesson or bank.id
-    switch = _("\nThe quiz has a language switch (English / 中文); the text form in Traditional Chinese is "
-               "`show(\"{name}\", lang=\"zh-Hant\")`.").format(name=name) if len(bank.languages) > 1 else ""
+    switch = _("\nThe quiz has a language switch (English / 中文); `show(\"{name}\", lang=\"zh-Hant\")` prints it in "
+               "Traditional Chinese.").format(name=name) if len(bank.languages) > 1 else ""
     intro = _("## Quiz\n"
-              "Answer in the quiz below: each answer gets instant feedback with its explanation, and you can\n"
-              "retry as often as you like. Where widgets do not show (a terminal, a static view), the text form\n"
-              "under it has the same questions; answer one with `answer(\"{name}\", \"<question id>\", <answer>)`."
-              "{switch}\n"
+              "**Practise** in the quiz below: each answer gets instant feedback with its explanation, and you\n"
+              "can retry as often as you like. Where widgets do not show (a terminal, a static view), it shows\n"
+              "as text; answer a question with `answer(\"{name}\", \"<question id>\", <answer>)`.{switch}\n"
+              "Passing the practice quiz is recorded on this computer (`from parallel_lab.show.progress import\n"
+              "my_progress`, then `my_progress()`): a record for you, not a credential.\n"
               "\n"
-              "**To hand in**, write your answers in the answer sheet (the quiz shows it filled in, ready to\n"
-              "paste) and run the check cell: it prints the verdict your instructor's grader compares. Passing\n"
-              "records the quiz on this computer (`from parallel_lab.show.progress import my_progress`, then\n"
-              "`my_progress()`). That record is yours, not a credential: a credential anyone can verify comes from\n"
-              "whoever grades your notebook (hand it in, or submit it to the course's grading service).").format(
-        name=name, switch=switch)
+              "**Your graded quiz** asks the same questions with the options in your own order and your own\n"
+              "numbers, drawn from your student id. Write your id in `my_student_id` exactly as your\n"
+              "instructor's roster has it and run the cell: it prints your quiz. Write your answers in the\n"
+              "answer sheet and run the check cell: it tells you your points on the choice questions (not\n"
+              "which answers are wrong); your instructor's grader scores the numeric ones. A credential anyone\n"
+              "can verify comes from whoever grades your notebook (hand it in, or submit it to the course's\n"
+              "grading service).").format(name=name, switch=switch)
     markdown = "\n".join(f"# {line}".rstrip() for line in intro.split("\n"))
     return f'''# %% [markdown]
 {markdown}
@@ -142,10 +200,11 @@ from parallel_lab.show.quizbox import quiz
 
 quiz("{name}")
 
-# %%
-from parallel_lab.course.quiz import show
+# %% tags=["student-id"]
+from parallel_lab.course.quiz import graded_quiz
 
-show("{name}")
+my_student_id = None  # your student id, as on your instructor's roster, e.g. "s1234567"
+graded_quiz("{name}", my_student_id)
 
 # %% tags=["answer:quiz:{name}"]
 {sheet_template(bank)}
@@ -153,5 +212,5 @@ show("{name}")
 # %% tags=["check:quiz:{name}", "points:{points}"]
 from parallel_lab.course.quiz import check_quiz
 
-quiz_verdict = check_quiz("{name}", my_answers)
+quiz_verdict = check_quiz("{name}", my_answers, my_student_id)
 '''

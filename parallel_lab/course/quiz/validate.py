@@ -11,10 +11,13 @@ Invariants (each error names the file and the item):
 - every text (title, FAQ questions, prompt, options and their ``why``, explanation, hint, mistakes)
   carries every language the bank declares, each non-blank, with the same placeholders as the English;
 - choices: unique keys, an explanation (``why``) for every option, exactly one correct option for
-  ``single``, at least one for ``multiple``;
+  ``single``, at least one for ``multiple``; no text names an option by its letter ("(b)", "option
+  c"): each student's graded quiz puts the options in another order (``course.quiz.variant``);
 - numeric: the answer computes (a ``parallel_lab`` function, called with its params), every
   placeholder in prompt, explanation and hint is filled, the hint does not contain the answer,
-  and no listed mistake is within the tolerance of the answer;
+  and no listed mistake is within the tolerance of the answer; ``vary`` names parameters of the
+  function, and at least two of its combinations compute an answer other than the practice one
+  (the graded quizzes' numbers), none of which the hint gives away;
 - the FAQ bank lists entries 1..6 and checks each with at least two items (``faq: n``).
 """
 
@@ -150,6 +153,10 @@ def item_errors(bank, item) -> list[str]:
         keys = [o.key for o in item.options]
         if len(set(keys)) != len(keys):
             errors.append(f"{where}: option keys must be unique, got {keys}")
+        letter = _letter_reference(item)
+        if letter:
+            errors.append(f"{where}: {letter[0]} names option ({letter[1]}) by its letter; each student's graded "
+                          f"quiz orders the options differently: name the option by what it says")
         n_correct = len(item.correct_keys())
         if item.kind == "single" and n_correct != 1:
             errors.append(f"{where}: a single-choice item needs exactly 1 correct option, got {n_correct}")
@@ -157,6 +164,46 @@ def item_errors(bank, item) -> list[str]:
             errors.append(f"{where}: a multiple-choice item needs at least 1 correct option, got 0")
         return errors
     return errors + _numeric_errors(item)
+
+
+LETTER = re.compile(r"\(([a-h])\)|\boptions? \(?([a-h])\b")
+
+
+def _letter_reference(item) -> tuple[str, str] | None:
+    """(field, letter) of the first text that names one of the item's options by its key."""
+    keys = {o.key for o in item.options}
+    for name, text in _texts(item):
+        for lang_text in ([text] if isinstance(text, str) else text.values()):
+            for match in LETTER.finditer(lang_text):
+                letter = match.group(1) or match.group(2)
+                if letter in keys:
+                    return name, letter
+    return None
+
+
+def _vary_errors(item, answer: float) -> list[str]:
+    """A numeric item's graded variants (``vary``): parameters the function takes, at least two
+    that compute an answer other than the practice one, no hint that gives one away."""
+    from .variant import graded_params
+
+    where = item.source
+    if "function" not in (item.answer or {}):
+        return [f"{where}: vary needs an answer computed by a function (a literal value cannot vary)"]
+    unknown = sorted(set(item.vary) - set(item.params))
+    if unknown:
+        return [f"{where}: vary names {', '.join(unknown)}, which answer.params does not give (it gives "
+                f"{', '.join(sorted(item.params)) or 'none'})"]
+    choices = graded_params(item)
+    if len(choices) < 2:
+        return [f"{where}: vary gives {len(choices)} graded variant(s) whose answer computes and differs from the "
+                f"practice answer ({answer:g}); a graded quiz needs at least 2"]
+    errors = []
+    for params in choices:
+        value = resolve({"function": item.answer["function"], "params": params}, where)
+        for lang_text in [item.hint] if isinstance(item.hint, str) else (item.hint or {}).values():
+            if re.search(rf"(?<![\d.]){re.escape(f'{value:g}')}(?![\d.])", lang_text.format(**params)):
+                errors.append(f"{where}: the hint gives the graded variant {params}'s answer away ({value:g})")
+    return errors
 
 
 def _numeric_errors(item) -> list[str]:
@@ -193,6 +240,8 @@ def _numeric_errors(item) -> list[str]:
         if item.within_tolerance(wrong, answer):
             errors.append(f"{where}: mistake {n} ({wrong:g}) is within the tolerance of the answer "
                           f"({answer:g}), so it would be marked correct")
+    if item.vary:
+        errors += _vary_errors(item, answer)
     return errors
 
 

@@ -1,0 +1,145 @@
+"""The similarity report: pairs of students whose answers are near-identical, for the instructor to
+look at. It is a list, not a verdict: two students may reach the same short answer on their own,
+and the report says how much each pair wrote beyond the lesson's scaffold so that a reader can
+weigh it.
+
+    pairs = report(rows, threshold=0.9, references=refs)   # rows of one grading run
+    write_report("similarity.csv", pairs)
+
+**Exercises.** Each answer cell is normalised as the copy check normalises it
+(``exercises.copies``: names, layout, comments and docstrings set aside); what the lesson's own
+answer cell already holds (the signature, the stub's surroundings) is trimmed from both ends, so
+that only what the student wrote is compared; answers that are still the stub, or whose own part
+is shorter than ``MIN_OWN_TOKENS``, are left out (every right answer to a two-line exercise looks
+alike). Pairs at least ``threshold`` alike (difflib's ratio) are listed.
+
+**Quizzes.** Every student's graded quiz is their own variant (``course.quiz.variant``): options
+in their own order, numbers drawn for them. A sheet that scores more on another student's variant
+than on its owner's, and at least that variant's pass mark, was written for the other student's
+quiz; the pair is listed with both scores.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from parallel_lab.course import tags
+from parallel_lab.exercises.copies import similarity, tokens
+
+MIN_OWN_TOKENS = 20
+REPORT_COLUMNS = ("lesson", "check", "student_a", "student_b", "similarity", "own_tokens_a", "own_tokens_b", "note")
+
+
+@dataclass(frozen=True)
+class Pair:
+    lesson: str
+    check: str
+    student_a: str
+    student_b: str
+    similarity: float
+    own_a: int
+    own_b: int
+    note: str = ""
+
+
+def own_tokens(source: str, scaffold: tuple) -> tuple:
+    """The answer's normalised tokens less the scaffold's common prefix and suffix; () when it does
+    not parse."""
+    try:
+        mine = tokens(source)
+    except (SyntaxError, ValueError, RecursionError):
+        return ()
+    start = 0
+    while start < min(len(mine), len(scaffold)) and mine[start] == scaffold[start]:
+        start += 1
+    end = 0
+    while end < min(len(mine), len(scaffold)) - start and mine[-1 - end] == scaffold[-1 - end]:
+        end += 1
+    return mine[start:len(mine) - end]
+
+
+def scaffolds(references) -> dict:
+    """``{(lesson, check): normalised tokens of the reference's answer cell}``."""
+    out = {}
+    for ref in references or ():
+        nb = nbformat.read(ref.path, as_version=4)
+        for cell in nb.cells:
+            check = tags.answer(cell)
+            if check:
+                try:
+                    out[(ref.lesson, check)] = tokens(cell.source)
+                except (SyntaxError, ValueError):
+                    out[(ref.lesson, check)] = ()
+    return out
+
+
+def code_pairs(rows, threshold: float, references=None) -> list[Pair]:
+    """Near-identical exercise answers, per lesson and check, most alike first."""
+    frames = scaffolds(references)
+    by_check: dict = {}
+    for r in rows:
+        if r.category == "quizzes" or r.exercise.startswith(("quiz:", "predict:")) or not r.answer:
+            continue
+        if r.detail and "NOT YET" in r.detail.splitlines()[0]:
+            continue
+        own = own_tokens(r.answer, frames.get((r.lesson, r.exercise), ()))
+        if len(own) >= MIN_OWN_TOKENS:
+            by_check.setdefault((r.lesson, r.exercise), []).append((r.student, own))
+    pairs = []
+    for (lesson, check), answers in sorted(by_check.items()):
+        for i, (a, own_a) in enumerate(answers):
+            for b, own_b in answers[i + 1:]:
+                ratio = similarity(own_a, own_b)
+                if ratio >= threshold:
+                    pairs.append(Pair(lesson, check, a, b, ratio, len(own_a), len(own_b)))
+    return sorted(pairs, key=lambda p: (-p.similarity, p.lesson, p.check, p.student_a, p.student_b))
+
+
+def sheet_pairs(rows) -> list[Pair]:
+    """Quiz sheets that fit another student's variant better than their own (``course.quiz.variant``)."""
+    from parallel_lab.course.grading.runner import answer_sheet
+    from parallel_lab.course.quiz.bank import load
+    from parallel_lab.course.quiz.variant import score_for
+
+    by_quiz: dict = {}
+    for r in rows:
+        if r.exercise.startswith("quiz:") and r.answer:
+            sheet = answer_sheet(r.answer)
+            if isinstance(sheet, dict) and any(v not in (None, "", []) for v in sheet.values()):
+                by_quiz.setdefault((r.lesson, r.exercise), []).append((r.student, sheet))
+    pairs = []
+    for (lesson, check), sheets in sorted(by_quiz.items()):
+        bank = load(check.split(":", 1)[1])
+        for owner, sheet in sheets:
+            own = score_for(bank, sheet, owner)
+            for other, _ in sheets:
+                if other == owner:
+                    continue
+                theirs = score_for(bank, sheet, other)
+                if theirs.points > own.points and theirs.passed:
+                    pairs.append(Pair(lesson, check, owner, other, theirs.points / theirs.total, 0, 0,
+                                      f"{owner}'s sheet scores {theirs.points:g} of {theirs.total:g} on {other}'s "
+                                      f"quiz and {own.points:g} on its own"))
+    return pairs
+
+
+def report(rows, threshold: float = 0.9, references=None) -> list[Pair]:
+    """Every pair the instructor should look at: near-identical exercise answers and quiz sheets
+    written for another student's quiz."""
+    return code_pairs(rows, threshold, references) + sheet_pairs(rows)
+
+
+def write_report(path, pairs) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(REPORT_COLUMNS)
+        for p in pairs:
+            writer.writerow([p.lesson, p.check, p.student_a, p.student_b, f"{p.similarity:.3f}", p.own_a or "",
+                             p.own_b or "", p.note])
+    return path
