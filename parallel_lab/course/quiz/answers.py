@@ -133,6 +133,12 @@ def gpu_hours(step_s: float, gpus: int, tokens_billions: float, batch: int, seq:
     return training_cost(row, tokens_billions * 1e9, 0.0)["gpu_hours"]
 
 
+def run_gpu_hours(steps: int, step_s: float, gpus: int) -> float:
+    """GPU-hours of ``steps`` steps of ``step_s`` seconds on ``gpus`` devices (every GPU is paid for
+    the whole run; the capstone)."""
+    return steps * step_s * gpus / 3600
+
+
 def device_memory_gb(model: str, dp: int, pp: int, tp: int, microbatches: int, schedule: str = "1f1b",
                      recompute: str = "none", sequence_parallel: bool = True, micro_batch: int = 1) -> float:
     """GB (10^9 bytes) on the fullest GPU of a plan for ``memory.MODELS[model]``: weights, gradients,
