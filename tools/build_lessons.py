@@ -46,9 +46,10 @@ cell. ``--markdown-only`` rewrites the markdown of committed lessons from their 
 executing anything, when only text changed (it refuses when a code cell differs).
 
 The build appends each lesson's quiz from its bank (``parallel_lab.course.quiz.text.lesson_cells``:
-the widget, the text form, the answer sheet and the graded check), so every lesson's identical
-tail is written once. Each notebook gets kernelspec metadata (JupyterLab otherwise asks for a kernel)
-and is executed top to bottom in lessons/ with the course's settings (one thread per process).
+the practice widget, the student id with the graded quiz drawn for it, the answer sheet and the
+graded check), so the lessons' identical tail is written once. Each notebook gets kernelspec
+metadata (JupyterLab otherwise asks for a kernel) and is executed top to bottom in lessons/ with the
+course's settings (one thread per process).
 Plotly figures then also get a PNG (tools/render_static.py, which needs kaleido and Chromium) so
 the lessons read on GitHub and nbviewer. Where the student edition's renderings cannot be made (no
 Chromium, kaleido missing or failing) the build refuses, before it executes anything where it can

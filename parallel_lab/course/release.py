@@ -18,7 +18,7 @@ keys, the tests solutions of their own. The release takes from it, by the rules 
 - the package, less ``course/quiz/answers.py`` (the map from each numeric question to the function
   that computes it; the functions themselves are the course's models, which the lessons teach);
 - what running the course needs (``pyproject.toml``, ``environment.yml``, ``binder/``,
-  ``course.py``), the article's FAQ (``quizzes/faq_source.md``: lesson 12's reading, which the FAQ
+  ``course.py``), the article's FAQ (``quizzes/faq_source.md``: lesson 17's reading, which the FAQ
   quiz asks the student to apply), and a README for students.
 
 It leaves out the tests (their exercises' solutions), ``tools/`` (the build and its solution
@@ -66,7 +66,7 @@ RULES = (
     ("parallel_lab/course/quiz/answers.py", "leave out: which function computes each numeric answer"),
     ("lessons/src/*.py", "strip: solution regions replaced by the student edition's stubs"),
     ("quizzes/*.yaml", "seal: keys as salted hashes, explanations as ciphertexts"),
-    ("quizzes/faq_source.md", "copy: the article's FAQ, lesson 12's reading"),
+    ("quizzes/faq_source.md", "copy: the article's FAQ, lesson 17's reading"),
     ("parallel_lab/*", "copy"),
     ("lessons/*.ipynb", "copy: the student edition"),
     ("lessons/*/*.ipynb", "copy: the student edition"),

@@ -286,11 +286,17 @@ def _shares(rows, maxima_by_category) -> dict:
     return {c: (earned.get(c, 0.0), m) for c, m in maxima_by_category.items()}
 
 
+def categorized(rows, policy: Policy) -> list[Row]:
+    """``rows`` with every category filled in (rows made elsewhere may leave it empty)."""
+    capstone = capstone_lesson(policy) if any(not r.category for r in rows) else None
+    return [r if r.category else replace(r, category=policy.category(r.exercise, r.lesson, capstone)) for r in rows]
+
+
 def standings(rows, policy: Policy | None = None, overrides=()) -> dict:
     """``{student: Standing}`` for every student of ``rows`` (already graded rows; ``overrides``
     applied here)."""
     policy = policy or Policy()
-    rows, _ = apply_overrides(rows, overrides)
+    rows, _ = apply_overrides(categorized(rows, policy), overrides)
     maxima = lesson_maxima(rows)
     course = {}
     for categories in maxima.values():
@@ -391,6 +397,13 @@ def _write_csv(path: Path, header, body) -> Path:
         writer.writerow(header)
         writer.writerows(body)
     return path
+
+
+def write_summary(rows, path, policy=None, roster=None) -> Path:
+    """The per-student summary (``summary_rows``) of graded rows, written to ``path``."""
+    policy = policy if isinstance(policy, Policy) else Policy.load(policy)
+    header, body = summary_rows(categorized(list(rows), policy), policy, roster)
+    return _write_csv(Path(path), header, body)
 
 
 def write_gradebook(rows, path) -> Path:
