@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from parallel_lab import exercises
+from parallel_lab.course import tags
 from parallel_lab.exercises import check, copies, policy
 from parallel_lab.exercises.ring_all_reduce import EXERCISE as RING
 from parallel_lab.runtime import demos, launcher, rank_process
@@ -158,7 +159,7 @@ def test_every_named_library_function_renamed_is_a_copy_and_the_lessons_solution
         copied = copies.copy_of(renamed_copy(spec, exercise.name), exercise.copies)
         assert copied is not None and copied.ratio == 1.0, spec
     solutions = [build_lessons.solution_source(cell.source) for source in sorted(build_lessons.SOURCES.glob("*.py"))
-                 for check_id, cell in build_lessons.answer_cells(build_lessons.parse(source.read_text())).items()
+                 for check_id, cell in tags.answer_cells(build_lessons.parse(source.read_text())).items()
                  if check_id == exercise.id]
     assert solutions, f"no lesson answers {exercise.id}"
     for solution in solutions:
@@ -255,8 +256,9 @@ def test_the_solution_and_a_different_correct_ring_pass_on_2_and_4_ranks():
 def test_the_library_ring_passes_the_judge_students_rings_face():
     # collectives.ring_all_reduce (lesson 01's reference, timed by calibration's "ring") judged as an
     # answer: the policy would refuse the import, the judge checks values, send/recv only and bytes.
-    passed, lines = RING.judge("from parallel_lab.runtime.collectives import ring_all_reduce as my_ring_all_reduce")
-    assert passed, lines
+    library = "from parallel_lab.runtime.collectives import ring_all_reduce as my_ring_all_reduce"
+    passed, lines, cases = RING.judge(library)
+    assert passed and cases == (10, 10), lines
 
 
 @ranks
