@@ -79,8 +79,8 @@ def test_every_bank_is_bilingual_and_valid():
     """Every bank, lessons and FAQ alike, declares en and zh-Hant, carries both in every text field,
     and validates on its own."""
     banks = load_all(BANKS)
-    # one bank per lesson with a quiz (00-05, 07-14, 16, 18) and the FAQ's (17)
-    assert len(banks) == 17 and {"zero-sharding", "mixture-of-experts", "long-context"} <= {b.id for b in banks}
+    # one bank per lesson (00-16, 18) and the FAQ's (17)
+    assert len(banks) == 19 and {"zero-sharding", "mixture-of-experts", "long-context"} <= {b.id for b in banks}
     for b in banks:
         assert {"en", "zh-Hant"} <= set(b.languages), b.id
         errors, loaded = validate.validate_file(b.path, BANKS)
@@ -480,7 +480,8 @@ def test_pass_mark_is_configurable(monkeypatch):
                                        ("recompute-pipedream", "zh-Hant"), ("balancing", "zh-Hant"),
                                        ("3d-parallelism", "zh-Hant"), ("planner", "zh-Hant"),
                                        ("capstone", "zh-Hant"), ("pipeline-line", "zh-Hant"),
-                                       ("pipeline-1f1b", "zh-Hant")])
+                                       ("pipeline-1f1b", "zh-Hant"), ("interleaved", "zh-Hant"),
+                                       ("cost-model", "en")])
 def test_text_form_shows_questions_but_no_answers(name, lang):
     b = load(name)
     shown = text.quiz_text(name, lang)
@@ -551,7 +552,7 @@ def widget_state(box) -> str:
 @pytest.mark.parametrize("name,lang", [("00", "en"), ("01", "en"), ("tensor-parallel", "en"),
                                        ("pipeline-bubble", "en"), ("pipeline-schedules", "en"),
                                        ("faq", "zh-Hant"), ("01", "zh-Hant"), ("tensor-parallel", "zh-Hant"),
-                                       ("planner", "zh-Hant")])
+                                       ("planner", "zh-Hant"), ("interleaved", "en"), ("cost-model", "zh-Hant")])
 def test_widget_state_holds_no_answer_key(name, lang):
     """What nbclient or JupyterLab save into a notebook's metadata: prompts and option labels, but
     no explanation, hint or answer -- until the student answers, and then only their own."""

@@ -9,7 +9,8 @@ is a thin call into the module that teaches the idea:
 - pipeline bubbles and activation memory: ``parallel_lab.pipeline.schedules`` + ``parallel_lab.pipeline.simulate``
   (lessons on pipeline parallelism);
 - all-reduce bytes and time: ``parallel_lab.hardware.ring_all_reduce_time`` (lesson 01);
-- training memory: ``parallel_lab.planning.memory`` (lesson 00); GPU-hours: ``planning.planner`` (lesson 16).
+- training memory: ``parallel_lab.planning.memory`` (lesson 00); a plan's memory and time: ``planning.memory_model``
+  and ``planning.cost`` (lesson 15); GPU-hours: ``planning.planner`` (lesson 16).
 """
 
 from __future__ import annotations
@@ -149,6 +150,26 @@ def device_memory_gb(model: str, dp: int, pp: int, tp: int, microbatches: int, s
                                          sequence_parallel=sequence_parallel, schedule=schedule,
                                          microbatches=microbatches, recompute=recompute)
     return row["total"] / 1e9
+
+
+def layer_activation_mb(seq: int, hidden: int, heads: int, tp: int, micro_batch: int = 1,
+                        sequence_parallel: bool = True, recompute: str = "selective") -> float:
+    """MB (10^6 bytes) of activations one transformer layer keeps for one micro-batch on one GPU, 2-byte
+    values with dropout (``planning.memory_model.activation_bytes_per_layer``, Korthikanti et al. 2022;
+    lesson 15)."""
+    from parallel_lab.planning import memory_model
+
+    return memory_model.activation_bytes_per_layer(seq, micro_batch, hidden, heads, tp, sequence_parallel,
+                                                   recompute) / 1e6
+
+
+def exposed_dp_seconds(comm_s: float, backward_s: float) -> float:
+    """Seconds a data-parallel all-reduce of ``comm_s`` adds to a step when it can travel only during the
+    last micro-batch's backward of ``backward_s`` (no ZeRO; ``planning.cost.dp_communication``'s
+    exposure, with the cost model's ``OVERLAP_SHARE``; lesson 15)."""
+    from parallel_lab.planning import cost
+
+    return max(0.0, comm_s - cost.OVERLAP_SHARE * backward_s)
 
 
 def zero_model_state_gb(billions: float, dp: int, stage: int, value_bytes: float = 2,
