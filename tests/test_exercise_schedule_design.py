@@ -246,7 +246,8 @@ def test_partial_credit_counts_the_cases_passed():
     passed, lines, cases = judge_cases(ZB_H1)  # ZB-H1 fits its own memory only
     assert not passed and cases == (1, 3)
     assert lines[0] == PASSED[0] and "FAILED: rank 0 holds up to 4" in lines[1]
-    assert EXERCISE.check(ZB_H1).lines == lines
+    verdict = EXERCISE.check(ZB_H1)
+    assert verdict.lines == lines and verdict.cases == (1, 3)
     raises = "def my_schedule(p, m, cap):\n    return undefined_name if cap == 2 else [[]] * p\n"
     passed, lines, cases = judge_cases(raises)
     assert not passed and cases == (0, 3)

@@ -151,7 +151,7 @@ def judge(source: str) -> tuple[bool, list]:
 
 
 EXERCISE = register(Exercise(
-    "schedule-design", _l("Your schedule"), POLICY, judge,
+    "schedule-design", _l("Your schedule"), POLICY, judge_cases,
     forbids="the library (its search and its schedules): design the order yourself"))
 
 
