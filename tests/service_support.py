@@ -138,7 +138,7 @@ def setup_course(url: str, learners: int, slug: str = "demo", threshold: float =
     """An instructor, a course and ``learners`` enrolled learners with API tokens, made in the
     database at ``url`` with the service's own functions; {"tokens": [...], "course": slug}."""
     from parallel_lab.service import auth, db
-    from parallel_lab.service.grading import Policy
+    from parallel_lab.service.grading import CoursePolicy
     from parallel_lab.service.models import Course, Enrolment
 
     engine = db.connect(url)
@@ -146,7 +146,7 @@ def setup_course(url: str, learners: int, slug: str = "demo", threshold: float =
     with db.sessions(engine).begin() as s:
         teacher = auth.create_user(s, f"teacher-{slug}@example.org", "Teacher", "a-long-password", "instructor")
         course = Course(slug=slug, title="Model parallelism", instructor_id=teacher.id, enrolment=enrolment,
-                        policy=Policy(list(lessons), threshold).to_json())
+                        policy=CoursePolicy.make(list(lessons), threshold).to_json())
         s.add(course)
         s.flush()
         for i in range(learners):

@@ -31,7 +31,7 @@ from parallel_lab.course import credentials as cr
 from parallel_lab.course.grading import gradebook
 from parallel_lab.service import auth, credentials, pages, queue
 from parallel_lab.service.app import Config, Service
-from parallel_lab.service.grading import Policy
+from parallel_lab.service.grading import CoursePolicy
 from parallel_lab.service.models import Course, Credential, FormToken, GradingRun, Submission, Upload
 from parallel_lab.service.worker import Settings, Worker
 
@@ -84,23 +84,25 @@ def test_language_negotiation():
 def test_policy_refuses_what_cannot_be_graded():
     known = {"01": None, "02": None}
     with pytest.raises(auth.Refused, match=r"no graded lesson 07 \(graded lessons: 01, 02\)"):
-        Policy(["07"]).check(known)
-    with pytest.raises(auth.Refused, match=r"share of the points in \(0, 1\], got 1.5"):
-        Policy(["01"], 1.5).check(known)
+        CoursePolicy.make(["07"]).check(known)
+    with pytest.raises(auth.Refused, match=r"the grading policy is wrong: .*certificate.threshold must be a number in "
+                                           r"\(0, 1\], got 1.5"):
+        CoursePolicy.make(["01"], 1.5).check(known)
     with pytest.raises(auth.Refused, match="a deadline is YYYY-MM-DDTHH:MM"):
-        Policy(["01"], deadlines={"01": "next friday"}).check(known)
+        CoursePolicy.make(["01"], deadlines={"01": "next friday"}).check(known)
+    assert CoursePolicy.make(["01"], 0.4).threshold == 0.4 and CoursePolicy.make(["01"]).threshold == 0.8
 
 
 def test_a_database_of_another_schema_version_is_refused(tmp_path):
     from parallel_lab.service import db
-    from parallel_lab.service.models import Meta
+    from parallel_lab.service.models import SCHEMA_VERSION, Meta
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
     engine = db.connect(url)
     with db.sessions(engine).begin() as s:
         s.get(Meta, "schema_version").value = "0"
     engine.dispose()
-    with pytest.raises(db.DatabaseError, match="the database has schema version 0, this service needs 1"):
+    with pytest.raises(db.DatabaseError, match=f"has schema version 0, this service needs {SCHEMA_VERSION}"):
         db.connect(url)
     with pytest.raises(db.DatabaseError, match="--db must be sqlite:///PATH or postgresql://"):
         db.connect("mysql://x/y")
@@ -413,10 +415,17 @@ def test_graded_upload_earns_a_credential_that_verifies_offline_until_revoked(se
         assert public.get("/credentials/" + "0" * 32).status_code == 404
         # the instructor's export is the course gradebook's CSV
         csv_text = teacher.c.get("/courses/mp/export/grades.csv").text
+        from parallel_lab.course.grading import exports
         assert csv_text.splitlines()[0] == ",".join(gradebook.GRADEBOOK_COLUMNS)
         assert "ada@example.org,01_ranks_and_collectives,ring-all-reduce,true,2,2" in csv_text
         summary = teacher.c.get("/courses/mp/export/grades-summary.csv").text
         assert _summary_row(summary, "ada@example.org")[:2] == ("2", "5")
+        canvas = teacher.c.get("/courses/mp/export/canvas.csv").text.splitlines()
+        assert canvas[0].startswith(",".join(exports.CANVAS_IDENTITY)) and canvas[1].startswith("Points Possible")
+        assert canvas[2].startswith("Ada Lovelace,,ada@example.org,ada@example.org,")
+        moodle = teacher.c.get("/courses/mp/export/moodle.csv").text.splitlines()
+        assert moodle[0].startswith(",".join(exports.MOODLE_IDENTITY)) and "ada@example.org" in moodle[1]
+        assert teacher.c.get("/courses/mp/export/passwords.csv").status_code == 404
 
 
 @pytest.mark.ranks
@@ -450,7 +459,7 @@ def test_a_submission_cannot_read_the_database_or_the_key():
         with svc.Session.begin() as s:
             teacher = auth.create_user(s, "t@example.org", "T", PASSWORD, "instructor")
             course = Course(slug="probe", title="probe", instructor_id=teacher.id, enrolment="open",
-                            policy=Policy(["99"], 1.0).to_json())
+                            policy=CoursePolicy.make(["99"], 1.0).to_json())
             s.add(course)
             s.flush()
             queue.enqueue(s, course_id=course.id, user_id=teacher.id, lesson="99", content=content, sha256="x",
@@ -474,7 +483,7 @@ def test_a_lost_lease_writes_nothing_and_a_dead_run_is_retried(service):
     with service.Session.begin() as s:
         teacher = auth.create_user(s, "t2@example.org", "T", PASSWORD, "instructor")
         course = Course(slug="q", title="q", instructor_id=teacher.id, enrolment="open",
-                        policy=Policy(["01"]).to_json())
+                        policy=CoursePolicy.make(["01"]).to_json())
         s.add(course)
         s.flush()
         queue.enqueue(s, course_id=course.id, user_id=teacher.id, lesson="01", content=b"{}", sha256="x", late=False)
@@ -501,7 +510,7 @@ def test_a_job_that_keeps_killing_its_grader_is_failed_not_retried_forever(servi
     with service.Session.begin() as s:
         teacher = auth.create_user(s, "t3@example.org", "T", PASSWORD, "instructor")
         course = Course(slug="k", title="k", instructor_id=teacher.id, enrolment="open",
-                        policy=Policy(["01"]).to_json())
+                        policy=CoursePolicy.make(["01"]).to_json())
         s.add(course)
         s.flush()
         queue.enqueue(s, course_id=course.id, user_id=teacher.id, lesson="01", content=b"{}", sha256="x", late=False)
@@ -518,7 +527,7 @@ def test_concurrent_claims_on_sqlite_take_each_job_once(service):
     with service.Session.begin() as s:
         teacher = auth.create_user(s, "t4@example.org", "T", PASSWORD, "instructor")
         course = Course(slug="c", title="c", instructor_id=teacher.id, enrolment="open",
-                        policy=Policy(["01"]).to_json())
+                        policy=CoursePolicy.make(["01"]).to_json())
         s.add(course)
         s.flush()
         for _ in range(30):
@@ -564,25 +573,25 @@ def test_resubmission_replaces_the_grade_overrides_replace_both_and_deadlines_ho
             graded(points)
             time.sleep(0.01)  # distinct upload times
         page = ada.page("/courses/mp").text
-        assert "0 of 5 points" in page and "latest graded upload" in page and page.count("/submissions/") == 2
+        assert "0 of 5 points" in page and "latest graded upload" in page and page.count("/submissions/") == 3
         with service.Session.begin() as s:
             ada_id = s.scalars(select(Submission)).first().user_id
         teacher.page("/courses/mp")
-        r = teacher.post("/courses/mp/overrides", {"learner": str(ada_id), "lesson": "01", "points": "9",
+        r = teacher.post("/courses/mp/overrides", {"learner": str(ada_id), "check": "01:ring-all-reduce", "points": "9",
                                                    "reason": "regraded"})
-        assert r.status_code == 400 and "from 0 to 5" in reason(r)
+        assert r.status_code == 400 and "from 0 to 2" in reason(r)
         teacher.page("/courses/mp")
-        r = teacher.post("/courses/mp/overrides", {"learner": str(ada_id), "lesson": "01", "points": "4",
+        r = teacher.post("/courses/mp/overrides", {"learner": str(ada_id), "check": "01:ring-all-reduce", "points": "2",
                                                    "reason": "the ring was right; the grader timed out"})
         assert r.status_code == 303
-        assert "4 of 5 points" in ada.page("/courses/mp").text
+        assert "2 of 5 points" in ada.page("/courses/mp").text
         assert "the ring was right" in teacher.page("/courses/mp").text
         summary = teacher.c.get("/courses/mp/export/grades-summary.csv").text
-        assert _summary_row(summary, "ada@example.org")[:2] == ("4", "5")
+        assert _summary_row(summary, "ada@example.org")[:2] == ("2", "5")
         # deadlines: one past, late accepted and marked; another course refuses late uploads
         with service.Session.begin() as s:
             course = s.scalars(select(Course).where(Course.slug == "mp")).one()
-            course.policy = Policy(["01"], 0.4, {"01": "2020-01-01T00:00"}, "accept").to_json()
+            course.policy = CoursePolicy.make(["01"], 0.4, {"01": "2020-01-01T00:00"}, "accept").to_json()
         ada.page("/courses/mp")
         r = ada.post("/courses/mp/submissions", {"lesson": "01"},
                      files={"notebook": ("01_ranks_and_collectives.ipynb", lesson01(), "application/json")})
@@ -590,7 +599,7 @@ def test_resubmission_replaces_the_grade_overrides_replace_both_and_deadlines_ho
         with service.Session.begin() as s:
             assert s.scalars(select(Submission).order_by(Submission.submitted_at.desc())).first().late is True
             course = s.scalars(select(Course).where(Course.slug == "mp")).one()
-            course.policy = Policy(["01"], 0.4, {"01": "2020-01-01T00:00"}, "refuse").to_json()
+            course.policy = CoursePolicy.make(["01"], 0.4, {"01": "2020-01-01T00:00"}, "refuse").to_json()
         before = counts(service)
         ada.page("/courses/mp")
         r = ada.post("/courses/mp/submissions", {"lesson": "01"},
@@ -637,3 +646,53 @@ def test_submit_waits_when_the_service_is_busy_and_tries_again(tmp_path, capsys)
     out = capsys.readouterr()
     assert json.loads(out.out)["state"] == "queued" and "trying again in 0 s (2 of 5)" in out.err
     assert [s[:2] for s in seen] == [("/api/courses/mp/submissions", "Bearer plt_x")] * 3
+
+
+def test_the_similarity_report_lists_two_learners_with_one_answer(service):
+    """The instructor's page and similarity.csv show ``course.grading.similarity``'s pairs: two learners
+    whose ring is the same answer (written out differently by nobody)."""
+    from test_exercises import RING_SOLUTION
+
+    from parallel_lab.course.grading.runner import Row
+
+    with TestClient(service.app()) as c1:
+        teacher = make_course(service, c1)
+        with service.Session.begin() as s:
+            course = s.scalars(select(Course)).one()
+            from parallel_lab.service.models import Enrolment
+            for name in ("ada", "bob", "cy"):
+                user = auth.create_user(s, f"{name}@example.org", name.title(), PASSWORD, "learner")
+                s.add(Enrolment(course_id=course.id, user_id=user.id))
+                queue.enqueue(s, course_id=course.id, user_id=user.id, lesson="01", content=b"{}", sha256="x",
+                              late=False)
+        for answer in (RING_SOLUTION, RING_SOLUTION, "def my_ring_all_reduce(t):\n    return t\n"):
+            job = queue.claim(service.Session, "w", lease_s=30)
+            rows = [Row(job.student, "01_ranks_and_collectives", "ring-all-reduce", True, 2, 2, "",
+                        category="exercises", answer=answer, detail="ring all-reduce: PASSED", cases=(5, 5))]
+            assert queue.complete(service.Session, job, rows)
+        page = teacher.page("/courses/mp").text
+        section = page[page.index('id="similarity"'):page.index('id="roster"')]
+        assert "ada@example.org" in section and "bob@example.org" in section and "cy@example.org" not in section
+        report = teacher.c.get("/courses/mp/export/similarity.csv").text.splitlines()
+        assert len(report) == 2 and "ring-all-reduce" in report[1] and "ada@example.org" in report[1]
+
+
+def test_a_course_takes_the_rest_of_its_grading_policy_as_yaml(service):
+    with TestClient(service.app()) as c1:
+        teacher = Visitor(c1)
+        teacher.login("lin@example.org")
+
+        def create(slug, rules):
+            teacher.page("/courses/new")
+            return teacher.c.post("/courses/new", follow_redirects=False, data={
+                "form_token": teacher.token, "title": "T", "slug": slug, "threshold": "50", "enrolment": "open",
+                "late": "accept", "lessons": ["01"], "rules": rules})
+
+        rules = "weights:\n  exercises: 1\n  quizzes: 0\ncredit:\n  exercises: partial\n"
+        assert create("weighted", rules).status_code == 303
+        with service.Session.begin() as s:
+            policy = CoursePolicy.from_json(s.scalars(select(Course).where(Course.slug == "weighted")).one().policy)
+        assert policy.rules.weights["quizzes"] == 0 and policy.threshold == 0.5
+        r = create("broken", "weights:\n  homework: 1\n")
+        assert r.status_code == 400 and "the grading policy is wrong" in reason(r) and "homework" in reason(r)
+        assert create("notyaml", "weights: [1, 2").status_code == 400

@@ -1,16 +1,19 @@
 """The service's one door to ``course.grading``: which lessons can be graded, one submission graded
-in the sandbox, a course's policy and a learner's standing, the gradebook exports.
+in the sandbox, a course's policy and its learners' standings, the exports and the similarity report.
 
-Everything here calls the course's grader and gradebook (``course.grading.runner``,
-``course.grading.gradebook``); nothing grades a second way. The policy is the course's: the lessons
-it grades, the share of their points that earns the credential (``threshold``), optional deadlines
-per lesson and what a late upload gets (``late``: ``accept`` and mark it late, or ``refuse``).
+Everything here calls the course's grader and gradebook (``course.grading.runner``, ``.gradebook``,
+``.policy``, ``.exports``, ``.similarity``, ``.roster``); nothing grades or scores a second way. The
+course's policy (``CoursePolicy``) adds to the grading policy (weights, partial credit, the
+credential's threshold: ``course.grading.policy.Policy``) what only the service knows: the lessons
+the course grades, their deadlines and whether a late upload is accepted (marked late) or refused.
 """
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
 import hashlib
+import io
 import json
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -20,8 +23,12 @@ from pathlib import Path
 import nbformat
 
 from parallel_lab.course import tags as cell_tags
-from parallel_lab.course.grading import gradebook
+from parallel_lab.course.grading import exports as grading_exports
+from parallel_lab.course.grading import gradebook, similarity
+from parallel_lab.course.grading.policy import Policy as GradingPolicy
+from parallel_lab.course.grading.policy import PolicyError
 from parallel_lab.course.grading.reference import ROOT, GradingError, Reference, load_reference
+from parallel_lab.course.grading.roster import Roster, Student
 from parallel_lab.course.grading.runner import Row, grade_submission, read_notebook
 from parallel_lab.course.grading.sandbox import Limits, Sandbox
 from parallel_lab.service.auth import N_, Refused
@@ -66,25 +73,44 @@ def catalog(lessons_dir: str | None = None) -> dict[str, Lesson]:
 
 
 @dataclass
-class Policy:
-    """A course's grading policy (stored as JSON with the course)."""
+class CoursePolicy:
+    """A course's policy (stored as JSON with the course): the lessons it grades, deadlines per
+    lesson and what a late upload gets (``late``: ``accept`` and mark it late, or ``refuse``), and
+    the grading policy of ``course.grading.policy`` (``grading``: what ``grading.yaml`` holds:
+    weights, partial credit, the credential's threshold, the similarity report's)."""
 
     lessons: list[str]
-    threshold: float = 0.8  # share of the course's points that earns the credential
     deadlines: dict[str, str] = field(default_factory=dict)  # lesson -> ISO date-time, UTC
     late: str = "accept"  # "accept" (graded, marked late) or "refuse"
+    grading: dict = field(default_factory=dict)
 
-    def check(self, known: dict) -> "Policy":
+    @classmethod
+    def make(cls, lessons, threshold: float | None = None, deadlines=None, late: str = "accept",
+             grading: dict | None = None) -> "CoursePolicy":
+        grading = dict(grading or {})
+        if threshold is not None:
+            grading["certificate"] = {**grading.get("certificate", {}), "threshold": threshold}
+        return cls(list(lessons), dict(deadlines or {}), late, grading)
+
+    @property
+    def rules(self) -> GradingPolicy:
+        return GradingPolicy.from_dict(self.grading, "the course's grading policy")
+
+    @property
+    def threshold(self) -> float:
+        return self.rules.threshold
+
+    def check(self, known: dict) -> "CoursePolicy":
         if not self.lessons:
             raise Refused(400, N_("a course needs at least one lesson"))
         unknown = [x for x in self.lessons if x not in known]
         if unknown:
             raise Refused(400, N_("no graded lesson %(unknown)s (graded lessons: %(known)s)"),
-                          unknown=", ".join(unknown),
-                          known=", ".join(known))
-        if not 0 < self.threshold <= 1:
-            raise Refused(400, N_("the threshold is a share of the points in (0, 1], got %(threshold)g"),
-                          threshold=self.threshold)
+                          unknown=", ".join(unknown), known=", ".join(known))
+        try:
+            self.rules
+        except PolicyError as err:
+            raise Refused(400, N_("the grading policy is wrong: %(why)s"), why=str(err)) from None
         if self.late not in ("accept", "refuse"):
             raise Refused(400, N_("late must be 'accept' or 'refuse', got %(late)r"), late=self.late)
         for lesson, when in self.deadlines.items():
@@ -95,7 +121,7 @@ class Policy:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "Policy":
+    def from_json(cls, text: str) -> "CoursePolicy":
         return cls(**json.loads(text))
 
 
@@ -107,7 +133,7 @@ def deadline(text: str) -> dt.datetime:
     return when.astimezone(dt.timezone.utc).replace(tzinfo=None) if when.tzinfo else when
 
 
-def is_late(policy: Policy, lesson: str, at: dt.datetime) -> bool:
+def is_late(policy: CoursePolicy, lesson: str, at: dt.datetime) -> bool:
     return lesson in policy.deadlines and at > deadline(policy.deadlines[lesson])
 
 
@@ -139,51 +165,63 @@ def screen_upload(filename: str, content: bytes, lesson: Lesson, limit: int) -> 
     return hashlib.sha256(content).hexdigest()
 
 
-def grade(content: bytes, lesson: Lesson, student: str, sandbox: Sandbox, limits: Limits, modules=(),
-          env=None) -> list[Row]:
-    """Grade one upload with the course's grader (``runner.grade_submission``) in ``sandbox``."""
+def grade(content: bytes, lesson: Lesson, student: str, sandbox: Sandbox, limits: Limits, rules: GradingPolicy,
+          modules=(), env=None) -> list[Row]:
+    """Grade one upload with the course's grader (``runner.grade_submission``) in ``sandbox``, its
+    points under the course's ``rules``; ``student`` (the learner's id) draws their graded quiz."""
     with tempfile.TemporaryDirectory(prefix="parallel-lab-service-") as tmp:
         path = Path(tmp) / f"{lesson.name}.ipynb"  # a name the service makes
         path.write_bytes(content)
-        return grade_submission(path, lesson.reference, student, sandbox, limits, modules, env)
+        return grade_submission(path, lesson.reference, student, sandbox, limits, modules, env, policy=rules,
+                                capstone_lesson=gradebook.capstone_lesson(rules))
 
 
-@dataclass(frozen=True)
-class Standing:
-    points: float
-    max_points: float
-    lessons: dict  # lesson -> (points, max_points, source: "graded" | "override" | "none")
-
-    @property
-    def share(self) -> float:
-        return self.points / self.max_points if self.max_points else 0.0
-
-    def passed(self, policy: Policy) -> bool:
-        return self.max_points > 0 and self.share >= policy.threshold - 1e-12
-
-    def lessons_passed(self, policy: Policy) -> list[str]:
-        return [x for x, (p, m, _) in self.lessons.items() if m and p / m >= policy.threshold - 1e-12]
+def missing_rows(student: str, lesson: Lesson, rules: GradingPolicy) -> list[Row]:
+    """A lesson not handed in: its checks at 0 points, so that it counts in the course's maximum."""
+    capstone = gradebook.capstone_lesson(rules)
+    return [Row(student, lesson.name, c.id, False, 0.0, c.points, "not handed in",
+                category=rules.category(c.id, lesson.name, capstone)) for c in lesson.reference.checks]
 
 
-def standing(policy: Policy, known: dict[str, Lesson], graded: dict[str, float],
-             overrides: dict[str, float]) -> Standing:
-    """A learner's points in the course: per lesson the override if any, else the latest graded
-    submission's points (``graded``: lesson -> points), else 0."""
-    lessons = {}
-    for x in policy.lessons:
-        top = known[x].max_points
-        if x in overrides:
-            lessons[x] = (overrides[x], top, "override")
-        elif x in graded:
-            lessons[x] = (graded[x], top, "graded")
-        else:
-            lessons[x] = (0.0, top, "none")
-    return Standing(sum(p for p, _, _ in lessons.values()), sum(m for _, m, _ in lessons.values()), lessons)
+def standings(policy: CoursePolicy, known: dict[str, Lesson], rows: list[Row], students, overrides=()) -> dict:
+    """``{student: course.grading.gradebook.Standing}`` over the course's lessons: ``rows`` are the
+    counted uploads' verdicts, a lesson a student has not handed in counts 0, ``overrides``
+    (``roster.Override``) replace a check's points."""
+    rules = policy.rules
+    have = {(r.student, r.lesson) for r in rows}
+    rows = list(rows)
+    for student in students:
+        for x in policy.lessons:
+            if (student, known[x].name) not in have:
+                rows += missing_rows(student, known[x], rules)
+    return gradebook.standings(rows, rules, overrides)
 
 
-def gradebook_csv(rows: list[Row], directory: Path) -> tuple[Path, Path]:
-    """The course's gradebook (one row per check) and its per-student summary, written by
-    ``course.grading.gradebook``: the same files ``parallel-lab grade`` writes."""
-    book = gradebook.write_gradebook(rows, directory / "grades.csv")
-    summary = gradebook.write_summary(rows, directory / "grades-summary.csv")
-    return book, summary
+def roster_of(users) -> Roster:
+    """The course's learners as ``course.grading.roster`` knows students: id and email their address."""
+    return Roster(tuple(Student(u.email, u.email, u.email, u.name) for u in users))
+
+
+def exports(policy: CoursePolicy, known: dict, rows: list[Row], table: dict, roster: Roster) -> dict[str, str]:
+    """Every export of the course's gradebook, by file name: ``grades.csv`` (one row per check, overrides
+    applied), ``grades-summary.csv``, ``canvas.csv`` and ``moodle.csv`` (the LMSs' import formats),
+    ``similarity.csv`` -- the files ``parallel-lab grade`` writes, by ``course.grading``."""
+    rules = policy.rules
+    lessons = [known[x].name for x in policy.lessons]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        gradebook.write_gradebook(rows, tmp / "grades.csv")
+        header, body = gradebook.summary_rows(rows, rules, roster)
+        text = io.StringIO()
+        csv.writer(text, lineterminator="\n").writerows([header, *body])
+        (tmp / "grades-summary.csv").write_text(text.getvalue(), encoding="utf-8")
+        grading_exports.write_canvas(tmp / "canvas.csv", table, lessons, roster)
+        grading_exports.write_moodle(tmp / "moodle.csv", table, lessons, roster)
+        similarity.write_report(tmp / "similarity.csv", similar(policy, known, rows))
+        return {p.name: p.read_text(encoding="utf-8") for p in tmp.iterdir()}
+
+
+def similar(policy: CoursePolicy, known: dict, rows: list[Row]) -> list:
+    """The similarity report (``course.grading.similarity``): near-identical answers and quiz sheets
+    written for another learner's quiz, at the policy's threshold."""
+    return similarity.report(rows, policy.rules.similarity, [known[x].reference for x in policy.lessons])

@@ -15,7 +15,7 @@ import uuid
 from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: verdicts keep category, cases, answer and feedback; overrides are per check
 
 
 def now() -> dt.datetime:
@@ -166,7 +166,8 @@ class GradingRun(Base):
 
 
 class CheckResult(Base):
-    """One check of a graded submission (a gradebook row of ``course.grading``)."""
+    """One check of a graded submission: a gradebook row of ``course.grading`` (``runner.Row``),
+    with the answer's source for the similarity report and the quiz's explanations as feedback."""
 
     __tablename__ = "check_results"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -178,17 +179,24 @@ class CheckResult(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     detail: Mapped[str] = mapped_column(Text, default="")
     sandbox: Mapped[str] = mapped_column(String(16), default="")
+    category: Mapped[str] = mapped_column(String(16), default="")
+    cases_passed: Mapped[int] = mapped_column(Integer, default=0)
+    cases_tried: Mapped[int] = mapped_column(Integer, default=0)
+    answer: Mapped[str] = mapped_column(Text, default="")
+    feedback: Mapped[str] = mapped_column(Text, default="[]")  # JSON list of lines
 
 
 class Override(Base):
-    """An instructor's grade for a learner's lesson, replacing the graded one (with the reason)."""
+    """An instructor's points for one check of a learner (a regrade), replacing the graded ones,
+    with the reason (``course.grading.roster.Override``)."""
 
     __tablename__ = "overrides"
-    __table_args__ = (UniqueConstraint("course_id", "user_id", "lesson"),)
+    __table_args__ = (UniqueConstraint("course_id", "user_id", "lesson", "check"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     course_id: Mapped[int] = mapped_column(ForeignKey("courses.id"))
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id"))
     lesson: Mapped[str] = mapped_column(String(8))
+    check: Mapped[str] = mapped_column(String(100))
     points: Mapped[float] = mapped_column(Float)
     reason: Mapped[str] = mapped_column(Text)
     by_user: Mapped[int] = mapped_column(ForeignKey("users.id"))

@@ -18,11 +18,12 @@ reason, instead of blocking the queue.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass
 
 from sqlalchemy import and_, func, or_, select, update
 
-from parallel_lab.service.models import CheckResult, GradingRun, Submission, Upload, now
+from parallel_lab.service.models import CheckResult, Course, GradingRun, Submission, Upload, User, now
 
 MAX_ATTEMPTS = 3
 
@@ -34,6 +35,8 @@ class Job:
     lesson: str
     user_id: int
     content: bytes
+    student: str = ""  # the learner's student id (their email): their graded quiz is drawn from it
+    policy: str = "{}"  # the course's policy (JSON, ``grading.CoursePolicy``)
 
 
 def waiting(session) -> int:
@@ -82,7 +85,9 @@ def claim(Session, worker: str, lease_s: float, max_attempts: int = MAX_ATTEMPTS
             sub.state, sub.attempts, sub.run_id = "grading", sub.attempts + 1, run.id
             sub.lease_expires = t + dt.timedelta(seconds=lease_s)
             content = s.scalar(select(Upload.content).where(Upload.id == sub.upload_id))
-            return Job(sub.id, run.id, sub.lesson, sub.user_id, content)
+            student = s.scalar(select(User.email).where(User.id == sub.user_id))
+            policy = s.scalar(select(Course.policy).where(Course.id == sub.course_id))
+            return Job(sub.id, run.id, sub.lesson, sub.user_id, content, student, policy)
 
 
 def renew(Session, job: Job, lease_s: float) -> bool:
@@ -106,7 +111,9 @@ def complete(Session, job: Job, rows, error: str | None = None) -> bool:
         t = now()
         for r in rows:
             s.add(CheckResult(submission_id=sub.id, check=r.exercise, passed=r.passed, points=r.points,
-                              max_points=r.max_points, reason=r.reason, detail=r.detail, sandbox=r.sandbox))
+                              max_points=r.max_points, reason=r.reason, detail=r.detail, sandbox=r.sandbox,
+                              category=r.category, cases_passed=r.cases[0], cases_tried=r.cases[1],
+                              answer=r.answer, feedback=json.dumps(list(r.feedback), ensure_ascii=False)))
         sub.state = "failed" if error else "graded"
         sub.error = error
         sub.points = sum(r.points for r in rows) if not error else None

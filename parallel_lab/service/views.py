@@ -17,9 +17,9 @@ import datetime as dt
 import json
 import re
 import secrets
-import tempfile
 from pathlib import Path
 
+import yaml
 from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
@@ -28,10 +28,13 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from parallel_lab.course.grading import gradebook
+from parallel_lab.course.grading.roster import Override as RosterOverride
+from parallel_lab.course.grading.runner import Row
 from parallel_lab.service import auth, credentials, pages, queue
 from parallel_lab.service import grading as grading_adapter
 from parallel_lab.service.app import locale, render, service_of, wants_json
-from parallel_lab.service.grading import Policy
+from parallel_lab.service.grading import CoursePolicy
 from parallel_lab.service.models import (
     CheckResult,
     Course,
@@ -203,8 +206,14 @@ def new_course(request, form):
             raise Refused(400, N_("the threshold is a number of percent, got %(text)r"),
                           text=str(form.get("threshold"))[:20]) from None
         deadlines = {x: str(form.get(f"deadline-{x}")) for x in form.getlist("lessons") if form.get(f"deadline-{x}")}
-        policy = Policy(sorted(form.getlist("lessons")), threshold, deadlines,
-                        str(form.get("late", "accept"))).check(service.lessons)
+        try:  # the rest of the grading policy, as grading.yaml holds it (weights, credit, similarity)
+            rules = yaml.safe_load(str(form.get("rules", "") or "")) or {}
+        except yaml.YAMLError as err:
+            raise Refused(400, N_("the grading policy is wrong: %(why)s"), why=f"not valid YAML: {err}") from None
+        if not isinstance(rules, dict):
+            raise Refused(400, N_("the grading policy is wrong: %(why)s"), why="it is not a mapping")
+        policy = CoursePolicy.make(sorted(form.getlist("lessons")), threshold, deadlines,
+                                   str(form.get("late", "accept")), rules).check(service.lessons)
         enrolment = str(form.get("enrolment", "open"))
         if enrolment not in ("open", "roster"):
             raise Refused(400, N_("enrolment is open or roster, got %(text)r"), text=enrolment[:20])
@@ -223,17 +232,36 @@ def latest_graded(s, course: Course, user_id: int | None = None) -> dict:
     return latest
 
 
-def overrides_of(s, course: Course) -> dict:
-    return {(o.user_id, o.lesson): o for o in s.scalars(select(Override).where(Override.course_id == course.id))}
+class Gradebook:
+    """A course's gradebook as ``course.grading`` computes it: the verdicts of the upload that counts
+    for every learner and lesson (``runner.Row``, the learner's email as their student id), the
+    instructor's overrides, and every learner's ``gradebook.Standing`` under the course's policy."""
 
+    def __init__(self, service, s, course: Course, learners):
+        self.policy = CoursePolicy.from_json(course.policy)
+        self.lessons = {x: service.lessons[x] for x in self.policy.lessons}
+        self.learners = list(learners)
+        emails = {u.id: u.email for u in self.learners}
+        self.latest = {key: sub for key, sub in latest_graded(s, course).items() if key[0] in emails}
+        self.rows = []
+        for (uid, lesson), sub in sorted(self.latest.items()):
+            if lesson not in self.lessons:
+                continue
+            for c in s.scalars(select(CheckResult).where(CheckResult.submission_id == sub.id).order_by(CheckResult.id)):
+                self.rows.append(Row(emails[uid], self.lessons[lesson].name, c.check, c.passed, c.points,
+                                     c.max_points, c.reason, sub.id, c.detail, c.sandbox,
+                                     (c.cases_passed, c.cases_tried), c.category, "", c.answer,
+                                     tuple(json.loads(c.feedback or "[]"))))
+        self.overrides = {(o.user_id, o.lesson, o.check): o for o in s.scalars(
+            select(Override).where(Override.course_id == course.id)) if o.user_id in emails}
+        self.applied = [RosterOverride(emails[uid], check, o.points, o.reason) for (uid, _, check), o in
+                        self.overrides.items()]
+        self.table = grading_adapter.standings(self.policy, service.lessons, self.rows, list(emails.values()),
+                                               self.applied)
+        self.final = gradebook.apply_overrides(self.rows, self.applied)[0]
 
-def standing_of(service, s, course: Course, user_id: int, latest=None, overrides=None):
-    policy = Policy.from_json(course.policy)
-    latest = latest_graded(s, course, user_id) if latest is None else latest
-    overrides = overrides_of(s, course) if overrides is None else overrides
-    graded = {lesson: sub.points for (uid, lesson), sub in latest.items() if uid == user_id}
-    mine = {lesson: o.points for (uid, lesson), o in overrides.items() if uid == user_id}
-    return grading_adapter.standing(policy, service.lessons, graded, mine)
+    def standing(self, user: User):
+        return self.table[user.email]
 
 
 @view
@@ -242,7 +270,7 @@ def course_page(request, form):
     with service.Session.begin() as s:
         user = signed_in(request, s)
         course = course_or_404(s, request.path_params["slug"])
-        policy = Policy.from_json(course.policy)
+        policy = CoursePolicy.from_json(course.policy)
         lessons = [service.lessons[x] for x in policy.lessons]
         if user.role == "instructor" and course.instructor_id == user.id:
             return instructor_page(request, s, service, user, course, policy, lessons)
@@ -251,26 +279,32 @@ def course_page(request, form):
         submissions = s.scalars(select(Submission).where(Submission.course_id == course.id,
                                                          Submission.user_id == user.id)
                                 .order_by(Submission.submitted_at.desc()).limit(100)).all()
-        standing = standing_of(service, s, course, user.id)
+        book = Gradebook(service, s, course, [user])
+        standing = book.standing(user)
         credential = s.scalars(select(Credential).where(Credential.course_id == course.id,
                                                         Credential.user_id == user.id)).first()
         pending = any(sub.state in ("queued", "grading") for sub in submissions)
         return render(request, s, "course.html", user=user, course=course, policy=policy, lessons=lessons,
-                      submissions=submissions, standing=standing, credential=credential, pending=pending)
+                      submissions=submissions, standing=standing, credential=credential, pending=pending,
+                      counted={lesson: sub for (_, lesson), sub in book.latest.items()},
+                      overridden={lesson for (_, lesson, _) in book.overrides})
 
 
 def instructor_page(request, s, service, user, course, policy, lessons):
     learners = s.scalars(select(User).join(Enrolment, Enrolment.user_id == User.id)
                          .where(Enrolment.course_id == course.id).order_by(User.name)).all()
-    latest, overrides = latest_graded(s, course), overrides_of(s, course)
-    rows = [(learner, standing_of(service, s, course, learner.id, latest, overrides)) for learner in learners]
+    book = Gradebook(service, s, course, learners)
+    rows = [(learner, book.standing(learner)) for learner in learners]
     creds = {c.user_id: c for c in s.scalars(select(Credential).where(Credential.course_id == course.id))}
     codes = s.scalars(select(EnrolmentCode).where(EnrolmentCode.course_id == course.id)
                       .order_by(EnrolmentCode.label)).all()
     counts = dict(s.execute(select(Submission.state, func.count()).where(Submission.course_id == course.id)
                             .group_by(Submission.state)).all())
+    checks = [(lesson, c.id, c.points) for lesson in lessons for c in lesson.reference.checks]
     return render(request, s, "instructor.html", user=user, course=course, policy=policy, lessons=lessons,
-                  rows=rows, credentials=creds, codes=codes, counts=counts, overrides=overrides, latest=latest)
+                  rows=rows, credentials=creds, codes=codes, counts=counts, overrides=book.overrides,
+                  latest=book.latest, checks=checks, exports=EXPORTS,
+                  pairs=grading_adapter.similar(policy, service.lessons, book.final))
 
 
 @view
@@ -316,7 +350,7 @@ def accept_upload(service, s, course: Course, user: User, lesson_id: str, upload
     queue it, in ``s``'s transaction. Refused, with nothing stored, when any check fails."""
     if not enrolled(s, course, user):
         raise Refused(403, N_("you are not enrolled in this course"))
-    policy = Policy.from_json(course.policy)
+    policy = CoursePolicy.from_json(course.policy)
     if lesson_id not in policy.lessons:
         raise Refused(400, N_("lesson %(lesson)r is not graded in this course (its lessons: %(lessons)s)"),
                       lesson=lesson_id[:8], lessons=", ".join(policy.lessons))
@@ -379,7 +413,9 @@ def submission_json(service, s, sub: Submission) -> dict:
             "submitted_at": sub.submitted_at.isoformat() + "Z", "points": sub.points, "max_points": sub.max_points,
             "error": sub.error, "url": f"{service.config.base_url}/submissions/{sub.id}",
             "checks": [{"check": c.check, "passed": c.passed, "points": c.points, "max_points": c.max_points,
-                        "reason": c.reason, "detail": c.detail} for c in checks]}
+                        "reason": c.reason, "detail": c.detail, "category": c.category,
+                        "cases": [c.cases_passed, c.cases_tried], "feedback": json.loads(c.feedback or "[]")}
+                       for c in checks]}
 
 
 def visible_submission(request, s, sub_id: str):
@@ -403,8 +439,9 @@ def submission_page(request, form):
         checks = s.scalars(select(CheckResult).where(CheckResult.submission_id == sub.id)
                            .order_by(CheckResult.id)).all()
         lesson = service.lessons.get(sub.lesson)
+        feedback = {c.id: json.loads(c.feedback or "[]") for c in checks}
         return render(request, s, "submission.html", user=user, sub=sub, course=course, checks=checks,
-                      lesson=lesson)
+                      lesson=lesson, feedback=feedback)
 
 
 @view
@@ -427,15 +464,19 @@ def own_course(request, s):
 
 @view
 def override(request, form):
+    """An instructor's points for one check of a learner, with the reason (a regrade): it replaces the
+    graded points in the standing, the exports and the credential (``course.grading``'s overrides)."""
     service = service_of(request)
     with service.Session.begin() as s:
         user, course = own_course(request, s)
         checked_form(request, s, form)
-        policy = Policy.from_json(course.policy)
-        lesson, learner = str(form.get("lesson", "")), s.get(User, int(form.get("learner", "0") or 0))
-        if lesson not in policy.lessons or learner is None or not enrolled(s, course, learner):
-            raise Refused(400, N_("an override names an enrolled learner and one of the course's lessons"))
-        top = service.lessons[lesson].max_points
+        policy = CoursePolicy.from_json(course.policy)
+        lesson, _, check = str(form.get("check", "")).partition(":")
+        learner = s.get(User, int(form.get("learner", "0") or 0)) if str(form.get("learner", "")).isdigit() else None
+        known = {c.id: c for c in service.lessons[lesson].reference.checks} if lesson in policy.lessons else {}
+        if check not in known or learner is None or not enrolled(s, course, learner):
+            raise Refused(400, N_("an override names an enrolled learner and a check of the course's lessons"))
+        top = known[check].points
         try:
             points = float(form.get("points", ""))
         except ValueError:
@@ -446,42 +487,35 @@ def override(request, form):
                                   "%(reason)r"),
                           top=top, points=points, reason=reason[:40])
         row = s.scalars(select(Override).where(Override.course_id == course.id, Override.user_id == learner.id,
-                                               Override.lesson == lesson)).first()
+                                               Override.lesson == lesson, Override.check == check)).first()
         if row is None:
-            s.add(Override(course_id=course.id, user_id=learner.id, lesson=lesson, points=points, reason=reason,
-                           by_user=user.id))
+            s.add(Override(course_id=course.id, user_id=learner.id, lesson=lesson, check=check, points=points,
+                           reason=reason, by_user=user.id))
         else:
             row.points, row.reason, row.by_user, row.created_at = points, reason, user.id, now()
     return redirect(f"/courses/{course.slug}#gradebook")
 
 
+EXPORTS = ("grades.csv", "grades-summary.csv", "canvas.csv", "moodle.csv", "similarity.csv")
+
+
 @view
 def export(request, form):
-    """The gradebook of the latest graded submission of every learner and lesson, written by the
-    course's gradebook (``grades.csv``, or ``grades-summary.csv`` for an LMS)."""
-    from parallel_lab.course.grading.runner import Row
-
+    """The course's gradebook as ``course.grading`` writes it: ``grades.csv`` (every check of the
+    upload that counts, overrides applied), ``grades-summary.csv``, ``canvas.csv`` and ``moodle.csv``
+    (the LMSs' import formats), ``similarity.csv`` (the similarity report)."""
     service = service_of(request)
     which = request.path_params["which"]
-    if which not in ("grades.csv", "grades-summary.csv"):
-        raise Refused(404, N_("the exports are grades.csv and grades-summary.csv"))
+    if which not in EXPORTS:
+        raise Refused(404, N_("the exports are %(names)s"), names=", ".join(EXPORTS))
     with service.Session.begin() as s:
         _, course = own_course(request, s)
-        rows = []
-        names = {u.id: u.email for u in s.scalars(select(User))}
-        overrides = overrides_of(s, course)
-        for (uid, lesson), sub in sorted(latest_graded(s, course).items()):
-            for c in s.scalars(select(CheckResult).where(CheckResult.submission_id == sub.id).order_by(CheckResult.id)):
-                rows.append(Row(names[uid], service.lessons[lesson].name, c.check, c.passed, c.points, c.max_points,
-                                c.reason, sub.id, c.detail, c.sandbox))
-        for (uid, lesson), o in sorted(overrides.items()):
-            rows = [r for r in rows if not (r.student == names[uid] and r.lesson == service.lessons[lesson].name)]
-            rows.append(Row(names[uid], service.lessons[lesson].name, "override", True, o.points,
-                            service.lessons[lesson].max_points, f"override: {o.reason}", "", "", ""))
-    with tempfile.TemporaryDirectory() as tmp:
-        book, summary = grading_adapter.gradebook_csv(rows, Path(tmp))
-        data = (book if which == "grades.csv" else summary).read_bytes()
-    return Response(data, media_type="text/csv; charset=utf-8",
+        learners = s.scalars(select(User).join(Enrolment, Enrolment.user_id == User.id)
+                             .where(Enrolment.course_id == course.id).order_by(User.name)).all()
+        book = Gradebook(service, s, course, learners)
+        files = grading_adapter.exports(book.policy, service.lessons, book.final, book.table,
+                                        grading_adapter.roster_of(learners))
+    return Response(files[which].encode("utf-8"), media_type="text/csv; charset=utf-8",
                     headers={"Content-Disposition": f'attachment; filename="{course.slug}-{which}"'})
 
 
@@ -500,19 +534,17 @@ def get_credential(request, form):
             return redirect(f"/credentials/{existing.id}")
         if not enrolled(s, course, user):
             raise Refused(403, N_("you are not enrolled in this course"))
-        policy = Policy.from_json(course.policy)
-        standing = standing_of(service, s, course, user.id)
-        if not standing.passed(policy):
-            raise Refused(400, N_("not yet: %(points)g of %(max)g points, the course needs %(share)s"),
-                          points=standing.points, max=standing.max_points, share=format(policy.threshold, ".0%"))
+        book = Gradebook(service, s, course, [user])
+        standing = book.standing(user)
+        if not standing.passed:
+            raise Refused(400, N_("not yet: a score of %(score)s, the course needs %(share)s"),
+                          score=format(standing.score, ".0%"), share=format(book.policy.threshold, ".0%"))
         issued, cid, base = now(), new_id(), service.config.base_url
         index = (s.scalar(select(func.max(Credential.status_index))) or 0) + 1
-        latest = latest_graded(s, course, user.id)
-        lessons = {}
-        for x in standing.lessons_passed(policy):  # the checks passed in the upload that counts
-            sub = latest.get((user.id, x))
-            lessons[x] = [] if standing.lessons[x][2] == "override" or sub is None else list(s.scalars(
-                select(CheckResult.check).where(CheckResult.submission_id == sub.id, CheckResult.passed)))
+        lessons = {}  # the lessons passed, each with the checks passed in it (overrides applied)
+        for x in standing.lessons_passed:
+            name = service.lessons[x].name
+            lessons[x] = [r.exercise for r in book.final if r.lesson == name and (r.passed or r.points >= r.max_points)]
         document = credentials.issue(service.key, name=user.name, email=user.email, lessons=lessons,
                                      course=course.title, issuer=service.config.issuer, issuer_url=base,
                                      credential_url=f"{base}/credentials/{cid}", status_url=service.status.url,

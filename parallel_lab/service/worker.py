@@ -85,7 +85,8 @@ class Worker:
         lesson = grading.catalog(self.settings.lessons_dir).get(job.lesson)
         if lesson is None:
             raise RuntimeError(f"lesson {job.lesson} is not among this worker's lessons ({self.settings.lessons_dir})")
-        return grading.grade(job.content, lesson, f"learner-{job.user_id}", self.sandbox, self.settings.limits,
+        rules = grading.CoursePolicy.from_json(job.policy).rules
+        return grading.grade(job.content, lesson, job.student, self.sandbox, self.settings.limits, rules,
                              self.settings.modules, self.settings.env)
 
     def _renew(self, job: queue.Job, stop: threading.Event) -> None:
