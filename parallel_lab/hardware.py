@@ -6,11 +6,12 @@ the planner's cluster (``Cluster``: intra-node and inter-node links, memory, FLO
 lessons' pictures of why tensor parallelism stays inside a node. Calibration on this machine's
 ranks (``parallel_lab.planning.calibration``) produces the same objects.
 
-The α–β (latency–bandwidth, "Hockney") model: one message of n bytes costs ``α + n / B``. A ring
+The α–β (latency–bandwidth, "Hockney") model: one message of n bytes costs ``α + n·β``, with β the
+inverse bandwidth, seconds per byte (``1 / Link.bandwidth``), as in lesson 01. A ring
 all-reduce over p ranks sends 2(p−1) messages of n/p bytes per rank (Patarasuk & Yuan 2009, the
 algorithm behind NCCL's and gloo's large all-reduces), so
 
-    t_allreduce(n) = 2(p−1)·α + 2(p−1)/p · n / B
+    t_allreduce(n) = 2(p−1)·α + 2(p−1)/p · n·β
 
 Pure arithmetic: no torch, no processes.
 """
@@ -46,7 +47,7 @@ class Link:
             raise ValueError(f"latency must be >= 0 seconds, got latency {self.latency!r}")
 
     def cost(self, nbytes: float) -> float:
-        """Seconds of one message of ``nbytes``: α + n / B."""
+        """Seconds of one message of ``nbytes``: α + n·β, β = 1 / bandwidth."""
         return self.latency + nbytes / self.bandwidth
 
     def all_reduce(self, nbytes: float, world_size: int) -> float:
@@ -58,6 +59,10 @@ class Link:
 # Bandwidths per GPU and per direction (datasheets quote both directions: "900 GB/s" NVLink 4 is
 # 450 GB/s each way). α: the order of a small NCCL message inside a node / across the network.
 PCIE4 = Link("PCIe 4.0 x16", 25e9, 10e-6)
+# IEEE 802.3ab (1000BASE-T): 1 Gb/s, 125 MB/s each way; α of the order of a TCP message between two
+# hosts. Lesson 12 prices its CPU ranks' collectives on it: the ranks compute thousands of times
+# slower than a GPU, and this link is thousands of times slower than NVLink, which keeps the proportion.
+GIGABIT_ETHERNET = Link("Gigabit Ethernet", 125e6, 50e-6)
 LINKS = {
     # NVIDIA A100 Tensor Core GPU datasheet (2020): 3rd-generation NVLink, 600 GB/s per GPU, both
     # directions together; DGX A100: one ConnectX-6 port per GPU, InfiniBand HDR 200 Gb/s (25 GB/s).

@@ -7,6 +7,7 @@ import pytest
 
 from parallel_lab.course.predictions import GRADED
 from parallel_lab.course.quiz import answers
+from parallel_lab.hardware import GIGABIT_ETHERNET
 from parallel_lab.show import zero as zf
 from parallel_lab.zero import memory, traffic
 from parallel_lab.zero.run import run_zero
@@ -88,6 +89,20 @@ def test_overlap_gantt_draws_the_placed_timeline(overlapped):
     assert order.count("reduce-scatter blocks.0") == 1 and len(order) == 18
     serial = zf.overlap_gantt(overlapped, which="serial")
     assert "serial" in serial.layout.title.text
+
+
+@pytest.mark.ranks
+def test_on_gigabit_ethernet_the_overlap_hides_communication_visibly():
+    """Lesson 12 section 5 prices the collectives on Gigabit Ethernet so that the charts differ: the
+    same measured work, placed with overlap, waits less for the network than placed serially, and the
+    network's share of the serial step is large enough to see (not a timing: a placement of one run)."""
+    report = run_zero(stage=3, dp=2, steps=1, overlap=True, link=GIGABIT_ETHERNET)
+    v = report["virtual"]
+    assert v["waiting_s"] < v["serial_waiting_s"] and v["step_s"] < v["serial_step_s"]
+    comm = sum(end - start for _, _, start, end in report["timeline"]["serial"]["comm"][0])
+    assert comm > 0.2 * v["serial_step_s"]  # 18 collectives of a 400 kB unit at 125 MB/s: milliseconds
+    summary = zf.overlap_summary({3: report})
+    assert summary.startswith("stage 3: step") and f"{v['serial_step_s'] * 1e3:.1f} ms serial" in summary
 
 
 def test_link_table_is_traffic_over_bandwidth():

@@ -3,27 +3,22 @@
 #
 # **Learning goals.** By the end of this lesson you can
 #
-# - split the memory of training four ways — parameters, gradients, optimizer state, activations — and
-#   compute the first three per GPU with ZeRO's formula, 2Ψ + 2Ψ + KΨ bytes for Ψ parameters (K = 12
-#   for Adam in mixed precision), at each of ZeRO's stages 0-3;
-# - run every stage on real ranks and check that it trains **exactly** like one process, while the
-#   model state measured on each rank falls stage by stage as the formula says;
-# - count what each stage sends per step, in units of Ψ, and read it from what the ranks really
-#   sent;
-# - read the overlap of compute and communication on a Gantt chart of the virtual clock: DDP's gradient
-#   buckets and FSDP's prefetch;
-# - write ZeRO-2's step yourself (reduce-scatter, Adam on the shard, all-gather), checked on real
-#   ranks;
-# - say where ZeRO-3 loses: when its extra traffic must cross the slow links between nodes.
+# - split the memory of training four ways (parameters, gradients, optimizer state, activations) and
+#   compute the first three per GPU at each of ZeRO's stages 0-3 with ZeRO's formula,
+#   2Ψ + 2Ψ + KΨ bytes for Ψ parameters;
+# - run every stage on real ranks, check that it trains **exactly** like one process, and measure the
+#   model state each rank holds against the formula;
+# - count what each stage sends per step, in units of Ψ, and read it from what the ranks sent;
+# - read the overlap of compute and communication on a Gantt chart: DDP's gradient buckets and
+#   FSDP's prefetch;
+# - write ZeRO-2's step yourself (reduce-scatter, Adam on the shard, all-gather), checked on ranks;
+# - say where ZeRO-3 loses: when its extra traffic crosses the slow links between nodes.
 #
-# This lesson continues lesson 11's **data parallelism**: there every replica held the whole model,
-# its gradients and its Adam state, and averaged the gradients with one all-reduce per step
-# (`parallel_lab.parallel3d.data_parallel`). Here the replicas stop holding copies of what they can
-# share. Sources: Rajbhandari et al. 2020, *ZeRO: Memory Optimizations Toward Training Trillion
-# Parameter Models* (SC20); Zhao et al. 2023, *PyTorch FSDP: Experiences on Scaling Fully Sharded Data
-# Parallel* (VLDB); Li et al. 2020, *PyTorch Distributed: Experiences on Accelerating Data Parallel
-# Training* (VLDB). Notation: Ψ parameters, N data-parallel ranks (GPUs), K bytes of optimizer state
-# per parameter.
+# This lesson continues lesson 11's **data parallelism**, where every replica held the whole model,
+# its gradients and its Adam state. Here the replicas stop holding copies of what they can share.
+# Sources: Rajbhandari et al. 2020, *ZeRO: Memory Optimizations Toward Training Trillion Parameter
+# Models* (SC20); Zhao et al. 2023, *PyTorch FSDP* (VLDB); Li et al. 2020, *PyTorch Distributed*
+# (VLDB). Notation: Ψ parameters, N data-parallel ranks, K bytes of optimizer state per parameter.
 
 # %%
 from parallel_lab.course.notebook import setup
@@ -50,7 +45,8 @@ setup()
 # | 1 | P_os | optimizer state | 2Ψ + 2Ψ + KΨ/N |
 # | 2 | P_os+g | + gradients | 2Ψ + (2 + K)Ψ/N |
 # | 3 | P_os+g+p | + parameters | (2 + 2 + K)Ψ/N |
-#
+
+# %% [markdown]
 # Stage 3 is what PyTorch calls FSDP's `FULL_SHARD` (Zhao et al. 2023). The formula lives in
 # `parallel_lab.zero.memory.per_rank`. **Predict** before you read on (graded): one of N = 8 GPUs
 # trains Ψ = 1 billion parameters under ZeRO stage 2 in mixed precision. How many GB of model state
@@ -162,17 +158,17 @@ zf.memory_figure(reports)
 # Every category matches the formula to the byte. Two things to read in the table:
 #
 # - **The shards are not the whole story.** At stage 2 a unit's full gradient exists while its backward
-#   runs; at stage 3 a unit's full parameters and gradient do. The peak adds the largest unit (a
-#   block, 49,984 parameters): one unit at stage 2, two at stage 3 ("full units in use"). Zhao et al.
-#   2023 (section 3.2.1) put it the same way: FSDP's peak is the sharded state plus the largest unit
-#   materialised — which is why FSDP wraps a transformer block by block, and why one huge unit would
-#   undo the sharding.
+#   runs; at stage 3 a unit's full parameters and gradient do. The peak adds the largest unit (a block,
+#   49,984 parameters): one at stage 2, two at stage 3 ("full units in use"). Zhao et al. 2023
+#   (section 3.2.1) say the same of FSDP: its peak is the sharded state plus the largest unit
+#   materialised, which is why FSDP wraps a transformer block by block.
 # - The measured total is the largest *sum at one moment*; the formula adds each category's own peak,
 #   so it is a bound, here a fraction of a percent above.
 #
-# With 4 ranks the course GPT falls to 37 % of plain data parallelism, not 25 %: its blocks are a
+# So with 4 ranks the course GPT keeps more than a quarter of plain data parallelism: its blocks are a
 # quarter of the model each. A real model has hundreds of units, and the transient part vanishes.
-#
+
+# %% [markdown]
 # ## 4. What it costs on the wire
 #
 # Rajbhandari et al. 2020, section 7: a ring all-reduce is a reduce-scatter followed by an all-gather,
@@ -220,24 +216,30 @@ print({stage: r["collectives_same_every_step"] for stage, r in reports.items()})
 # the next unit's at once, so it travels while this unit computes. Here a bucket is a unit
 # (`zero.overlap`; DDP's 25 MiB default would hold the course GPT whole and overlap nothing).
 #
-# `run_zero(..., overlap=True)` records each rank's step as a program — compute (thread CPU time),
-# issue, wait — and `zero.overlap.place` lays the programs of all ranks out on the **virtual clock**
+# `run_zero(..., overlap=True)` records each rank's step as a program (compute in thread CPU time,
+# issue, wait), and `zero.overlap.place` lays the programs of all ranks out on the **virtual clock**
 # (lesson 03): p dedicated devices, each with its own network queue, a collective costed by the α–β
-# model of a PCIe 4.0 link. The order of the collectives is the engine's and is the same on every run:
+# model of a link. Which link? The course's CPU ranks compute thousands of times slower than a GPU;
+# on PCIe (25 GB/s) a block's all-gather would take microseconds against milliseconds of compute,
+# and there would be nothing to hide. To keep a cluster's proportion between the two, the clock
+# charges the collectives at **Gigabit Ethernet**'s 125 MB/s (`hardware.GIGABIT_ETHERNET`), thousands
+# of times slower than NVLink: a unit's collective then takes milliseconds too. The order of the collectives is
+# the engine's and is the same on every run:
 
 # %%
-overlapped = {stage: run_zero(stage=stage, dp=2, steps=2, overlap=True) for stage in (0, 3)}
-for stage, r in overlapped.items():
-    print(f"stage {stage}, in the order the network ran them:")
-    print("  " + ", ".join(zf.comm_order(r)))
+from parallel_lab.hardware import GIGABIT_ETHERNET
+
+overlapped = {stage: run_zero(stage=stage, dp=2, steps=2, overlap=True, link=GIGABIT_ETHERNET) for stage in (0, 3)}
+print(zf.comm_orders(overlapped))
 
 # %% [markdown]
 # Stage 0's all-reduces go head first (the backward's order). Stage 3 gathers every unit in forward
 # order, then again in backward order from the head, and each reduce-scatter follows the backward of
-# its unit, interleaved with the next all-gather. The charts show the last step; the times are
-# measured CPU time, so they change from run to run (the cells are not compared by nbval). Compare the
-# network lane with the compute lane: with overlap, a collective runs *under* the compute of another
-# unit.
+# its unit, interleaved with the next all-gather. The two charts below show stage 3's last step, first
+# as it ran, then with every wait moved right after its issue (serial); the times are measured CPU
+# time, so they change from run to run (nbval does not compare these cells). Compare the network lane
+# with the compute lane: with overlap, the next unit's all-gather runs *under* this unit's compute;
+# serially, the compute lane stops for every collective.
 
 # %% tags=["nbval-ignore-output"]
 zf.overlap_gantt(overlapped[3])
@@ -245,11 +247,11 @@ zf.overlap_gantt(overlapped[3])
 # %% tags=["nbval-ignore-output"]
 zf.overlap_gantt(overlapped[3], which="serial")
 
+# %% [markdown]
+# The same measured work placed twice, so the difference is only where the waits are:
+
 # %% tags=["nbval-ignore-output"]
-for stage, r in overlapped.items():
-    v = r["virtual"]
-    print(f"stage {stage}: step {v['step_s'] * 1e3:.2f} ms with overlap, {v['serial_step_s'] * 1e3:.2f} ms "
-          f"serial; the compute waited {v['waiting_s'] * 1e3:.2f} ms against {v['serial_waiting_s'] * 1e3:.2f} ms")
+print(zf.overlap_summary(overlapped))
 
 # %% [markdown]
 # Overlap is not free in memory: the unit in flight stays alive. At stage 3 the prefetched unit's
@@ -258,18 +260,15 @@ for stage, r in overlapped.items():
 # measurement agrees:
 
 # %%
-for stage, r in overlapped.items():
-    cell = r["memory_per_rank"]["buffers"]
-    print(f"stage {stage}, overlap: full units in use {cell['measured']:,} bytes measured, "
-          f"{int(cell['predicted']):,} predicted")
+print(zf.units_in_use(overlapped))
 
 # %% [markdown]
 # ## 6. Exercise: ZeRO-2's step, yourself
 #
 # Write one ZeRO-2 step for one flat parameter of n values (n divisible by the number of ranks N):
 #
-# 1. **reduce-scatter** the gradient, so that rank r receives only its shard — values
-#    `[r·n/N, (r+1)·n/N)` of the *sum* of all ranks' gradients — and divide by N for the average
+# 1. **reduce-scatter** the gradient, so that rank r receives only its shard, values
+#    `[r·n/N, (r+1)·n/N)` of the *sum* of all ranks' gradients, and divide by N for the average
 #    (lesson 01: `dist.reduce_scatter_single(output, input)`);
 # 2. run **Adam on that shard only**, with Adam's two moments kept only for the shard, in `state`;
 # 3. **all-gather** the updated shards into the full `param` on every rank
@@ -279,14 +278,16 @@ for stage, r in overlapped.items():
 # with gradient g: m ← β₁m + (1−β₁)g; v ← β₂v + (1−β₂)g²; m̂ = m/(1−β₁ᵗ); v̂ = v/(1−β₂ᵗ);
 # θ ← θ − lr·m̂/(√v̂ + ε). Every operation is element-wise, which is why a rank can update its slice
 # alone (ZeRO, section 5.1).
-#
-# The check runs your function for 3 steps on 2 and on 4 real ranks (n = 8 and n = 1000), each rank
-# with its own gradient, and compares every rank's `param` with one process running `torch.optim.Adam`
-# on the mean gradient (to 1e-12 in fp64). It reads what the ranks really sent (`commlog`): per step
-# one reduce-scatter of the whole gradient and one all-gather of one shard. An all-reduce of the whole
-# gradient followed by slicing computes the right numbers and fails: it leaves every rank the whole
-# averaged gradient, N× the shard ZeRO-2 keeps. It also measures the optimizer state your rank keeps
-# between steps (in `state` and in the cell's module-level names): at most 2n/N values.
+
+# %% [markdown]
+# **The check** runs your function for 3 steps on 2 and on 4 real ranks (n = 8 and n = 1000), each
+# rank with its own gradient, and compares every rank's `param` with one process running
+# `torch.optim.Adam` on the mean gradient (to 1e-12 in fp64). It reads what the ranks really sent
+# (`commlog`): per step one reduce-scatter of the whole gradient and one all-gather of one shard. An
+# all-reduce of the whole gradient followed by slicing computes the right numbers and fails: it leaves
+# every rank the whole averaged gradient, N× the shard ZeRO-2 keeps. It also measures the optimizer
+# state your rank keeps between steps (in `state` and in the cell's module-level names): at most 2n/N
+# values.
 #
 # **What the check forbids:** `parallel_lab` (the engine's `zero` package is the answer) and
 # `torch.optim`. Keep all your code in the answer cell: the grader reads that cell alone and runs it

@@ -206,6 +206,34 @@ def comm_order(report: dict, rank: int = 0) -> list[str]:
     return [f"{OP_NAMES.get(op, op)} {unit}" for op, unit, _, _ in report["timeline"]["virtual"]["comm"][rank]]
 
 
+def comm_orders(reports: Mapping[int, dict]) -> str:
+    """Per stage, the collectives of the last step in the order the network ran them (``comm_order``)."""
+    return "\n".join(_("stage {stage}, in the order the network ran them:").format(stage=stage) + "\n  "
+                      + ", ".join(comm_order(r)) for stage, r in reports.items())
+
+
+def overlap_summary(reports: Mapping[int, dict]) -> str:
+    """Per stage, the step with and without overlap on the virtual clock, the time the compute waited
+    for the network in each, and the difference: the communication that ran under compute."""
+    lines = []
+    for stage, r in reports.items():
+        v = r["virtual"]
+        lines.append(_("stage {stage}: step {step:.1f} ms with overlap, {serial:.1f} ms serial; the compute waited "
+                       "{waited:.1f} ms against {serial_waited:.1f} ms: {hidden:.1f} ms of communication ran under "
+                       "compute").format(stage=stage, step=v["step_s"] * 1e3, serial=v["serial_step_s"] * 1e3,
+                                         waited=v["waiting_s"] * 1e3, serial_waited=v["serial_waiting_s"] * 1e3,
+                                         hidden=(v["serial_waiting_s"] - v["waiting_s"]) * 1e3))
+    return "\n".join(lines)
+
+
+def units_in_use(reports: Mapping[int, dict]) -> str:
+    """Per stage, the bytes of full units in use (measured and ``zero.memory``'s prediction)."""
+    return "\n".join(_("stage {stage}, overlap: full units in use {measured:,} bytes measured, {predicted:,} "
+                        "predicted").format(stage=stage, measured=r["memory_per_rank"]["buffers"]["measured"],
+                                            predicted=int(r["memory_per_rank"]["buffers"]["predicted"]))
+                      for stage, r in reports.items())
+
+
 def overlap_gantt(report: dict, which: str = "virtual", title: str | None = None) -> go.Figure:
     """Per rank two lanes, compute (thread CPU time) and network (collectives at their α–β cost on
     ``report["link"]``), of the last step as ``zero.overlap.place`` laid it out; ``which``:
