@@ -20,8 +20,9 @@
 #
 # You need lessons 01 (collectives, the α–β model) and 02 (tensor parallelism). Notation: n tokens,
 # E experts, k choices per token (top-k), C the capacity factor, N ranks in the EP group, H the hidden
-# size.
-#
+# size, α the latency of a message and β the inverse bandwidth (seconds per byte), as in lesson 01.
+
+# %% [markdown]
 # A dense MLP spends the same FLOPs on every token. A mixture of experts holds E MLPs and runs only k
 # of them per token: E times the parameters, about k times the FLOPs of one. GShard (Lepikhin et al.
 # 2020) trained a 600B-parameter translation model this way; DeepSeek-V3 (DeepSeek-AI 2024) has 671B
@@ -56,12 +57,12 @@ print(inspect.getsource(models.top_k_routing))
 # %%
 import torch
 
+from parallel_lab.show import experts as xf
+
 moe = models.MoE(hidden=16, experts=8, top_k=2, seed=0).double()
 tokens = torch.randn((4, 16), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
 probs, gate, expert = models.top_k_routing(moe.router(tokens), moe.top_k)
-for t in range(4):
-    print(f"token {t}: probabilities {[round(v, 2) for v in probs[t].tolist()]}")
-    print(f"         top-2 experts {expert[t].tolist()}, gates {[round(v, 3) for v in gate[t].tolist()]}")
+print(xf.routing_lines(probs, gate, expert))
 
 # %% [markdown]
 # ## 2. Capacity, and the assignments it drops
@@ -84,14 +85,10 @@ for t in range(4):
 
 # %%
 from parallel_lab.moe.run import Case
-from parallel_lab.show import experts as xf
 
 case = Case(capacity_factor=1.0)
 routing = xf.dense_routing(case)
-n = case.batch * case.seq
-print(f"n = {n} tokens, E = {case.experts}, k = {case.top_k}, C = {case.capacity_factor}: "
-      f"{n * case.top_k} assignments")
-print(f"assignments routed to each expert (the demand): {routing.routed_per_expert.tolist()}")
+print(xf.demand_lines(case, routing))
 
 # %% [markdown]
 # **Predict:** how many assignments does this routing drop? Compute the capacity first (1 point
@@ -117,8 +114,7 @@ guess.versus(routing.dropped, "models.MoE")
 # capacity line:
 
 # %% tags=["reveals:moe-dropped"]
-xf.load_figure(routing, title=f"n = 64, E = 8, top-2, C = 1: capacity {routing.capacity}, "
-                              f"{routing.dropped} assignments dropped")
+xf.load_figure(routing)
 
 # %% [markdown]
 # And which ones: every token's two choices, the number in each cell the expert it chose. Here
@@ -144,10 +140,7 @@ worked = torch.tensor(WORKED)
 counts = models.assignment_counts(worked, 3)  # (k, E): how many tokens chose each expert as choice s
 position = models.queue_positions(worked, 3, counts.cumsum(0) - counts)
 capacity = models.expert_capacity(6, 3, 2, 1.0)
-for t in range(6):
-    cells = [f"expert {int(worked[t, s])} at place {int(position[t, s])}"
-             f"{'' if position[t, s] < capacity else ' (dropped)'}" for s in range(2)]
-    print(f"token {t}: " + ";  ".join(cells))
+print(xf.queue_lines(worked, position, capacity))
 
 # %% [markdown]
 # **Exercise (2 points).** Write `my_dispatch(expert, experts, capacity)`: `expert` is an `(n, k)`
@@ -218,14 +211,18 @@ xf.dispatch_figure(sent_to, hidden=case.hidden)
 from parallel_lab.moe.run import run_moe
 
 result = run_moe(ep=ep, experts=8, top_k=2, capacity_factor=1.0)
-print(f"EP = {result['ep']}, {result['tokens']} tokens, capacity {result['capacity']}, {result['dtype']}")
-print(f"  max |output − dense|   < 1e-12: {result['max_output_diff'] < 1e-12}")
-print(f"  max |gradient − dense| < 1e-12: {result['max_grad_diff'] < 1e-12}  (router, experts, input)")
-print(f"  |loss − dense|         < 1e-12: {result['loss_diff'] < 1e-12}  (with the load-balancing loss)")
-print(f"  the same assignments kept: {result['routing_equal']}; dropped {result['dropped']}, "
-      f"one process {result['reference_dropped']}")
-print(f"  rows each expert ran on (measured on its rank): {result['tokens_per_expert']}")
-print(f"  rank 0's collectives, forward + backward: {result['collectives']}")
+print(xf.run_summary(result))
+
+# %% [markdown]
+# The same assignments are kept because every rank counted the whole batch's queues (step 2). That is
+# the course's choice, made so that EP equals one process drops included; it is not what Megatron-LM
+# does. There (`megatron/core/transformer/moe/moe_utils.py`) the router of each rank calls
+# `apply_router_token_dropping`, whose `get_capacity` counts only the rank's **local** tokens,
+# ⌈C·n_local·k/E⌉, and drops before any exchange, by default the assignments with the **lowest router
+# probability** (`moe_token_drop_policy="probs"`; `"position"` keeps the earliest tokens). By default it
+# drops nothing at all (`moe_expert_capacity_factor=None`). Its all-to-all dispatcher gathers the
+# per-expert counts too (`token_dispatcher.py`, `MoEAlltoAllTokenDispatcher.preprocess`), but only to
+# size each all-to-all's splits.
 
 # %% [markdown]
 # The figure's matrix is what the ranks sent. Each rank hands its all-to-alls its outgoing rows twice
@@ -233,11 +230,7 @@ print(f"  rank 0's collectives, forward + backward: {result['collectives']}")
 # dispatch's gradient backward), H = 16 values of 8 bytes each:
 
 # %%
-row_bytes = case.hidden * 8
-for r in range(ep):
-    out_rows, in_rows = sum(sent_to[r]), sum(row[r] for row in sent_to)
-    print(f"rank {r}: sends {out_rows} rows, receives {in_rows}: 2·({out_rows} + {in_rows})·{row_bytes} B = "
-          f"{2 * (out_rows + in_rows) * row_bytes:,} B; measured {result['all_to_all_bytes'][r]:,} B")
+print(xf.all_to_all_bytes_lines(sent_to, result, row_bytes=case.hidden * 8))
 
 # %% [markdown]
 # ## 5. Load imbalance
@@ -246,8 +239,7 @@ for r in range(ep):
 # slowest stage does in a pipeline (lesson 09). Measured above, per rank:
 
 # %%
-per_rank = [sum(result["tokens_per_expert"][2 * r:2 * r + 2]) for r in range(ep)]
-print(f"rows computed per rank {per_rank}: the busiest {max(per_rank)}, the mean {sum(per_rank) / ep:g}")
+print(xf.busiest_line(result))
 
 # %% [markdown]
 # A random router is mildly unbalanced. Real tokens are not random: tokens that are alike go to the
@@ -268,8 +260,8 @@ xf.imbalance_figure(rows)
 #   does too: the router's gradient above has that path), and sets C > 1 to absorb the rest.
 # - **GShard** (Lepikhin et al. 2020) adds an auxiliary loss of the same kind, and dispatches in
 #   *local groups*: each group of tokens gets a capacity of its own, which needs no count exchange but
-#   drops differently from one process (the course's layer all-gathers the counts instead, as
-#   Megatron-LM's token dispatcher does).
+#   drops differently from one process (the course's layer all-gathers the counts instead, so that it
+#   drops exactly what one process drops; Megatron-LM does not, section 4).
 # - **DeepSeek-V3** (DeepSeek-AI 2024) balances mainly without an auxiliary loss (it keeps only a
 #   tiny sequence-wise one): a per-expert bias, added
 #   to the scores for choosing the top-k only, is raised for underloaded experts and lowered for
@@ -278,20 +270,18 @@ xf.imbalance_figure(rows)
 
 # %%
 no_drop = run_moe(ep=ep, experts=8, top_k=2, capacity_factor=None)
-rows_per_rank = [sum(no_drop["tokens_per_expert"][2 * r:2 * r + 2]) for r in range(ep)]
-print(f"no capacity: dropped {no_drop['dropped']}, rows per rank {rows_per_rank}, "
-      f"equal to one process: {no_drop['max_output_diff'] < 1e-12 and no_drop['max_grad_diff'] < 1e-12}")
+print(xf.no_drop_line(no_drop))
 
 # %% [markdown]
 # ## 6. What the all-to-all costs
 #
 # In an all-to-all over N ranks each rank holds n bytes in N chunks, one per rank, and keeps its own
 # chunk: it sends (N−1)/N · n. With the pairwise exchange that is N − 1 messages, so in the α–β model
-# of lesson 01 (`moe.cost.all_to_all_time`)
+# of lesson 01 (a message of n bytes costs α + n·β; `moe.cost.all_to_all_time`)
 #
-# $$T_{\text{all-to-all}}(n, N) = (N-1)\,\alpha + \frac{N-1}{N}\cdot\frac{n}{\beta}$$
+# $$T_{\text{all-to-all}}(n, N) = (N-1)\,\alpha + \frac{N-1}{N}\cdot n\,\beta$$
 #
-# against a ring all-reduce's 2(N−1)α + 2(N−1)/N · n/β. An MoE layer pays four all-to-alls per step,
+# against a ring all-reduce's 2(N−1)α + 2(N−1)/N · n·β. An MoE layer pays four all-to-alls per step,
 # each of n = tokens · k · H · bytes (fewer when some are dropped). A tensor-parallel MLP (lesson 02,
 # Megatron-LM, Shoeybi et al. 2019) pays two all-reduces of tokens · H · bytes. Per rank, 4096 tokens,
 # H = 4096, bf16, top-2, N = 8:
@@ -329,6 +319,6 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 # - The busiest expert's rank paces the layer: **load imbalance** costs time, and drops when there is
 #   a capacity. Switch's load-balancing loss E·Σ fᵢPᵢ pushes towards 1 (uniform); DeepSeek-V3 balances
 #   with a per-expert routing bias instead, and drops nothing.
-# - An all-to-all sends (N−1)/N of its bytes in N−1 messages: (N−1)α + (N−1)/N · n/β. Per token it
+# - An all-to-all sends (N−1)/N of its bytes in N−1 messages: (N−1)α + (N−1)/N · n·β. Per token it
 #   carries k copies where tensor parallelism's all-reduce carries one twice over, so MoE layers want
 #   their EP group on fast links, or their all-to-alls hidden behind compute.

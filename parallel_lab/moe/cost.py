@@ -4,7 +4,10 @@ In an all-to-all over N ranks each rank holds n bytes in N chunks, one for each 
 itself stays home, so each rank sends (N - 1)/N · n and receives as much. With the pairwise
 exchange (step i: send to rank r + i, receive from rank r - i) that is N - 1 messages:
 
-    T(n, N) = (N - 1) α + (N - 1)/N · n / β
+    T(n, N) = (N - 1) α + (N - 1)/N · n·β
+
+with β the inverse bandwidth, seconds per byte, as in lesson 01 (the functions take the bandwidth,
+1/β, as ``Link`` holds it).
 
 Expert parallelism pays four per MoE layer and step: dispatch and combine forward, and their
 conjugates (the reverse all-to-alls) backward, each carrying the token vectors routed, n = tokens
@@ -29,7 +32,7 @@ def all_to_all_sent_bytes(n_bytes: float, world_size: int) -> float:
 
 def all_to_all_time(n_bytes: float, world_size: int, alpha_s: float, bandwidth_bytes_per_s: float) -> float:
     """Seconds of an all-to-all of ``n_bytes`` per rank over ``world_size`` ranks (pairwise
-    exchange): (N - 1) α + (N - 1)/N · n / β; 0 on one rank."""
+    exchange): (N - 1) α + (N - 1)/N · n·β with β = 1 / ``bandwidth_bytes_per_s``; 0 on one rank."""
     if positive_int("world_size", world_size) == 1:
         return 0.0
     return (world_size - 1) * alpha_s + all_to_all_sent_bytes(n_bytes, world_size) / bandwidth_bytes_per_s

@@ -5,10 +5,9 @@ GShard (Lepikhin et al. 2020) and Switch (Fedus et al. 2021): rank r keeps exper
 the group, as data parallelism splits it). A forward, on each rank:
 
 1. route its tokens (``models.top_k_routing``, the dense layer's code);
-2. all-gather every rank's counts ``(k, E)`` (Megatron-LM's token dispatcher does the same): from
-   them each rank knows the whole batch's queues, so it computes the capacity and its assignments'
-   queue positions exactly as the dense layer does on the whole batch, drops before sending, and
-   knows every split size of the two all-to-alls;
+2. all-gather every rank's counts ``(k, E)``: from them each rank knows the whole batch's queues,
+   so it computes the capacity and its assignments' queue positions exactly as the dense layer does
+   on the whole batch, drops before sending, and knows every split size of the two all-to-alls;
 3. dispatch: all-to-all the kept token vectors to their experts' ranks (sorted by expert);
 4. run its experts on what arrived; 5. combine: the reverse all-to-all brings the outputs home, where
    they are weighted by their gates and summed per token.
@@ -18,7 +17,12 @@ load-balancing loss (each rank's share, which add up) and every gradient -- the 
 over the group (``allreduce_router_grads``, the data-parallel sum of a replicated parameter).
 
 DeepSpeed-MoE and GShard's "local groups" instead give each rank's tokens a capacity of their own,
-which needs no count exchange but drops differently from one process.
+which needs no count exchange but drops differently from one process. So does Megatron-LM
+(``megatron/core/transformer/moe/moe_utils.py``: the router calls ``apply_router_token_dropping``,
+whose ``get_capacity`` counts the rank's local tokens, and drops by router probability by default,
+``moe_token_drop_policy="probs"``; with the default ``moe_expert_capacity_factor=None`` it drops
+nothing); its all-to-all dispatcher gathers the counts only to size the all-to-alls
+(``token_dispatcher.py``, ``MoEAlltoAllTokenDispatcher.preprocess``).
 """
 
 from __future__ import annotations

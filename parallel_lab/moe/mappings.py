@@ -1,7 +1,7 @@
 """The communication of expert parallelism: the all-to-all, as an autograd function.
 
 Tokens go to their experts' ranks with one all-to-all (dispatch) and come back with another
-(combine), as in GShard (Lepikhin et al. 2020) and Megatron-LM's all-to-all token dispatcher. The
+(combine), as in GShard (Lepikhin et al. 2020) and Megatron-LM's ``MoEAlltoAllTokenDispatcher``. The
 backward of an all-to-all is the reverse all-to-all: the gradient of the row a rank received goes
 back to the rank that sent it, so the split sizes swap. Same three layers as
 ``parallel_lab.tensor.mappings``: a one-collective helper, a tiny ``autograd.Function``, a wrapper.

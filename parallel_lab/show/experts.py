@@ -233,3 +233,87 @@ def cost_table(rows: Sequence[dict]) -> str:
         lines.append(f"{r['link']:<52} {r['ep_sent_mb']:>10.1f} {r['ep_ms']:>7.3f} {r['tp_sent_mb']:>10.1f} "
                      f"{r['tp_ms']:>7.3f}")
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# The lesson's printed lines (through the catalog, so that they follow the lesson's language).
+
+def routing_lines(probs: torch.Tensor, gate: torch.Tensor, expert: torch.Tensor) -> str:
+    """Per token: the router's probabilities (rounded), its top-k experts and their gates."""
+    lines = []
+    for t in range(probs.shape[0]):
+        lines.append(_("token {t}: probabilities {probs}").format(t=t, probs=[round(v, 2) for v in probs[t].tolist()]))
+        lines.append("         " + _("top-{k} experts {experts}, gates {gates}").format(
+            k=expert.shape[1], experts=expert[t].tolist(), gates=[round(v, 3) for v in gate[t].tolist()]))
+    return "\n".join(lines)
+
+
+def demand_lines(case: Case, routing: models.Routing) -> str:
+    """The batch's sizes and the assignments routed to each expert before any capacity."""
+    n = case.batch * case.seq
+    return "\n".join([
+        _("n = {n} tokens, E = {E}, k = {k}, C = {C}: {assignments} assignments").format(
+            n=n, E=case.experts, k=case.top_k, C=case.capacity_factor, assignments=n * case.top_k),
+        _("assignments routed to each expert (the demand): {demand}").format(
+            demand=routing.routed_per_expert.tolist())])
+
+
+def queue_lines(expert: torch.Tensor, position: torch.Tensor, capacity: int) -> str:
+    """Per token: each choice's expert and its place in that expert's queue, marked when dropped."""
+    lines = []
+    for t in range(expert.shape[0]):
+        cells = [_("expert {e} at place {place}").format(e=int(expert[t, s]), place=int(position[t, s]))
+                 + ("" if position[t, s] < capacity else " " + _("(dropped)")) for s in range(expert.shape[1])]
+        lines.append(_("token {t}: ").format(t=t) + ";  ".join(cells))
+    return "\n".join(lines)
+
+
+def run_summary(result: dict) -> str:
+    """``moe.run.run_moe``'s report against one process, as the lesson prints it."""
+    yes = {True: _("yes"), False: _("NO")}
+    return "\n".join([
+        _("EP = {ep}, {tokens} tokens, capacity {capacity}, {dtype}").format(
+            ep=result["ep"], tokens=result["tokens"], capacity=result["capacity"], dtype=result["dtype"]),
+        "  " + _("max |output − dense| < 1e-12: {ok}").format(ok=yes[result["max_output_diff"] < 1e-12]),
+        "  " + _("max |gradient − dense| < 1e-12: {ok} (router, experts, input)").format(
+            ok=yes[result["max_grad_diff"] < 1e-12]),
+        "  " + _("|loss − dense| < 1e-12: {ok} (with the load-balancing loss)").format(
+            ok=yes[result["loss_diff"] < 1e-12]),
+        "  " + _("the same assignments kept: {ok}; dropped {dropped}, one process {reference}").format(
+            ok=yes[bool(result["routing_equal"])], dropped=result["dropped"], reference=result["reference_dropped"]),
+        "  " + _("rows each expert ran on (measured on its rank): {rows}").format(rows=result["tokens_per_expert"]),
+        "  " + _("rank 0's collectives, forward + backward: {calls}").format(calls=result["collectives"])])
+
+
+def all_to_all_bytes_lines(sent_to: Sequence[Sequence[int]], result: dict, row_bytes: int) -> str:
+    """Per rank: rows sent and received in the dispatch, the bytes its four all-to-alls carry by
+    that count (each row twice each way), and the bytes measured by commlog."""
+    lines = []
+    for r in range(len(sent_to)):
+        out_rows, in_rows = sum(sent_to[r]), sum(row[r] for row in sent_to)
+        lines.append(_("rank {r}: sends {out} rows, receives {inn}: 2·({out} + {inn})·{row} B = {total:,} B; "
+                       "measured {measured:,} B").format(r=r, out=out_rows, inn=in_rows, row=row_bytes,
+                                                          total=2 * (out_rows + in_rows) * row_bytes,
+                                                          measured=result["all_to_all_bytes"][r]))
+    return "\n".join(lines)
+
+
+def rows_per_rank(result: dict) -> list[int]:
+    """Rows computed per rank: the sum over its experts (E/N consecutive experts per rank)."""
+    per_expert = result["tokens_per_expert"]
+    local = len(per_expert) // result["ep"]
+    return [sum(per_expert[local * r:local * (r + 1)]) for r in range(result["ep"])]
+
+
+def busiest_line(result: dict) -> str:
+    """Rows per rank, the busiest and the mean."""
+    rows = rows_per_rank(result)
+    return _("rows computed per rank {rows}: the busiest {busiest}, the mean {mean:g}").format(
+        rows=rows, busiest=max(rows), mean=sum(rows) / len(rows))
+
+
+def no_drop_line(result: dict) -> str:
+    """A run without capacity: what it dropped, rows per rank, and whether it equals one process."""
+    same = result["max_output_diff"] < 1e-12 and result["max_grad_diff"] < 1e-12
+    return _("no capacity: dropped {dropped}, rows per rank {rows}, equal to one process: {same}").format(
+        dropped=result["dropped"], rows=rows_per_rank(result), same=_("yes") if same else _("NO"))
