@@ -44,8 +44,7 @@ setup()
 from parallel_lab.show import context as cf
 
 heads, s, bytes_per_value = 64, 131072, 2
-print(f"scores of one layer: {heads} heads × s² × {bytes_per_value} bytes = "
-      f"{heads * s * s * bytes_per_value / 1e9:,.0f} GB at s = {s:,}")
+print(cf.scores_line(heads, s, bytes_per_value))
 cf.score_memory_figure()
 
 # %% [markdown]
@@ -59,7 +58,8 @@ cf.score_memory_figure()
 #    Attention with Blockwise Transformers for Near-Infinite Context*; section 3); or swap the
 #    sequence split for a head split with an all-to-all: **DeepSpeed-Ulysses** (Jacobs et al. 2023;
 #    section 5).
-#
+
+# %% [markdown]
 # ## 2. Attention one block at a time: the log-sum-exp merge
 #
 # Split the keys (and values) into blocks. For one query and one block b, let `lse_b =
@@ -91,8 +91,7 @@ out, lse = blockwise.attend(q, k[..., :4, :], v[..., :4, :], causal=False, scale
 for first in (4, 8, 12):  # the other three blocks of 4 keys, one at a time
     out_b, lse_b = blockwise.attend(q, k[..., first:first + 4, :], v[..., first:first + 4, :], False, scale)
     out, lse = blockwise.merge(out, lse, out_b, lse_b)
-print(f"4 blocks merged vs the full softmax: max |difference| {(out - full).abs().max().item():.1e}")
-print("largest score tensor held: 8 x 4 per head (blockwise) instead of 8 x 16")
+print(cf.blocks_merged_lines((out - full).abs().max().item(), queries=8, block=4, keys=16))
 
 # %% [markdown]
 # The difference is rounding (the same sums in another order). Why the weights are written with
@@ -105,8 +104,7 @@ big_a, big_b = torch.tensor([1000.0], dtype=torch.float64), torch.tensor([995.0]
 naive = torch.log(torch.exp(big_a) + torch.exp(big_b))
 m = torch.maximum(big_a, big_b)
 stable = m + torch.log(torch.exp(big_a - m) + torch.exp(big_b - m))
-print(f"lse_a = 1000, lse_b = 995: naive log(e^a + e^b) = {naive.item()}, with the maximum "
-      f"subtracted = {stable.item():.6f}")
+print(cf.stable_lse_line(naive.item(), stable.item()))
 
 # %% [markdown]
 # ## 3. Ring attention, step by step
@@ -118,7 +116,8 @@ print(f"lse_a = 1000, lse_b = 995: naive log(e^a + e^b) = {naive.item()}, with t
 # transfer is posted before the current block is computed (`context/ring.py`), so communication
 # hides behind compute when a block's attention takes longer than a hop. The largest score tensor a
 # rank ever holds is one t × t block per head.
-#
+
+# %% [markdown]
 # **The causal mask and the zig-zag split.** With a causal mask, query i sees keys 0 … i. If rank r
 # held positions r·t … (r+1)·t − 1, rank 0 would see only its own block and the last rank every
 # block: the last rank does cp times the work of the first, and the ring goes at its pace.
@@ -149,8 +148,7 @@ cf.ring_steps_figure(cp=4, seq=16)
 
 # %%
 work = cf.causal_work(cp=4, seq=16)
-print(f"scores computed per rank: contiguous {work['contiguous']}, zig-zag {work['zigzag']} "
-      f"(the same total, {sum(work['zigzag'])})")
+print(cf.work_line(work))
 cf.work_figure(cp=4, seq=16)
 
 # %% [markdown]
@@ -161,7 +159,8 @@ cf.work_figure(cp=4, seq=16)
 # gradient (dK, dV), to which every rank adds its share; after cp steps the accumulator takes one
 # last hop home: per rank, cp − 1 K/V messages in the forward, cp − 1 K/V and cp gradient messages
 # in the backward (`context/ring.py`).
-#
+
+# %% [markdown]
 # ## 4. On real ranks, against the dense attention
 #
 # `context.run.run_context` runs the course GPT's attention layer (batch 2, s = 32, 8 heads of
@@ -203,12 +202,8 @@ guess.versus(ring4["score_bytes_per_rank"]["measured"], "measured on 4 ranks")
 # Measured and predicted (`context.cost.context_cost`) agree, and so do the bytes sent.
 
 # %% tags=["reveals:ring-score-bytes"]
-for r in results:
-    scores = r["score_bytes_per_rank"]
-    print(f"{r['variant']:<8} cp {r['cp']}: measured {scores['measured']:>6,} B, one process / cp = "
-          f"{scores['one_process'] // r['cp']:>6,} B (s²/cp), one process / cp² = "
-          f"{scores['one_process'] // r['cp'] ** 2:>6,} B")
-print("ring cp 4, rank 0's calls in one forward and backward:", ring4["collectives"])
+print(cf.score_bytes_lines(results))
+print(cf.calls_line(ring4))
 
 # %% [markdown]
 # In a real implementation the blocks are tiled further inside each GPU (a FlashAttention kernel
@@ -234,10 +229,8 @@ print("ring cp 4, rank 0's calls in one forward and backward:", ring4["collectiv
 try:
     run_context(cp=3, variant="ulysses")
 except ValueError as err:
-    print("Ulysses, cp 3:", err)
-ring3 = run_context(cp=3, variant="ring", seq=48)
-print(f"ring, cp 3, s = 48: max |Δout| {cf._tiny(ring3['max_output_diff'])}, max |Δgrad| "
-      f"{cf._tiny(ring3['max_grad_diff'])}, scores per rank {ring3['score_bytes_per_rank']['measured']:,} B")
+    print(cf.refused_line("Ulysses", 3, err))
+print(cf.run_line(run_context(cp=3, variant="ring", seq=48)))
 
 # %% [markdown]
 # With grouped-query attention (few K/V heads) the limit bites earlier, which is why long-context
@@ -247,11 +240,13 @@ print(f"ring, cp 3, s = 48: max |Δout| {cf._tiny(ring3['max_output_diff'])}, ma
 # ## 6. What each costs
 #
 # `context.cost.context_cost` counts one rank's messages and bytes per step (forward + backward of
-# one attention layer) with the α–β model of lesson 01 (a message of n bytes costs α + n/B), and
-# with a device's FLOP/s, the attention's compute and the communication compute does not hide:
+# one attention layer) with the α–β model of lesson 01 (a message of n bytes costs α + n·β, β the
+# inverse bandwidth in seconds per byte), and with a device's FLOP/s, the attention's compute and the
+# communication compute does not hide:
 #
-# - **ring**: 2(cp − 1) K/V hops and cp gradient hops of 2·B·t·h bytes each, each hidden behind a
-#   block of attention when that block takes longer than the hop;
+# - **ring**: 2(cp − 1) K/V hops and cp gradient hops of 2·B·t·h values each (K and V, or their
+#   gradients: 2·B·t·h·b bytes at b bytes per value, 2 in bf16), each hidden behind a block of
+#   attention when that block takes longer than the hop;
 # - **Ulysses**: four all-to-alls (q, k, v stacked; the output; their backwards), (cp − 1)/cp of
 #   each rank's buffer leaving the rank, nothing to hide them behind.
 #
@@ -283,7 +278,8 @@ print(peer.WHY_NOT)
 # It must be **stable** and handle **queries that saw no key**: a block that saw no key of a query
 # has `lse = −inf` (and `out = 0` there); if neither block saw a key, the result is `out = 0`,
 # `lse = −inf` (this pair is the merge's identity, so an online loop can start from it) — not nan.
-#
+
+# %% [markdown]
 # The check
 #
 # - calls your merge directly on five cases whose expected result it computes from the scores
@@ -328,9 +324,9 @@ try:
     out_a, lse_a = blockwise.attend(q, k[..., :8, :], v[..., :8, :], False, scale)
     out_b, lse_b = blockwise.attend(q, k[..., 8:, :], v[..., 8:, :], False, scale)
     mine, _ = my_merge(out_a, lse_a, out_b, lse_b)
-    print(f"my_merge vs the full softmax: max |difference| {(mine - full).abs().max().item():.1e}")
+    print(cf.merged_line("my_merge", (mine - full).abs().max().item()))
 except NotImplementedError:
-    print("my_merge is not written yet: fill it in above, run its cell, then this one")
+    print(cf.not_written_yet("my_merge"))
 
 # %% tags=["check:lse-merge", "points:2"]
 from parallel_lab.exercises import check_lse_merge

@@ -100,7 +100,7 @@ def bench_rank(shapes=SHAPES, repeats: int = 5, warmup: int = 2) -> list[dict]:
                         **limit_columns(ours_s, work.median().item(), cp)}
                 rows.append({**base, "peer": SINGLE, "peer_s": single_s / cp, "ratio": ours_s * cp / single_s,
                              "peer_cpu_s": single_cpu / cp, "cpu_ratio": ours_cpu * cp / single_cpu,
-                             "torch_context_parallel": "runs, see the next row" if rest else peer.WHY_NOT})
+                             "torch_context_parallel": "runs, see the next row" if rest else str(peer.WHY_NOT)})
                 for peer_s, peer_cpu in rest:
                     rows.append({**base, "peer": TORCH, "peer_s": peer_s, "ratio": ours_s / peer_s,
                                  "peer_cpu_s": peer_cpu, "cpu_ratio": ours_cpu / peer_cpu})

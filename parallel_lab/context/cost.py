@@ -12,11 +12,12 @@ and ``block = batch · t · hidden · dtype_bytes`` (one of K or V of one rank):
 
 - **ring**: forward ``cp - 1`` messages of ``2·block`` (K and V) to the next rank; backward
   ``cp - 1`` of K/V and ``cp`` of their gradients (none on one rank). Each message one hop:
-  ``α + n/B``. The transfer of a step overlaps the step's block of compute, so with ``flops``
-  given, the exposed time is ``Σ max(0, message - block compute)``.
+  ``α + n·β`` (β the inverse bandwidth, seconds per byte, as in lesson 01). The transfer of a
+  step overlaps the step's block of compute, so with ``flops`` given, the exposed time is
+  ``Σ max(0, message - block compute)``.
 - **Ulysses**: forward two all-to-alls, of ``3·block`` (q, k, v) and ``block`` (the output);
   backward the same two. An all-to-all of a rank's ``n`` bytes sends ``(cp-1)/cp · n`` in
-  ``cp - 1`` messages: ``(cp-1)·α + (cp-1)/cp · n/B`` (pairwise exchange). Nothing overlaps it.
+  ``cp - 1`` messages: ``(cp-1)·α + (cp-1)/cp · n·β`` (pairwise exchange). Nothing overlaps it.
 - **scores**: the largest score tensor a rank holds at once (``score_peak_bytes``): ring
   ``B·n·t²`` (one block), Ulysses ``B·(n/cp)·seq²`` (all scores of its heads); and the scores a
   forward makes in all (``score_forward_bytes``): ``B·n·seq²/cp`` for both without a mask, ring

@@ -32,8 +32,10 @@ from torch.distributed.tensor.experimental import context_parallel
 from torch.distributed.tensor.experimental._attention import context_parallel_unshard
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from parallel_lab.i18n import _l
+
 KERNELS = {"default": None, "math": SDPBackend.MATH}
-WHY_NOT = ("torch 2.13's context_parallel does not run SDPA's CPU kernel (aten._scaled_dot_product_flash_"
+WHY_NOT = _l("torch 2.13's context_parallel does not run SDPA's CPU kernel (aten._scaled_dot_product_flash_"
            "attention_for_cpu has no ring handler and no DTensor sharding strategy), and with the MATH kernel "
            "only without a causal mask, as a DTensor all-gather of K and V, not its ring")
 

@@ -213,3 +213,72 @@ def score_memory_figure(seqs: Sequence[int] = (8192, 32768, 131072, 524288), cps
     fig.update_xaxes(type="log", tickvals=list(seqs))
     fig.update_yaxes(type="log")
     return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# The lesson's printed lines (through the catalog, so that they follow the lesson's language).
+
+def scores_line(heads: int, seq: int, bytes_per_value: int) -> str:
+    """The bytes of one layer's attention scores: heads × s² × bytes per value."""
+    return _("scores of one layer: {heads} heads × s² × {b} bytes = {gb:,.0f} GB at s = {s:,}").format(
+        heads=heads, b=bytes_per_value, gb=heads * seq * seq * bytes_per_value / 1e9, s=seq)
+
+
+def merged_line(what: str, difference: float) -> str:
+    """``what`` (a merge of blocks) against the full softmax: the largest difference."""
+    return _("{what} vs the full softmax: max |difference| {d:.1e}").format(what=what, d=difference)
+
+
+def blocks_merged_lines(difference: float, queries: int, block: int, keys: int) -> str:
+    """Section 2's check: the blocks merged one by one against the full softmax, and the score tensor held."""
+    return "\n".join([merged_line(_("{n} blocks merged").format(n=keys // block), difference),
+                      _("largest score tensor held: {q} x {b} per head (blockwise) instead of {q} x {k}").format(
+                          q=queries, b=block, k=keys)])
+
+
+def stable_lse_line(naive: float, stable: float) -> str:
+    """log(e^a + e^b) at a = 1000, b = 995, computed naively and with the maximum subtracted."""
+    return _("lse_a = 1000, lse_b = 995: naive log(e^a + e^b) = {naive}, with the maximum subtracted = "
+             "{stable:.6f}").format(naive=naive, stable=stable)
+
+
+def work_line(work: Mapping) -> str:
+    """``causal_work`` as a line: scores per rank under the contiguous and the zig-zag split."""
+    return _("scores computed per rank: contiguous {contiguous}, zig-zag {zigzag} (the same total, {total})").format(
+        contiguous=work["contiguous"], zigzag=work["zigzag"], total=sum(work["zigzag"]))
+
+
+def score_bytes_lines(results: Sequence[Mapping]) -> str:
+    """Per run: the largest score tensor measured on a rank against one process / cp and / cp²."""
+    lines = []
+    for r in results:
+        scores = r["score_bytes_per_rank"]
+        lines.append(_("{variant} cp {cp}: measured {measured:>6,} B, one process / cp = {per_cp:>6,} B (s²/cp), "
+                       "one process / cp² = {per_cp2:>6,} B").format(
+            variant=pad(r["variant"], 8), cp=r["cp"], measured=scores["measured"],
+            per_cp=scores["one_process"] // r["cp"], per_cp2=scores["one_process"] // r["cp"] ** 2))
+    return "\n".join(lines)
+
+
+def calls_line(result: Mapping) -> str:
+    """Rank 0's collectives in one forward and backward of a run."""
+    return _("{variant} cp {cp}, rank 0's calls in one forward and backward: {calls}").format(
+        variant=result["variant"], cp=result["cp"], calls=result["collectives"])
+
+
+def refused_line(variant: str, cp: int, error: Exception) -> str:
+    """A run refused before any process started, with the library's reason."""
+    return _("{variant}, cp {cp}, refused: {error}").format(variant=variant, cp=cp, error=error)
+
+
+def run_line(result: Mapping) -> str:
+    """One run against the dense attention: its largest differences and its score bytes per rank."""
+    message = _("{variant}, cp {cp}, s = {seq}: max |Δout| {out}, max |Δgrad| {grad}, scores per rank {scores:,} B")
+    return message.format(
+        variant=result["variant"], cp=result["cp"], seq=result["config"]["seq"], out=_tiny(result["max_output_diff"]),
+        grad=_tiny(result["max_grad_diff"]), scores=result["score_bytes_per_rank"]["measured"])
+
+
+def not_written_yet(name: str) -> str:
+    """What a try-it cell says when the student's function still raises NotImplementedError."""
+    return _("{name} is not written yet: fill it in above, run its cell, then this one").format(name=name)
