@@ -284,7 +284,6 @@ def test_every_recorded_prediction_is_compared_after_its_run(path):
 # the keys of their cells, course.editions.cell_keys). Emptied as the lessons are converted; never
 # added to: a new prompt comes with its answer cell.
 UNRECORDED_PROMPTS = {
-    "00_why_split_a_model": ["1-where-the-bytes-go", "3-a-first-run-on-simulated-gpus"],
     "02_tensor_parallelism": ["1-one-matrix-two-ways-to-cut-it",
                               "3-the-megatron-mlp-column-then-row-and-the-operators-f-and-g+1",
                               "5-attention-split-by-heads+3", "try-it+2"],

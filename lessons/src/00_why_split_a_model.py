@@ -47,13 +47,30 @@ setup()  # seeds, one thread per process, plotly figures as JSON
 # Korthikanti et al. 2022). `parallel_lab.planning.memory` does the arithmetic.
 #
 # **Predict:** plain fp32 Adam keeps 4-byte weights and gradients and 8 bytes of moments. How many bytes
-# per parameter does mixed precision save compared with it?
+# per parameter does mixed precision save compared with it? Write it in the answer cell and record it
+# in the cell after it (not graded).
+
+# %% tags=["answer:predict:mixed-precision-saving"]
+my_prediction = None  # bytes per parameter that mixed-precision Adam saves against fp32 Adam
+### BEGIN SOLUTION
+my_prediction = 0  # 2 + 2 + 12 = 4 + 4 + 8 = 16
+### END SOLUTION
 
 # %%
+from parallel_lab.show.predict import predict
+
+guess = predict("mixed-precision-saving", my_prediction,
+                {"en": "bytes per parameter that mixed-precision Adam saves against fp32 Adam",
+                 "zh-Hant": "混合精度的 Adam 比單精度的 Adam 每個參數省下的位元組數"},
+                unit={"en": "bytes", "zh-Hant": "位元組"}, tolerance=0)
+
+# %% tags=["reveals:mixed-precision-saving"]
 from parallel_lab.planning import memory
 
 for key, p in memory.PRECISIONS.items():
     print(f"{p.name:<42} {p.weights} + {p.gradients} + {p.optimizer:>2} = {p.per_param} bytes per parameter")
+mixed, fp32 = memory.PRECISIONS["mixed"], memory.PRECISIONS["fp32"]
+guess.versus(fp32.per_param - mixed.per_param)
 
 # %% [markdown]
 # None: both are 16 bytes per parameter. Mixed precision buys speed and halves the **activations**, not
@@ -114,7 +131,8 @@ print(memory.summary("GPT-3 175B", micro_batch=1, seq=2048, precision="mixed", r
 # Recomputation trades compute (about one more forward pass) for memory; it shrinks the activations
 # but cannot touch the 16 bytes per parameter. Data parallelism does not help either: every replica
 # holds the *whole* model. The model itself has to be cut into pieces that live on different devices.
-#
+
+# %% [markdown]
 # ## 2. Two ways to cut a model
 #
 # These are the first two questions of the course FAQ:
@@ -126,7 +144,8 @@ print(memory.summary("GPT-3 175B", micro_batch=1, seq=2048, precision="mixed", r
 #   (能夠訓練遠大於任何單一 GPU 所能容納的網路).
 #
 # There are two flavours.
-#
+
+# %% [markdown]
 # **Tensor parallelism (張量並行, intra-layer)** — Megatron-LM (Shoeybi et al. 2019). Every layer is
 # split: each GPU holds a slice of every weight matrix and computes part of the output. In a
 # transformer MLP `Z = GeLU(X·A)·B`, the first matrix is split by **columns** and the second by
@@ -145,7 +164,8 @@ print(memory.summary("GPT-3 175B", micro_batch=1, seq=2048, precision="mixed", r
 # Every layer needs such all-reduces, in the forward and in the backward pass, so tensor parallelism
 # stays **inside the NVLink domain**: the GPUs joined by NVLink (450 GB/s per GPU and direction on an
 # H100), 8 in a DGX/HGX node, 72 in a GB200 NVL72 rack.
-#
+
+# %% [markdown]
 # **Pipeline parallelism (管道並行, inter-layer)** — GPipe (Huang et al. 2019), PipeDream (Narayanan
 # et al. 2019). Consecutive layers go to different GPUs, and activations flow forward like on an
 # assembly line (gradients flow back):
@@ -168,7 +188,8 @@ print(memory.summary("GPT-3 175B", micro_batch=1, seq=2048, precision="mixed", r
 # GPU 2    ·  · F1  ·  · B1  ·  ·
 # GPU 3    ·  ·  · F1 B1  ·  ·  ·         busy 2 of 8 slots: 75 % bubble
 # ```
-#
+
+# %% [markdown]
 # Cutting the batch into **micro-batches** keeps several stages busy at once (GPipe; lesson 04 works
 # out how much for any number of them):
 #
@@ -202,14 +223,25 @@ print(f"TP {tp} x PP {pp} = {tp * pp} GPUs: {state / (tp * pp) / memory.GB:.1f} 
 # `parallel_lab.runtime.launcher.run(fn, n)` starts `n` rank processes, sets up `torch.distributed` (gloo) in
 # each, runs `fn` on every rank and returns the list of their results. In `demos.hello` each rank
 # contributes `rank + 1` and an **all-reduce** sums them — the same collective that recombines
-# tensor-parallel partial results. **Predict:** what sum do 4 ranks get?
+# tensor-parallel partial results. **Predict:** what sum do 4 ranks get? Record it below (not graded).
+
+# %% tags=["answer:predict:hello-sum"]
+my_prediction = None  # the all-reduced sum on each of 4 ranks
+### BEGIN SOLUTION
+my_prediction = 10  # 1 + 2 + 3 + 4
+### END SOLUTION
 
 # %%
+sum_guess = predict("hello-sum", my_prediction, {"en": "the all-reduced sum on each of 4 ranks",
+                                                  "zh-Hant": "4 個行程各自得到的 all-reduce 總和"}, tolerance=0)
+
+# %% tags=["reveals:hello-sum"]
 from parallel_lab.runtime import demos, launcher
 
 results = launcher.run(demos.hello, 4)
 for r in results:  # each rank also reports its process id; it changes every run, so it is not printed
     print(f"rank {r['rank']} of {r['world_size']}: all-reduced sum = {r['sum']:g}")
+sum_guess.versus(results[0]["sum"])
 
 # %% [markdown]
 # 1 + 2 + 3 + 4 = 10, on every rank. Each rank is a separate process: a real cluster in miniature.
@@ -230,7 +262,8 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 
 # %% [markdown]
 # Lesson 01 looks at ranks, collectives and failures (hangs, crashes) closely.
-#
+
+# %% [markdown]
 # ## 4. The course map
 #
 # - **00 Why split a model at all** — memory arithmetic, the two flavours *(this lesson)*
@@ -243,6 +276,8 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 # - **07 Zero-bubble schedules** — splitting the backward pass (B = I + W), ZB-H1, the V shape, DualPipeV
 # - **08 Recomputation and PipeDream** — trading compute for memory, asynchronous weight versions
 # - **09 Balancing stages** — profiling and partitioning layers
+
+# %% [markdown]
 # - **10 Let the machine find the schedule** — a search under a memory cap, the bubble–memory front
 # - **11 3D parallelism** — data × pipeline × tensor on one device mesh
 # - **12 Sharding the model state** — ZeRO stages 1-3 and FSDP
@@ -252,7 +287,8 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 # - **16 The planner** — searching the plans that fit, TP inside a node, ZeRO-3 against 3D, the budget
 # - **17 The FAQ** — the article's six questions, answered by the lessons
 # - **18 Capstone** — train a small GPT with a plan of your own
-#
+
+# %% [markdown]
 # ## What to remember
 #
 # - Training with Adam costs **16 bytes per parameter** of model state (mixed precision or fp32 alike),
