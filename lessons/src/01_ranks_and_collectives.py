@@ -133,8 +133,9 @@ for name in collectives.COLLECTIVES:
 
 # %% [markdown]
 # ## 3. What does an all-reduce cost? The α–β model
-# A message of *n* bytes costs `α + n·β`: a fixed latency α plus the bytes over the bandwidth 1/β.
-# A ring all-reduce on *p* ranks does 2(p−1) steps, each sending n/p bytes per rank:
+# A message of *n* bytes costs `α + n·β`: a fixed latency α (seconds) plus n times **β, the inverse
+# bandwidth** (seconds per byte; the bandwidth is 1/β bytes per second). This course uses β in that
+# sense throughout. A ring all-reduce on *p* ranks does 2(p−1) steps, each sending n/p bytes per rank:
 #
 # $$t_{\text{all-reduce}}(n) \approx 2(p-1)\,\alpha + \frac{2(p-1)}{p}\, n\, \beta$$
 #
@@ -145,12 +146,14 @@ for name in collectives.COLLECTIVES:
 sizes = [2**k for k in range(10, 23, 2)]  # 1 KB .. 4 MB
 measured = launcher.run(calibration.time_all_reduce, world_size=4, args=(sizes,))[0]
 fit = calibration.fit_alpha_beta(sizes, measured, world_size=4)
-print(f"α ≈ {fit['alpha_s'] * 1e6:.0f} µs per step, bandwidth ≈ {fit['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s")
+print(f"α ≈ {fit['alpha_s'] * 1e6:.0f} µs per step, β ≈ {1e9 / fit['bandwidth_bytes_per_s']:.2f} ns per byte "
+      f"(bandwidth 1/β ≈ {fit['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s)")
 collective_figures.alpha_beta_figure(sizes, {"gloo all_reduce": measured}, fit, world_size=4).show()
 
 # %% [markdown]
 # For comparison: NVLink 4 inside a DGX H100 moves 450 GB/s per GPU and direction with α of a few
-# µs (NVLink 5 on B200: 900 GB/s); InfiniBand NDR between servers gives 50 GB/s per GPU (400 Gb/s).
+# µs (NVLink 5 on B200: 900 GB/s); InfiniBand NDR between servers gives 50 GB/s per GPU (400 Gb/s),
+# ConnectX-8 on GB300 systems 100 GB/s (800 Gb/s).
 # Lesson 02 puts these numbers next to the compute time of a layer to show why tensor parallelism
 # stays inside the NVLink domain.
 
@@ -168,10 +171,14 @@ collective_figures.alpha_beta_figure(sizes, {"gloo all_reduce": measured}, fit, 
 # large messages could deadlock the ring. The check below runs your function on 2 and 4 real ranks
 # against `dist.all_reduce` (tensors smaller than, divisible by and not divisible by *p*) and prints a
 # verdict. A hang or an exception is reported, not frozen.
-#
+
+# %% [markdown]
 # **What the check forbids:** any collective (`dist.all_reduce`, `dist.broadcast`, ...) and the
 # library's own ring (`parallel_lab`): build it from point-to-point calls. It also counts the bytes
-# your ranks send: a ring sends 2(p−1)/p of the tensor per rank, no more.
+# your ranks send: a ring sends 2(p−1)/p of the tensor per rank, no more. No all-reduce can send less:
+# each rank must pass on (p−1)/p of its data to be summed elsewhere and receive as much of the sums
+# (Patarasuk and Yuan 2009, *Bandwidth optimal all-reduce algorithms*), so the ring is
+# **bandwidth-optimal** because it meets that lower bound, not because 2(p−1)/p tends to 2.
 #
 # Keep all your code in the answer cell below: the grader reads that cell alone from your notebook and
 # runs it on fresh ranks of its own, so helpers defined in other cells are not seen.
@@ -239,7 +246,9 @@ my_prediction = (2 * 3 * fit["alpha_s"] + 2 * 3 / 4 * 4 * 2**20 / fit["bandwidth
 # %%
 from parallel_lab.show.predict import predict
 
-guess = predict("all-reduce-4mb", my_prediction, "gloo's all-reduce of 4 MB on 4 ranks, from your α–β fit",
+guess = predict("all-reduce-4mb", my_prediction,
+                {"en": "gloo's all-reduce of 4 MB on 4 ranks, from your α–β fit",
+                 "zh-Hant": "由你的 α–β 擬合推算：gloo 在 4 個行程上 all-reduce 4 MB 的時間"},
                 unit="ms", tolerance=0.5)
 
 # %% tags=["reveals:all-reduce-4mb", "nbval-ignore-output"]
@@ -258,5 +267,7 @@ guess.versus(gloo_s * 1e3)
 # - A *rank* is one process owning one device; a *process group* lets ranks call collectives together.
 # - Every collective must be called by **every** rank of its group, in the same order — a rank that
 #   skips one leaves the others waiting forever (here: reported after a timeout).
-# - all-reduce = reduce-scatter + all-gather; a ring sends 2(p−1)/p of the data per rank, whatever *p*.
-# - Cost ≈ α per message + bytes × β. Latency rules small messages, bandwidth rules large ones.
+# - all-reduce = reduce-scatter + all-gather; a ring sends 2(p−1)/p of the data per rank, the least
+#   any all-reduce can send: it is bandwidth-optimal.
+# - Cost ≈ α per message + bytes × β, with β the inverse bandwidth (seconds per byte). Latency rules
+#   small messages, bandwidth rules large ones.
