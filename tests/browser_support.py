@@ -324,6 +324,27 @@ class Lab:
         if not all(re.fullmatch(r"\[\d+\]:", p) for p in prompts):
             raise AssertionError(f"{self.notebook}: not every cell ran: {prompts}\n" + "\n".join(self.errors()))
 
+    def code_cell(self, text: str):
+        """The first code cell whose text contains ``text`` (its source, as the editor shows it)."""
+        cell = self.panel.locator(".jp-CodeCell", has_text=text).first
+        cell.wait_for(state="attached", timeout=30_000)
+        return cell
+
+    def edit(self, cell) -> None:
+        """Put the cursor in ``cell``'s editor (edit mode), as a student clicking into it."""
+        cell.scroll_into_view_if_needed()
+        cell.locator(".cm-content").first.click()
+
+    def run_cell(self, cell, timeout: float = 180) -> None:
+        """Run ``cell`` where it is (Ctrl+Enter in its editor) and wait until it ran and the kernel is
+        idle again."""
+        self.edit(cell)
+        prompt = cell.locator(".jp-InputArea-prompt").first
+        before = prompt.inner_text().strip()
+        self.page.keyboard.press("Control+Enter")
+        wait_for(lambda: prompt.inner_text().strip() != before, 30, 0.1, "the cell started")
+        self.wait_idle(timeout)
+
     def wait_idle(self, timeout: float = 180, settle: float = 1.0) -> None:
         """Until no cell is queued or running and the kernel is idle, stable for ``settle`` s."""
         def quiet():
@@ -342,6 +363,10 @@ class Lab:
     # --- looking ------------------------------------------------------------------------------
     def outputs_text(self) -> str:
         return "\n".join(self.panel.locator(".jp-OutputArea-output").all_inner_texts())
+
+    def output_of(self, cell) -> str:
+        """The text of ``cell``'s outputs."""
+        return "\n".join(cell.locator(".jp-OutputArea-output").all_inner_texts())
 
     def plotly_figures(self, within=None):
         """The plotly charts drawn by plotly.js (those with an SVG), in the notebook or ``within``."""

@@ -127,23 +127,30 @@ def _solution(lesson_source: str, check_id: str) -> str:
 
 def test_lesson_01_runs_in_the_browser_and_its_exercise_passes_once_written(lessons):
     """The student edition as a student meets it: every cell runs, the exercise says NOT YET (its
-    stub), and once the student types a solution into the answer cell and runs it and its check,
-    the verdict is PASSED."""
+    stub), and once the student types a solution into the answer cell and runs it, the try-it cell
+    on ranks and the check, the try-it cell shows the sums and the verdict is PASSED."""
     lab = lessons(LESSON_01)
     assert not lab.errors(), lab.errors()
     assert lab.saved_figures >= 6  # five collectives and the α–β fit
     wait_for(lambda: lab.plotly_figures().count() >= lab.saved_figures, 60, 0.5, "figures drawn after the run")
     assert "ring all-reduce: NOT YET" in lab.outputs_text()
     assert "ring all-reduce on 4 ranks: PASSED" not in lab.outputs_text()
-    answer = lab.panel.locator(".jp-CodeCell", has_text="def my_ring_all_reduce").first
-    answer.scroll_into_view_if_needed()
-    answer.locator(".cm-content").first.click()
+    # The cells a student runs, found by what they hold (a markdown cell sits between the answer and
+    # its try-it cell, so counting Shift+Enters from the answer would run the wrong cells).
+    answer = lab.code_cell("def my_ring_all_reduce")
+    try_it = lab.code_cell("%%ranks 4 --with my_ring_all_reduce")
+    check = lab.code_cell("check_ring_all_reduce(my_ring_all_reduce)")
+    assert "NOT YET" in lab.output_of(try_it)  # the stub, run on ranks
+    lab.edit(answer)
     lab.page.keyboard.press("Control+A")
     # inserted as one piece of text: no auto-indentation or closing brackets on the way
     lab.page.keyboard.insert_text(_solution("01_ranks_and_collectives.py", "ring-all-reduce"))
-    lab.page.keyboard.press("Shift+Enter")  # runs the answer and moves on to its check cell
-    lab.page.keyboard.press("Shift+Enter")  # runs the check
-    wait_for(lambda: "ring all-reduce on 4 ranks: PASSED" in lab.outputs_text(), 180, 0.5, "the exercise passed")
+    lab.run_cell(answer)
+    lab.run_cell(try_it)  # the answer on 4 ranks: every rank ends with the same sums
+    wait_for(lambda: lab.output_of(try_it).count("[60.0, 64.0, 68.0, 72.0, 76.0, 80.0]") == 4, 180, 0.5,
+             "the try-it cell printed the ring's sums on 4 ranks")
+    lab.run_cell(check)
+    wait_for(lambda: "ring all-reduce on 4 ranks: PASSED" in lab.output_of(check), 180, 0.5, "the exercise passed")
     lab.wait_idle(120)
     verdict = lab.cell_with_output(r"ring all-reduce on 4 ranks: PASSED")
     lab.screenshot("01-exercise-verdict", verdict)
