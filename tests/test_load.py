@@ -36,7 +36,6 @@ LONG_MARKDOWN_CELLS = {  # lesson -> {cell key (course.editions.cell_keys): word
     "02_tensor_parallelism": {"3-the-megatron-mlp-column-then-row-and-the-operators-f-and-g": 261, "try-it+2": 412},
     "05_1f1b_memory": {"5-exercise-write-1f1b-yourself": 288},
     "07_zero_bubble": {"2-zb-v-two-stages-per-gpu-in-a-v+1": 360, "6-exercise-write-zb-h1-yourself": 399},
-    "08_recompute_and_pipedream": {"5-why-the-big-systems-flush": 326},
     "11_3d_parallelism": {"11-3d-parallelism-on-a-device-mesh": 251,
                           "exercise-the-three-families-of-groups-from-the-grid": 370},
     "15_cost_model": {"3-exercise-the-memory-of-one-gpu": 476},

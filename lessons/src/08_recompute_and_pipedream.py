@@ -5,12 +5,11 @@
 #
 # - explain **activation recomputation** (GPipe's *re-materialisation*): a stage keeps only its input
 #   between the forward and the backward pass and runs the forward again when the gradient arrives;
-# - check on real ranks that recomputation gives the same gradients, stashes fewer bytes and costs
-#   about one more forward pass, and read the memory-versus-compute trade-off of a GPT-3-sized model
-#   (none, selective, full recomputation);
+# - check on real ranks that recomputation gives the same gradients and stashes fewer bytes, predict
+#   what it does to a step and measure it, and read the memory-versus-compute trade-off of a GPT-3-sized
+#   model (none, selective, full recomputation);
 # - explain **PipeDream**'s asynchronous 1F1B: no flush, a weight update after every backward, and
-#   the **weight staleness** this causes (p−1−s updates between a micro-batch's forward and backward on
-#   stage s);
+#   the **weight staleness** this causes;
 # - explain **weight stashing** (the backward uses the weights its forward used, at the price of up to
 #   p−s weight versions) and why the **flushed** schedule (PipeDream-Flush, i.e. 1F1B) is exactly
 #   synchronous SGD.
@@ -46,10 +45,24 @@ print(inspect.getsource(worker.StageWorker.forward))
 print(inspect.getsource(worker.StageWorker._take))
 
 # %% [markdown]
-# **Predict:** with recomputation, does a stage stash *fewer micro-batches*, or the *same number of
-# smaller ones*? And which pass gets longer, the forward or the backward?
-#
-# ## 2. On real ranks: same gradients, fewer bytes, more compute
+# **Predict:** with recomputation, does a stage stash *fewer* micro-batches, or the same number of
+# *smaller* ones? (Not graded.)
+
+# %% tags=["answer:predict:recompute-stash"]
+my_prediction = None  # "fewer" or "smaller"
+### BEGIN SOLUTION
+my_prediction = "smaller"  # the schedule decides how many; recomputation shrinks each one to the stage input
+### END SOLUTION
+
+# %%
+from parallel_lab.show.predict import predict
+
+stash_guess = predict("recompute-stash", my_prediction,
+                      {"en": "what recomputation changes in a stage's stash",
+                       "zh-Hant": "重新計算讓一個階段的暫存（stash）有什麼改變"}, choices=("fewer", "smaller"))
+
+# %% [markdown]
+# ## 2. On real ranks: same gradients, fewer bytes
 #
 # GPipe — where it matters most, since every stage stashes all m micro-batches — and 1F1B, each
 # with and without recomputation, on 4 ranks with 8 micro-batches (an 8-layer MLP in fp64, two
@@ -59,20 +72,14 @@ print(inspect.getsource(worker.StageWorker._take))
 # each counted once, weights excluded; we look at the middle stages 1 and 2, which hold exactly two
 # blocks and nothing else (the first and last stages also hold the data batch and the loss target).
 
-# %%
+# %% tags=["reveals:recompute-stash"]
 from parallel_lab.pipeline.run import run_pipeline
+from parallel_lab.show import recompute as recompute_figures
 
-runs = {}
-print("running GPipe and 1F1B, with and without recomputation, on 4 ranks ...")
-print(f"{'schedule':<8} {'recompute':<10} {'gradients match':<16} {'peak stash per stage':<22} "
-      f"{'peak bytes, stages 1-2':<23} bytes per stashed micro-batch")
-for name in ("gpipe", "1f1b"):
-    for recompute in (False, True):
-        runs[name, recompute] = r = run_pipeline(name, 4, 8, recompute=recompute)
-        middle = r["peak_bytes"][1:3]
-        per_mb = {b // n for b, n in zip(middle, r["peak_activations"][1:3])}
-        print(f"{name:<8} {str(recompute):<10} {str(r['max_grad_diff'] < 1e-10 and r['loss_diff'] < 1e-10):<16} "
-              f"{str(r['peak_activations']):<22} {str(middle):<23} {sorted(per_mb)}")
+runs = {(name, recompute): run_pipeline(name, 4, 8, recompute=recompute)
+        for name in ("gpipe", "1f1b") for recompute in (False, True)}
+print(recompute_figures.stash_table(runs))
+stash_guess.versus(recompute_figures.stash_change(runs["gpipe", False], runs["gpipe", True]))
 
 # %% [markdown]
 # The gradients are those of one process in all four runs: recomputation runs the very same
@@ -83,19 +90,47 @@ for name in ("gpipe", "1f1b"):
 # micro-batches, plus the full activations of one micro-batch through one stage while it is
 # recomputed.
 #
-# The price is compute. The backward now includes a forward, so B grows by about F. On the virtual
-# clock (each action's measured CPU time; the numbers change from run to run, and on this tiny model
-# Python overhead blurs them):
+# ### The price: predict it, then measure it
+#
+# The price is compute: every backward now starts by running its forward again. **Predict**
+# (graded: 1 point within ±10 %): on the clock of the pipeline lessons (F = 1 and B = 2 time units
+# without recomputation, free links), how long is a 1F1B step on p = 4 stages with m = 8
+# micro-batches once full recomputation is switched on? Think of what happens to every B, and to the
+# fill and the drain.
+
+# %% tags=["answer:predict:recompute-step"]
+my_prediction = None  # the step time with full recomputation, 1F1B, p = 4, m = 8, in time units
+### BEGIN SOLUTION
+my_prediction = (8 + 4 - 1) * (1 + (1 + 2))  # (m + p − 1)(F + B), and every B becomes F + B
+### END SOLUTION
+
+# %% tags=["check:predict:recompute-step"]
+step_guess = predict("recompute-step", my_prediction)
+
+# %% tags=["reveals:recompute-step"]
+from parallel_lab.pipeline.schedules import build
+from parallel_lab.pipeline.simulate import Costs, simulate
+
+plain_t, recomputed_t = (simulate(build("1f1b", 4, 8), Costs(F=1, B=b)) for b in (2, 1 + 2))
+print(recompute_figures.step_text(plain_t, recomputed_t))
+step_guess.versus(recomputed_t.makespan, "simulated")
+
+# %% [markdown]
+# Every action of 1F1B's timeline with equal stages lies on the critical path of (m + p − 1)(F + B)
+# time units, so B → F + B stretches the whole step, fill and drain included, by (2F + B)/(F + B): the
+# step gets longer, but its idle share, (p − 1)/(m + p − 1), does not change.
+#
+# The ranks above measured each action's CPU time (the virtual clock of lesson 03). Does B with
+# recomputation really cost one more F? The numbers change from run to run (this model is tiny):
 
 # %% tags=["nbval-ignore-output"]
-import statistics
-
 for name in ("gpipe", "1f1b"):
-    plain, recomputed = runs[name, False]["costs"], runs[name, True]["costs"]
-    f, b, b_rc = (1e6 * statistics.median(c) for c in (plain["F"], plain["B"], recomputed["B"]))
-    print(f"{name}: median F {f:.0f} µs, B {b:.0f} µs; B with recomputation {b_rc:.0f} µs "
-          f"(F + B = {f + b:.0f} µs); step {1e3 * runs[name, False]['makespan_measured']:.1f} ms -> "
-          f"{1e3 * runs[name, True]['makespan_measured']:.1f} ms")
+    print(recompute_figures.measured_text(name, runs[name, False], runs[name, True]))
+
+# %% [markdown]
+# What recomputation adds to B is one forward, give or take the noise: the course's tests hold it
+# between 0.4 F and 1.4 F over repeated runs (`tests/test_recompute_lesson.py`). Nor is B without
+# recomputation exactly 2F on the ranks: the clock's F = 1, B = 2 is a model, the printout a measurement.
 
 # %% [markdown]
 # ## 3. The trade-off at scale
@@ -106,18 +141,16 @@ for name in ("gpipe", "1f1b"):
 # **selective** recomputation keeps everything else and recomputes only the attention core.
 # `parallel_lab.planning.memory_model` (the memory model of the planner) counts the bytes on each GPU;
 # the extra compute follows from the FLOPs of a layer, 24·b·s·h² + 4·b·s²·h forward, three times that
-# for a step. Mind the denominator: selective recomputation re-runs the 4·b·s²·h of the attention
-# core, which is s/(6h + s) of a **forward** — the 2.7 % Korthikanti et al. quote for GPT-3 175B
-# (1.6 % for MT-NLG 530B) — and a third of that, s/(3(6h + s)) = 0.9 %, of a **training step**
-# (forward + backward = three forwards), which is what the table prints:
+# for a step. Selective recomputation re-runs the attention core's forward, 4·b·s²·h: s/(3(6h + s)) of a
+# **training step** (forward + backward = three forwards), 0.9 % for GPT-3 175B, which is what the table
+# prints. Korthikanti et al. quote 2.7 % for GPT-3 175B (1.6 % for MT-NLG 530B), also per training
+# iteration: their Appendix A (eq. 9) counts the recomputed core as ≈ s/6h of an iteration's FLOPs,
+# as much as its forward and backward together (12·b·s²·h), three times the course's count.
 
 # %%
-from parallel_lab.planning import cost, memory
-from parallel_lab.show import recompute as recompute_figures
+from parallel_lab.planning import cost
 
-gpt3 = memory.MODELS["GPT-3 175B"]
-for mode in ("none", "selective", "full"):
-    print(f"{mode:<9} extra compute per step: {cost.recompute_overhead(gpt3, mode):6.1%}")
+print(recompute_figures.overhead_text("GPT-3 175B"))
 print()
 print(inspect.getdoc(cost.recompute_overhead))
 
@@ -131,11 +164,9 @@ recompute_figures.recompute_tradeoff("GPT-3 175B", micro_batches=(1, 2, 4), pp=8
 
 # %% [markdown]
 # Without recomputation even one sequence per micro-batch overflows an 80 GB GPU. Selective
-# recomputation fits it for under 1 % more compute; full recomputation fits micro-batches of 4 for
+# recomputation fits it for under 1 % more compute by the course's count (under 3 % by the paper's); full recomputation fits micro-batches of 4 for
 # a third more compute. Systems pick the cheapest option that fits (and combine it with sequence
 # parallelism, lesson 02, which splits the remaining activations across the tensor-parallel GPUs).
-# Note what recomputation does **not** change: the bubble. Every B grows by F on every stage, so the
-# step is longer but its idle share stays (p−1)/(m+p−1).
 #
 # ## 4. PipeDream: never flush
 #
@@ -147,25 +178,34 @@ recompute_figures.recompute_tradeoff("GPT-3 175B", micro_batches=(1, 2, 4), pp=8
 # stream of 12 (F = 1, B = 2 time units):
 
 # %%
-from parallel_lab.pipeline.schedules import build
-from parallel_lab.pipeline.simulate import Costs, simulate
+from parallel_lab.show import pipedream as pipedream_figures
 from parallel_lab.show import pipeline as figures
 
 p, steps, m = 4, 3, 4
 flushed = simulate(build("1f1b", p, m), Costs(F=1, B=2))
 stream = simulate(build("1f1b", p, steps * m), Costs(F=1, B=2))
-print(f"flushed 1F1B: {steps} steps of {flushed.makespan:g} units = {steps * flushed.makespan:g}, "
-      f"bubble {flushed.bubble_fraction:.1%} in every step")
-print(f"PipeDream, one stream of {steps * m} micro-batches: {stream.makespan:g} units, bubble "
-      f"{stream.bubble_fraction:.1%}, shrinking towards 0 as training goes on")
-figures.gantt(stream, title=f"Asynchronous 1F1B (PipeDream): {steps * m} micro-batches without a flush")
+print(pipedream_figures.stream_text(flushed, stream, steps, m))
+figures.gantt(stream, title=pipedream_figures.stream_title(steps * m))
 
 # %% [markdown]
 # Now look at one micro-batch on stage 0. Its forward runs with some weights; before its backward
 # comes, stage 0 runs the backwards of the micro-batches ahead of it — and updates its weights after
 # each. **Predict:** with 4 stages, how many updates happen on stage 0 between the forward and the
-# backward of a micro-batch in the steady state? On the last stage?
-#
+# backward of a micro-batch in the steady state? (Not graded; then think of the last stage.)
+
+# %% tags=["answer:predict:pipedream-staleness"]
+my_prediction = None  # updates on stage 0 between a micro-batch's F and its B, p = 4, steady state
+### BEGIN SOLUTION
+my_prediction = 3  # the backwards of the p − 1 micro-batches ahead of it, each followed by an update
+### END SOLUTION
+
+# %%
+stale_guess = predict("pipedream-staleness", my_prediction,
+                      {"en": "the updates stage 0 applies between a micro-batch's forward and its backward, p = 4",
+                       "zh-Hant": "p = 4 時，第 0 階段在一個微批次的前向與反向之間套用幾次更新"},
+                      unit={"en": "updates", "zh-Hant": "次更新"}, tolerance=0)
+
+# %% [markdown]
 # `pipedream.compare_modes` runs three versions of the same training on 4 real ranks, from the same
 # initial weights and data (3 steps of 4 micro-batches, SGD with learning rate 0.1), and records the
 # weight version (the number of updates so far) that each forward and each backward used:
@@ -179,19 +219,15 @@ figures.gantt(stream, title=f"Asynchronous 1F1B (PipeDream): {steps * m} micro-b
 
 # %%
 from parallel_lab.pipeline import pipedream
-from parallel_lab.show import pipedream as pipedream_figures
 
 print(inspect.getsource(pipedream.AsyncStage._update))
 
-# %%
-print("running the three modes on 4 ranks ...")
+# %% tags=["reveals:pipedream-staleness"]
 out = pipedream.compare_modes(stages=p, steps=steps, microbatches=m, lr=0.1)
-expected = pipedream.expected_versions(p, steps, m)
-for mode in pipedream.MODES:
-    measured = [sorted(tuple(v) for v in stage) for stage in out[mode]["versions"]]
-    print(f"{mode:<9} versions recorded on the ranks == read off the schedule: {measured == expected[mode]}")
+print(pipedream_figures.recorded_text(out, pipedream.expected_versions(p, steps, m)))
 print()
 print(pipedream_figures.versions_text(out, stage=0))
+stale_guess.versus(out["no-stash"]["staleness"][0][-1])
 
 # %% [markdown]
 # Every weight version is an integer and follows from the schedule alone, so the ranks recorded
@@ -199,7 +235,7 @@ print(pipedream_figures.versions_text(out, stage=0))
 # version f, the backward version b; the vertical lines are the step boundaries of the flushed
 # schedule):
 
-# %%
+# %% tags=["reveals:pipedream-staleness"]
 pipedream_figures.versions_figure(out, microbatches=m)
 
 # %% [markdown]
@@ -223,22 +259,7 @@ pipedream_figures.versions_figure(out, microbatches=m)
 # `pipedream.replay_stashed`):
 
 # %%
-tol = 1e-12
-no_stash, stash, flush = out["no-stash"], out["stash"], out["flush"]
-stale = [row[-1] for row in no_stash["staleness"]]
-print(f"no-stash: steady-state staleness per stage {stale}; "
-      f"== p-1-s from the schedule: {stale == [pipedream.staleness(p, s) for s in range(p)]}")
-print(f"no-stash: every backward used its forward's weights: "
-      f"{all(f == b for stage in no_stash['versions'] for _, f, b in stage)}; "
-      f"equals the weight-stashing replay: {no_stash['diff_vs_replay'] < tol}")
-print(f"stash:    every backward used its forward's weights: "
-      f"{all(f == b for stage in stash['versions'] for _, f, b in stage)}; "
-      f"equals the weight-stashing replay: {stash['diff_vs_replay'] < tol}")
-print(f"stash:    weight versions held at once per stage {stash['peak_versions']}; == p-s from the schedule: "
-      f"{stash['peak_versions'] == [pipedream.stashed_versions(p, s) for s in range(p)]}")
-print(f"flush:    equals synchronous SGD: {flush['diff_vs_sync_sgd'] < tol}; "
-      f"no-stash and stash equal synchronous SGD: "
-      f"{no_stash['diff_vs_sync_sgd'] < tol or stash['diff_vs_sync_sgd'] < tol}")
+print(pipedream_figures.checks_text(out, p))
 
 # %%
 from parallel_lab.runtime import launcher
@@ -250,25 +271,28 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 #
 # PipeDream removes the bubble but changes the optimisation: updates use stale gradients (with
 # stashing, gradients of a model whose stages disagree), and every stage stores several copies of its
-# weights — for a large model, each copy is the size of the stage. Its successors traded back:
-# **PipeDream-2BW** (Narayanan et al. 2021, "Memory-Efficient Pipeline-Parallel DNN Training")
-# accumulates gradients over m micro-batches and updates once per m instead of after every
-# backward, so two weight versions suffice (double buffering) and each micro-batch still runs its
-# forward and backward on one consistent version; what it gives up is PipeDream's per-micro-batch
-# updates, and it keeps a one-update delay (the gradient is applied to weights one version newer);
-# **PipeDream-Flush** — the 1F1B schedule of lessons 03-05 — flushes every
-# step and is exactly synchronous SGD, with one weight version and 1F1B's activation memory. Megatron-LM
-# and DeepSpeed train with flushed schedules, and fight the bubble with more micro-batches and with
-# the schedules of lessons 06 and 07 (interleaving, zero bubble) instead of with asynchrony.
+# weights, each the size of the stage. Its successors traded back:
 #
+# - **PipeDream-2BW** (Narayanan et al. 2021, "Memory-Efficient Pipeline-Parallel DNN Training")
+#   accumulates gradients over m micro-batches and updates once per m, so two weight versions suffice
+#   (double buffering) and each micro-batch runs its forward and backward on one version; it keeps a
+#   one-update delay (the gradient is applied to weights one version newer);
+# - **PipeDream-Flush**, the 1F1B schedule of lessons 03-05, flushes every step and is exactly
+#   synchronous SGD, with one weight version and 1F1B's activation memory.
+#
+# Megatron-LM and DeepSpeed train with flushed schedules, and fight the bubble with more micro-batches
+# and with the schedules of lessons 06 and 07 (interleaving, zero bubble) instead of with asynchrony.
+
+# %% [markdown]
 # ## What to remember
 #
 # - **Recomputation** keeps only each stage's input between F and B and reruns the forward inside the
 #   backward: the same gradients, the same number of stashed micro-batches, each much smaller, for
-#   about one extra forward pass (a third more compute with B = 2F). The bubble fraction is unchanged.
+#   one extra forward pass per backward (a step a third longer with B = 2F). The bubble fraction is
+#   unchanged.
 # - **Selective** recomputation (only the attention core) recovers most of the memory for 0.9 % more
-#   compute per step on GPT-3 175B (2.7 % of a forward, Korthikanti et al.'s figure); full
-#   recomputation is the last resort.
+#   compute per step on GPT-3 175B by the course's count (2.7 % per iteration in Korthikanti et al.'s
+#   Appendix A, which counts the core's forward and backward); full recomputation is the last resort.
 # - **PipeDream** never flushes and updates after every backward: no bubble in the steady state, but
 #   stage s applies p−1−s updates between a micro-batch's forward and backward.
 # - **Weight stashing** makes each backward use its forward's weights (p−s versions on stage s); the

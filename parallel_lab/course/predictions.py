@@ -116,6 +116,15 @@ GRADED: dict[str, GradedPrediction] = {p.id: p for p in (
         f"{ANSWERS}:stage_loads_makespan", {"loads": (5, 2, 2, 6), "microbatches": 8, "schedule": "1f1b"},
         tolerance=0.1, unit=_l("time units"), about=_l("1F1B, stage loads 5, 2, 2, 6, m = 8")),
     GradedPrediction(
+        "recompute-step", "08",
+        {"en": "the step time (makespan) of 1F1B with full activation recomputation: p = 4 stages, m = 8 "
+               "micro-batches, F = 1 and B = 2 time units without recomputation, free links",
+         "zh-Hant": "1F1B 在完整激活值重新計算（full activation recomputation）下的一步時間（makespan）："
+                    "p = 4 個階段（stage）、m = 8 個微批次（micro-batch），不重新計算時 F = 1、B = 2 個時間單位，"
+                    "連線不計成本"},
+        f"{ANSWERS}:recompute_makespan", {"schedule": "1f1b", "ranks": 4, "microbatches": 8},
+        tolerance=0.1, unit=_l("time units"), about=_l("1F1B with full recomputation, p = 4, m = 8, F = 1, B = 2")),
+    GradedPrediction(
         "zb-h1-bubble", "07",
         {"en": "ZB-H1's bubble with p = 4 GPUs and m = 8 micro-batches, F = I = W = 2 time units: the "
                "idle share of the device time, a fraction between 0 and 1 (1F1B's is 0.273)",

@@ -458,7 +458,8 @@ def recompute_overhead(model: memory.ModelConfig | str, recompute: str, seq: int
     A layer's forward is 24bsh^2 + 4bs^2h FLOPs (Narayanan et al. 2021), the step three times that.
     "full" runs every forward again: 1/3. "selective" (Korthikanti et al. 2022) recomputes only the
     attention core, QK^T and the product with V (4bs^2h): s / (3(6h + s)) -- ``recompute_extra_forward``
-    over the three forwards' worth of a step.
+    over the three forwards' worth of a step, 0.9 % for GPT-3 175B. Korthikanti et al.'s own 2.7 % (App. A,
+    eq. 9: about s/6h of an iteration) counts the core's forward and backward, 12bs^2h, three times this.
     """
     m = memory.MODELS[model] if isinstance(model, str) else model
     return recompute_extra_forward(m, recompute, seq) / 3

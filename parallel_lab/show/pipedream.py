@@ -73,3 +73,55 @@ def versions_figure(modes: Mapping, modes_shown: Sequence[str] = MODES, microbat
         coloraxis=dict(colorscale=[[0, "#ffffff"], [1, "#d62728"]], cmin=0, cmax=top,
                        colorbar=dict(title="B − F", dtick=1, len=0.8))))
     return fig
+
+
+def recorded_text(modes: Mapping, expected: Mapping) -> str:
+    """Per mode, whether the versions the ranks recorded (``compare_modes``) are those read off the
+    schedule (``pipedream.expected_versions``)."""
+    lines = []
+    for mode in MODES:
+        measured = _versions(modes, mode)
+        lines.append(_("{mode}: versions recorded on the ranks == read off the schedule: {same}").format(
+            mode=pad(mode, 8), same=measured == _versions(expected, mode)))
+    return "\n".join(lines)
+
+
+def stream_text(flushed, stream, steps: int, microbatches: int) -> str:
+    """Flushed 1F1B against one stream of ``steps`` x ``microbatches`` micro-batches (two timelines)."""
+    return "\n".join([
+        _("flushed 1F1B: {steps} steps of {step:g} units = {total:g}, bubble {bubble:.1%} in every step").format(
+            steps=steps, step=flushed.makespan, total=steps * flushed.makespan, bubble=flushed.bubble_fraction),
+        _("PipeDream, one stream of {n} micro-batches: {total:g} units, bubble {bubble:.1%}, shrinking towards "
+          "0 as training goes on").format(n=steps * microbatches, total=stream.makespan,
+                                          bubble=stream.bubble_fraction)])
+
+
+def stream_title(n: int) -> str:
+    return _("Asynchronous 1F1B (PipeDream): {n} micro-batches without a flush").format(n=n)
+
+
+def checks_text(modes: Mapping, stages: int, tol: float = 1e-12) -> str:
+    """The three modes' runs against the schedule and the single-process references: staleness and
+    weight versions (``pipedream.staleness``, ``stashed_versions``), the weight-stashing replay and
+    synchronous SGD."""
+    from parallel_lab.pipeline import pipedream
+
+    no_stash, stash, flush = modes["no-stash"], modes["stash"], modes["flush"]
+    stale = [row[-1] for row in no_stash["staleness"]]
+
+    def same_weights(run):
+        return all(f == b for stage in run["versions"] for _, f, b in stage)
+
+    return "\n".join([
+        _("no-stash: steady-state staleness per stage {stale}; == p-1-s from the schedule: {same}").format(
+            stale=stale, same=stale == [pipedream.staleness(stages, s) for s in range(stages)]),
+        _("no-stash: every backward used its forward's weights: {same}; equals the weight-stashing replay: "
+          "{replay}").format(same=same_weights(no_stash), replay=no_stash["diff_vs_replay"] < tol),
+        _("stash:    every backward used its forward's weights: {same}; equals the weight-stashing replay: "
+          "{replay}").format(same=same_weights(stash), replay=stash["diff_vs_replay"] < tol),
+        _("stash:    weight versions held at once per stage {held}; == p-s from the schedule: {same}").format(
+            held=stash["peak_versions"],
+            same=stash["peak_versions"] == [pipedream.stashed_versions(stages, s) for s in range(stages)]),
+        _("flush:    equals synchronous SGD: {flush}; no-stash and stash equal synchronous SGD: {others}").format(
+            flush=flush["diff_vs_sync_sgd"] < tol,
+            others=no_stash["diff_vs_sync_sgd"] < tol or stash["diff_vs_sync_sgd"] < tol)])

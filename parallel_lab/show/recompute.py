@@ -11,11 +11,12 @@ recomputation (Korthikanti et al. 2022).
 
 from __future__ import annotations
 
-from typing import Sequence
+import statistics
+from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from parallel_lab.i18n import _
+from parallel_lab.i18n import _, pad
 from parallel_lab.planning import memory, memory_model
 from parallel_lab.planning.cost import recompute_overhead
 from parallel_lab.show.pipeline import plain_layout
@@ -62,3 +63,64 @@ def recompute_tradeoff(model: memory.ModelConfig | str = "GPT-3 175B", micro_bat
             model=m.name, tp=mesh["tp"], pp=mesh["pp"], m=mesh["microbatches"], gpu=gpu_gb)))
     fig.update_yaxes(rangemode="tozero")
     return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# Lesson 08's runs on ranks: what recomputation stashes and what it costs.
+
+
+def stash_table(runs: Mapping) -> str:
+    """The table of ``runs`` ({(schedule, recompute): run_pipeline dict}): whether the gradients match
+    one process, the peak stash per stage, the peak bytes of the middle stages 1 and 2 (two blocks
+    each, nothing else) and the bytes of one stashed micro-batch there."""
+    lines = [pad(_("schedule"), 9) + pad(_("recompute"), 11) + pad(_("gradients match"), 17)
+             + pad(_("peak stash per stage"), 23) + pad(_("peak bytes, stages 1-2"), 24)
+             + _("bytes per stashed micro-batch")]
+    for (name, recompute), r in runs.items():
+        middle = r["peak_bytes"][1:3]
+        per_mb = sorted({b // n for b, n in zip(middle, r["peak_activations"][1:3])})
+        exact = r["max_grad_diff"] < 1e-10 and r["loss_diff"] < 1e-10
+        lines.append(f"{name:<8} {str(recompute):<10} {str(exact):<16} {str(r['peak_activations']):<22} "
+                     f"{str(middle):<23} {per_mb}")
+    return "\n".join(lines)
+
+
+def stash_change(plain: Mapping, recomputed: Mapping) -> str:
+    """"smaller" when recomputation kept the number of stashed micro-batches and shrank their bytes
+    (two run_pipeline dicts of one schedule), "fewer" when it stashed fewer micro-batches."""
+    if recomputed["peak_activations"] != plain["peak_activations"]:
+        return "fewer"
+    return "smaller" if max(recomputed["peak_bytes"]) < max(plain["peak_bytes"]) else "neither"
+
+
+def step_text(plain, recomputed) -> str:
+    """Two simulated timelines of one schedule, without and with recomputation: the step, its ratio
+    and the bubble of each."""
+    return _("step {a:g} time units without recomputation, {b:g} with it: {ratio:.3g} times as long; "
+             "bubble {x:.1%} and {y:.1%}").format(a=plain.makespan, b=recomputed.makespan,
+                                                  ratio=recomputed.makespan / plain.makespan,
+                                                  x=plain.bubble_fraction, y=recomputed.bubble_fraction)
+
+
+def measured_costs(plain: Mapping, recomputed: Mapping) -> dict:
+    """Medians over the stages of the measured per-stage costs (seconds) of two run_pipeline dicts of
+    one schedule: ``F``, ``B`` without recomputation, ``B_recompute``, and ``extra_in_F``, what
+    recomputation added to B in units of F."""
+    f, b, b_rc = (statistics.median(c) for c in (plain["costs"]["F"], plain["costs"]["B"],
+                                                  recomputed["costs"]["B"]))
+    return {"F": f, "B": b, "B_recompute": b_rc, "extra_in_F": (b_rc - b) / f}
+
+
+def measured_text(name: str, plain: Mapping, recomputed: Mapping) -> str:
+    """One schedule's measured costs (medians over the stages) with and without recomputation."""
+    c = measured_costs(plain, recomputed)
+    return _("{name}: median F {f:.0f} µs, B {b:.0f} µs; B with recomputation {rc:.0f} µs: {extra:.2f} F "
+             "more").format(name=name, f=1e6 * c["F"], b=1e6 * c["B"], rc=1e6 * c["B_recompute"],
+                            extra=c["extra_in_F"])
+
+
+def overhead_text(model: memory.ModelConfig | str = "GPT-3 175B") -> str:
+    """The extra compute per step of each recompute mode (``planning.cost.recompute_overhead``)."""
+    m = memory.MODELS[model] if isinstance(model, str) else model
+    return "\n".join(_("{mode} extra compute per step: {overhead:6.1%}").format(
+        mode=pad(mode, 9), overhead=recompute_overhead(m, mode)) for mode in ("none", "selective", "full"))

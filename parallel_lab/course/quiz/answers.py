@@ -79,6 +79,14 @@ def stage_loads_makespan(loads, microbatches: int, schedule: str = "1f1b", backw
     return simulate(build(schedule, len(loads), int(microbatches)), costs).makespan
 
 
+def recompute_makespan(schedule: str, ranks: int, microbatches: int, F: float = 1.0, B: float = 2.0) -> float:
+    """The simulated step time (makespan) of ``schedule`` with full activation recomputation, F and B
+    being the costs without it (free links): recomputation runs each stage's forward again inside its
+    backward, so every B becomes F + B and nothing else changes (lesson 08). For GPipe and 1F1B with
+    equal stages that is (m + p - 1)(2F + B)."""
+    return simulate(build(schedule, ranks, microbatches), Costs(F=F, B=F + B)).makespan
+
+
 def microbatches_for_bubble(schedule: str, ranks: int, max_bubble: float) -> float:
     """The fewest microbatches whose simulated bubble fraction is at most ``max_bubble``."""
     step = ranks if schedule == "interleaved-1f1b" else 1  # interleaving needs m % p == 0
