@@ -42,7 +42,6 @@ LONG_MARKDOWN_CELLS = {  # lesson -> {cell key (course.editions.cell_keys): word
     "16_planner": {"1-the-search-gpt-3-175b-on-64-dgx-h100-servers+3": 384,
                    "7-does-the-planner-predict-real-step-times+1": 373, "what-to-remember": 280},
     "17_faq": {"the-six-questions-and-where-the-course-answers-them": 308},
-    "18_capstone": {"4-train-it-for-real-and-check-it+2": 404, "6-before-you-spend-a-budget": 334},
 }
 
 

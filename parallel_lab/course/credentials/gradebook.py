@@ -24,7 +24,8 @@ def lessons_from_gradebook(gradebook: str | os.PathLike, student: str, threshold
     if threshold is not None:
         if not 0 < threshold <= 1:
             raise ValueError(f"threshold must be in (0, 1], got {threshold}")
-        policy = Policy(policy.weights, policy.credit, threshold, policy.capstone, policy.similarity, policy.source)
+        policy = Policy(policy.weights, policy.credit, threshold, policy.capstone, policy.similarity, policy.source,
+                        policy.rubric)
     try:
         found = standing(student, gradebook, policy, overrides)
     except OSError as exc:

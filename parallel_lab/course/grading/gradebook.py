@@ -383,7 +383,36 @@ def summarize(rows, out, policy=None, roster=None, overrides=(), summary=None, f
                                                     similarity.report(final, policy.similarity, references))
     written["feedback"] = write_feedback(final, Path(feedback_dir) if feedback_dir else out.parent / "feedback",
                                          submissions or ())
+    if any(r.exercise in policy.rubric for r in final):
+        written["analyses"] = write_analyses(final, out.with_name("capstone-analyses.md"), policy)
     return written
+
+
+def analyses_text(rows, policy: Policy) -> str:
+    """The texts a person scores (checks with a rubric in ``policy``), one section per student, with
+    the rubric, the automatic verdict of the same lesson's other checks beside it, the points the
+    text has so far and how to enter a score (an override)."""
+    lines = ["# Written analyses to score", "",
+             "Score each against its rubric and enter the points as an override (student, check, points, "
+             "reason): docs/instructors.md, 'The capstone'.", ""]
+    for check in dict.fromkeys(r.exercise for r in rows if r.exercise in policy.rubric):
+        lines += [f"## {check}", "", "Rubric:", "", policy.rubric_text(check), ""]
+        for r in (r for r in rows if r.exercise == check):
+            beside = [o for o in rows if o.student == r.student and o.lesson == r.lesson and o.exercise != check
+                      and not o.exercise.startswith("quiz:")]
+            lines += [f"### {r.student} ({r.lesson}): {r.points:g} of {r.max_points:g} points"
+                      + (f" (override: {r.override})" if r.override else ""), ""]
+            for o in beside:
+                lines += ["```", *(o.detail or o.reason or ("passed" if o.passed else "")).splitlines(), "```", ""]
+            text = r.detail or r.answer
+            lines += [*("> " + line for line in text.splitlines())] if text else [f"(nothing to score: {r.reason})"]
+            lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_analyses(rows, path: Path, policy: Policy) -> Path:
+    path.write_text(analyses_text(rows, policy), encoding="utf-8")
+    return path
 
 
 # ----------------------------------------------------------------------------------------------

@@ -20,11 +20,19 @@ The file (every key optional; what it leaves out keeps its default)::
       threshold: 0.8    # a lesson counts as passed at this weighted share of its points
     capstone: capstone  # the quiz bank whose lesson is the capstone (its checks count as capstone)
     similarity: 0.9     # answers at least this alike are listed in the similarity report
+    rubric:             # the criteria of a check that a person scores (the capstone's written analysis)
+      capstone-analysis:
+        - {points: 1, criterion: "..."}
 
 **Categories.** A check is an exercise (``ring-all-reduce``), a quiz (``quiz:01``) or a graded
 prediction (``predict:gpipe-bubble``); every check of the capstone lesson counts as ``capstone``.
 The capstone lesson is the lesson of the bank named by ``capstone`` (its ``lesson:`` field), so
 renumbering lessons changes nothing here.
+
+**Rubrics.** A check in ``rubric`` (by default only ``capstone-analysis``, the capstone's written
+analysis of its prediction's gap) is scored by a person: the grader gives it no points, exports the
+text with the rubric (``capstone-analyses.md`` beside the gradebook, and the feedback), and the
+instructor's score enters as an override. Its points are the sum of its criteria's.
 
 **Scores.** Within a lesson (or over the course), each category's share is its points earned over
 its points possible; the score is the weighted mean of those shares over the categories present.
@@ -42,6 +50,8 @@ from typing import Mapping
 
 import yaml
 
+from parallel_lab.i18n import _, _l
+
 CATEGORIES = ("exercises", "quizzes", "predictions", "capstone")
 CREDIT = ("partial", "all-or-nothing")
 DEFAULTS = {
@@ -51,8 +61,28 @@ DEFAULTS = {
     "certificate": {"threshold": 0.8},
     "capstone": "capstone",
     "similarity": 0.9,
+    "rubric": {"capstone-analysis": [
+        {"points": 1, "criterion": "Locates the gap: which part of the model's step (compute, bubble, TP, PP or DP "
+                                   "communication, ranks sharing cores) is furthest from the run, with the "
+                                   "predicted and measured numbers of the hand-in."},
+        {"points": 1, "criterion": "Explains it: a cause the model leaves out or gets wrong, backed by evidence "
+                                   "from the run (a step's time, the constants, a second plan or a changed "
+                                   "constant that confirms it)."},
+        {"points": 1, "criterion": "Draws the consequence: whether the gap would change which plan to choose, "
+                                   "and what to measure before spending a budget on a real cluster."},
+    ]},
 }
 KEYS = set(DEFAULTS)
+# The default rubric's criteria again, marked for translation: a policy that keeps them is shown in
+# the lesson's language (``show_rubric``), an instructor's own words as written.
+RUBRIC = (
+    _l("Locates the gap: which part of the model's step (compute, bubble, TP, PP or DP communication, ranks "
+       "sharing cores) is furthest from the run, with the predicted and measured numbers of the hand-in."),
+    _l("Explains it: a cause the model leaves out or gets wrong, backed by evidence from the run (a step's time, "
+       "the constants, a second plan or a changed constant that confirms it)."),
+    _l("Draws the consequence: whether the gap would change which plan to choose, and what to measure before "
+       "spending a budget on a real cluster."),
+)
 
 
 class PolicyError(ValueError):
@@ -69,6 +99,7 @@ class Policy:
     capstone: str = DEFAULTS["capstone"]
     similarity: float = DEFAULTS["similarity"]
     source: str = "defaults"
+    rubric: Mapping = field(default_factory=lambda: {k: list(v) for k, v in DEFAULTS["rubric"].items()})
 
     @classmethod
     def load(cls, path=None) -> "Policy":
@@ -116,13 +147,33 @@ class Policy:
         capstone = data.get("capstone", DEFAULTS["capstone"])
         if not isinstance(capstone, str) or not capstone:
             raise PolicyError(f"{source}: capstone names a quiz bank (its id), got {capstone!r}")
-        return cls(weights, credit, float(threshold), capstone, float(similarity), source)
+        rubric = {**DEFAULTS["rubric"], **_mapping(data, "rubric", source)}
+        for check, criteria in rubric.items():
+            if not isinstance(criteria, list) or not criteria:
+                raise PolicyError(f"{source}: rubric.{check} must be a list of {{points, criterion}}, got {criteria!r}")
+            for n, item in enumerate(criteria, 1):
+                points = item.get("points") if isinstance(item, Mapping) else None
+                text = item.get("criterion") if isinstance(item, Mapping) else None
+                if isinstance(points, bool) or not isinstance(points, (int, float)) or not points > 0 \
+                        or not isinstance(text, str) or not text.strip():
+                    raise PolicyError(f"{source}: rubric.{check} criterion {n} needs points > 0 and a criterion "
+                                      f"text, got {item!r}")
+        return cls(weights, credit, float(threshold), capstone, float(similarity), source, rubric)
 
     def as_dict(self) -> dict:
         """The policy as the file would hold it (every key written out)."""
         return {"weights": dict(self.weights), "credit": dict(self.credit),
                 "certificate": {"threshold": self.threshold}, "capstone": self.capstone,
-                "similarity": self.similarity}
+                "similarity": self.similarity, "rubric": {k: list(v) for k, v in self.rubric.items()}}
+
+    def rubric_points(self, check_id: str) -> float:
+        """The points of a check scored by a person: the sum of its rubric's criteria (0 without one)."""
+        return float(sum(item["points"] for item in self.rubric.get(check_id, ())))
+
+    def rubric_text(self, check_id: str, translate=lambda text: text) -> str:
+        """A check's rubric as lines ``- (N point(s)) criterion``, each criterion through ``translate``."""
+        return "\n".join(f"- ({item['points']:g}) {translate(item['criterion'])}"
+                         for item in self.rubric.get(check_id, ()))
 
     def category(self, check_id: str, lesson: str, capstone_lesson: str | None) -> str:
         """The category of check ``check_id`` of lesson ``lesson`` ("01_ranks_and_collectives" or "01")."""
@@ -162,6 +213,16 @@ class Policy:
             if best < self.threshold - 1e-9:
                 bad.append(lesson)
         return bad
+
+
+def show_rubric(check_id: str = "capstone-analysis", policy: Policy | None = None) -> None:
+    """A lesson's cell after a written answer: it is scored by the instructor, by this rubric (the
+    course's ``grading.yaml`` where there is one, else the defaults), in the lesson's language."""
+    if policy is None:
+        policy = Policy.load(default_file() if default_file().exists() else None)
+    print(_("Your analysis: NOT YET: your instructor scores it ({points:g} points), not this notebook, by this "
+            "rubric:").format(points=policy.rubric_points(check_id)))
+    print(policy.rubric_text(check_id, translate=_))
 
 
 def lesson_number(lesson: str) -> str:

@@ -9,7 +9,7 @@ its answer cell ``answer:ID``, whose source the grader reads from the submission
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
@@ -48,6 +48,7 @@ class Check:
 class Reference:
     path: Path
     checks: tuple
+    texts: dict = field(default_factory=dict)  # check id -> its answer cell's text in the reference (markdown)
 
     @property
     def lesson(self) -> str:
@@ -85,6 +86,7 @@ def load_reference(path) -> Reference:
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     answers = {tags.answer(c): c.get("id") for c in nb.cells if tags.answer(c)}
+    texts = {tags.answer(c): c.source for c in nb.cells if tags.answer(c) and c.get("cell_type") == "markdown"}
     checks, seen = [], set()
     for cell in nb.cells:
         check, points = check_tags(cell)
@@ -100,4 +102,4 @@ def load_reference(path) -> Reference:
         checks.append(Check(check, points, answers[check]))
     if not checks:
         raise GradingError(f"{path.name}: no check cells (tag a cell 'check:ID' and 'points:N')")
-    return Reference(path, tuple(checks))
+    return Reference(path, tuple(checks), texts)

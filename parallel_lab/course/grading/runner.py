@@ -14,7 +14,12 @@ answer cell (by tag ``answer:ID``, else by the reference's cell id):
   executed) and scored here against the student's own graded quiz (``course.quiz.variant``: the
   options in their order, their numbers, drawn from the student id the roster gives);
 - a graded **prediction**'s ``my_prediction`` is read as data (``course.predictions.read_prediction``)
-  and scored here against the reference the grader computes (never the submission's outputs).
+  and scored here against the reference the grader computes (never the submission's outputs);
+- the **capstone** (``exercises.capstone``) is an exercise whose answer also holds the record its
+  run printed (read from the submission's outputs as text, never executed); its checking process
+  recomputes the prediction and runs the plan itself;
+- a check with a **rubric** in the policy (the capstone's written analysis, a markdown cell) is
+  scored by a person: its row has no points and carries the text (``detail``) for the instructor.
 
 So no other cell, no edited output, no patch of the library or of torch in the student's kernel
 changes a grade: the kernel never runs. What a grade proves, and what it does not: README, "For
@@ -96,8 +101,9 @@ class Missing(str):
     """Why a check has no answer to read (a reason, not a source)."""
 
 
-def answer_sources(nb, checks) -> dict:
-    """check id -> the source of its answer cell in ``nb``, or ``Missing(reason)``."""
+def answer_sources(nb, checks, written=()) -> dict:
+    """check id -> the source of its answer cell in ``nb``, or ``Missing(reason)``. The checks of
+    ``written`` (scored by a person) answer in a markdown cell; the others in a code cell."""
     by_tag = {tags.answer(c): c for c in nb.cells if tags.answer(c)}
     by_id = {c.get("id"): c for c in nb.cells if c.get("id")}
     found = {}
@@ -105,8 +111,9 @@ def answer_sources(nb, checks) -> dict:
         cell = by_tag.get(check.id) or by_id.get(check.answer_cell_id)
         if cell is None:
             found[check.id] = Missing(f"answer cell deleted (the cell tagged answer:{check.id})")
-        elif cell.get("cell_type") != "code":
-            found[check.id] = Missing(f"answer cell answer:{check.id} is not a code cell")
+        elif cell.get("cell_type") != ("markdown" if check.id in written else "code"):
+            found[check.id] = Missing(f"answer cell answer:{check.id} is not a "
+                                      f"{'markdown' if check.id in written else 'code'} cell")
         else:
             found[check.id] = cell.source if isinstance(cell.source, str) else "".join(cell.source)
     return found
@@ -173,6 +180,18 @@ def prediction_row(check: Check, source, row):
     return row(check, verdict.passed, verdict.reason, str(verdict), cases=(int(verdict.passed), 1))
 
 
+def written_row(check: Check, source, row, policy: Policy, reference_text: str = ""):
+    """The row of a check a person scores (its rubric in ``policy``): no points until the
+    instructor's override; the text goes to the feedback and the analyses file."""
+    if isinstance(source, Missing):
+        return row(check, False, source)
+    text = str(source).strip()
+    if not text or text == reference_text.strip():
+        return row(check, False, "no analysis written (the cell still holds the lesson's placeholder)")
+    return row(check, False, f"to be scored by your instructor ({policy.rubric_points(check.id):g} points, rubric "
+                             f"in the grading policy)", text, cases=(0, 1))
+
+
 def run_checks(jobs: list[dict], sandbox: Sandbox, limits: Limits, modules=(), env=None) -> tuple[dict, str]:
     """Run the exercise checks ``[{"id", "source"}]`` in one sandboxed checking process: ``({id:
     verdict record}, why the process stopped early or "")``."""
@@ -220,12 +239,17 @@ def grade_submission(path, reference: Reference, student: str, sandbox: Sandbox,
     nb = read_notebook(path)
     if isinstance(nb, str):
         return [row(check, False, nb) for check in reference.checks]
-    sources.update(answer_sources(nb, reference.checks))
+    written = set(policy.rubric)
+    sources.update(answer_sources(nb, reference.checks, written))
+    for c in reference.checks:  # an exercise whose answer also reads the notebook (the capstone's record)
+        gather = getattr(REGISTRY.get(c.id), "gather", None)
+        if gather is not None and not isinstance(sources[c.id], Missing):
+            sources[c.id] = gather(nb, str(sources[c.id]))
     # What the source alone decides (a stub, a refused import) needs no process: an untouched
     # notebook is graded at once. Everything else goes to the sandboxed checker.
     records, jobs = {}, []
     for c in reference.checks:
-        if c.quiz or c.prediction or isinstance(sources[c.id], Missing):
+        if c.quiz or c.prediction or c.id in written or isinstance(sources[c.id], Missing):
             continue
         exercise = REGISTRY.get(c.id)
         screened = exercise.screen(str(sources[c.id])) if exercise is not None else None
@@ -243,6 +267,8 @@ def grade_submission(path, reference: Reference, student: str, sandbox: Sandbox,
             rows.append(quiz_row(check, source, row, student, claimed_student(nb)))
         elif check.prediction:
             rows.append(prediction_row(check, source, row))
+        elif check.id in written:
+            rows.append(written_row(check, source, row, policy, reference.texts.get(check.id, "")))
         elif check.id in records:
             record = records[check.id]
             text = "\n".join(record["lines"])
