@@ -1,24 +1,21 @@
 # %% [markdown]
-# # 18 · Capstone: plan it, predict it, train it, check it
+# # 18 · Capstone: plan it, predict it, run it, explain the gap
 #
 # > *Frameworks increasingly automate the hard problem of deciding how to split a model across
 # > devices, using profiling and search to balance compute and communication.*
 # > (框架越來越自動化地解決決定如何跨裝置劃分模型的難題，使用分析和搜尋來平衡計算和通訊。)
 #
-# **Learning goals.** By the end of this capstone you can
+# **Learning goals.** By the end of this capstone you have handed in
 #
-# - choose a complete parallel plan — data, pipeline and tensor degrees, schedule, micro-batches,
-#   recomputation — and say *before running it* whether it is valid, how much memory each device
-#   needs and how large its pipeline bubble is;
-# - train the tiny GPT with that plan on real ranks and prove it computes what one process computes;
-# - compare the predicted step time with the measured one;
-# - translate the plan into the flags and classes of **Megatron-LM**, **DeepSpeed** and **PyTorch**;
-# - turn the article's practical guidance (cost and budget, targets, realistic benchmarks,
-#   monitoring, rollback) into a checklist for a real training run.
+# - a parallel plan of your own for the tiny GPT: data, pipeline and tensor degrees, a schedule,
+#   micro-batches, ZeRO-1, recomputation, sequence parallelism;
+# - its memory and step time predicted by the course's model (lessons 15 and 16), with constants
+#   measured on this machine;
+# - a run of it on real ranks that computes what one process computes, in fp64, timed;
+# - a written explanation of the gap between the prediction and the measurement;
 #
-# Everything here uses what the course built: the mesh and 3D training of lesson 11, the schedules
-# and simulator of the pipeline lessons, the memory model of lesson 00, and the cost model and the
-# planner of lessons 15 and 16.
+# and you can translate a plan into the flags and classes of **Megatron-LM**, **DeepSpeed** and
+# **PyTorch**, and turn the article's practical guidance into a checklist for a real training run.
 
 # %%
 from parallel_lab.course.notebook import setup
@@ -28,130 +25,103 @@ setup()
 # %% [markdown]
 # ## 1. Your plan
 #
-# Edit the cell below and run the lesson from here on. The rules you learnt (lesson 11) still hold:
-# `dp · pp · tp` ranks, at most 8 on this machine; at least one layer per pipeline stage; the batch
-# splits into `dp` equal replicas, each into `microbatches` equal micro-batches; `heads`, `hidden` and
-# `vocab` divisible by `tp`. Try a plan that breaks one of them, too: the next cell says which.
-# Schedules: `gpipe`, `1f1b`, `interleaved-1f1b` (with `virtual=2`), `zb-h1`, `zb-v`.
-
-# %%
-from parallel_lab.parallel3d import train3d
-from parallel_lab.show import train3d as train3d_figures
-
-my_plan = train3d.Config(
-    dp=1, pp=2, tp=2,             # the mesh: dp x pp x tp ranks
-    schedule="1f1b", virtual=1,   # the pipeline schedule (virtual: stages per rank, interleaved only)
-    microbatches=4,               # per replica and step
-    recompute=False,              # keep only stage inputs, redo the forward in the backward
-    sequence_parallel=False,      # Megatron's sequence parallelism inside the TP group
-    batch=8, layers=4, hidden=32, heads=4, vocab=64, seq=16,  # the tiny GPT and its batch
-    optimizer="adam", lr=0.01, steps=4,
-)
-memory_limit_gb = 0.01  # per device: a pretend small GPU, so that memory can be what refuses a plan
-
-# %% [markdown]
-# ## 2. Is it valid? Checked before anything starts
-
-# %%
-from parallel_lab.pipeline.schedules import ScheduleError
-
-try:
-    schedule = train3d.check(my_plan, memory_limit_gb=memory_limit_gb)
-    print(f"plan accepted: {my_plan.describe()}")
-except (ValueError, ScheduleError) as err:
-    schedule = None
-    print(f"plan refused: {type(err).__name__}: {err}")
-
-# %% [markdown]
-# ## 3. Predictions: memory, bubble, step time
+# Write `my_plan` below: a function that returns a dict of the fields of `train3d.Config` (lesson
+# 11) you choose. The mesh `dp`, `pp`, `tp` (at most 8 ranks); a `schedule` of `gpipe`, `1f1b`,
+# `interleaved-1f1b` (with `virtual`), `zb-h1`, `zb-v`; `microbatches`; `zero` (0, or 1 for ZeRO-1
+# over the data-parallel group, lesson 12); `recompute` and `sequence_parallel` (`True` or `False`);
+# the tiny GPT's `batch`, `layers`, `hidden`, `heads`, `vocab`, `seq` and `steps` (3 to 8), or their
+# defaults. The rules of lesson 11 hold: at least one layer per pipeline stage, equal replicas and
+# micro-batches, `heads`, `hidden` and `vocab` divisible by `tp`. Experts (lesson 13) and context
+# parallelism (lesson 14) run on their own, not inside this 3D training, so a plan here does not
+# choose them.
 #
-# **Memory** per device comes from `memory_model` (weights, gradients and optimizer state of the
-# device's shard in fp64, plus the activations of the micro-batches the schedule keeps in flight);
-# the **bubble** from the schedule simulator with equal stage costs (backward = 2 × forward). Both
-# are pure arithmetic: the same on every machine.
+# Choose a plan you can argue for: one that would be worth its ranks on a real cluster, or one that
+# tests a question you have (does ZeRO-1 cost time here? does a deeper pipeline pay for its bubble?).
+# The grader reads `my_plan` as data: plain numbers, strings and booleans, no imports.
+
+# %% tags=["answer:capstone"]
+def my_plan():
+    """Your plan: a dict of train3d.Config fields, e.g. {"dp": ..., "pp": ..., "tp": ..., ...}."""
+    ### BEGIN SOLUTION
+    return {"dp": 2, "pp": 2, "tp": 1, "schedule": "1f1b", "microbatches": 4, "zero": 1, "steps": 4}
+    ### END SOLUTION
+
 
 # %%
-from parallel_lab.parallel3d import config
-from parallel_lab.pipeline.actions import format_grid
-from parallel_lab.pipeline.simulate import summary
-from parallel_lab.planning import memory
+from parallel_lab.exercises import capstone
 
-if schedule is not None:
-    need = config.predicted_memory(my_plan)
-    parts = ", ".join(f"{k} {need[k] / 1e3:,.1f} kB" for k in ("weights", "gradients", "optimizer", "activations"))
-    print(f"busiest device (pipeline stage {need['stage']}): {need['total'] / 1e3:,.1f} kB = {parts}; "
-          f"{need['in_flight']} micro-batch(es) in flight")
-    sim = summary(schedule)
-    print(f"{schedule.name} on {my_plan.pp} pipeline ranks, {my_plan.microbatches} micro-batches: "
-          f"bubble {sim['bubble_fraction']:.1%} of the device time, peak stashed micro-batches per stage "
-          f"{sim['peak_activations']}")
-    print(format_grid(sim["ranks"]))
+cfg = capstone.plan_from(my_plan)  # checked before anything starts: a broken rule is named with its values
 
 # %% [markdown]
-# The **step time** is the planner's model (lesson 15) with constants measured on this machine now
-# (`validate_plans.calibrate`: all-reduce α–β through gloo and through shared memory, the two ways
-# the ranks of one machine send here, and how many ranks really compute at once) and this
-# model's own FLOP/s, as in lesson 11 section 6. The tiny GPT runs in fp64 here; its numbers are
-# yours and change from run to run.
+# ## 2. Predict it with the course's model
+#
+# **Memory** per device is `memory_model` (lesson 15): the weights, gradients and optimizer state of
+# the busiest device's shard in fp64, plus the activations of the micro-batches its schedule keeps in
+# flight. The **step time** is the planner's model (lessons 15 and 16) with constants measured on
+# this machine now, as in lesson 16: this model's own FLOP/s on every rank at once, the α–β of an
+# all-reduce through gloo and through shared memory, and how many cores the ranks really get.
+# `predict` measures the constants and applies the model; what it prints goes into your record.
 
 # %% tags=["nbval-ignore-output"]
-from parallel_lab.parallel3d import validate_plans
-
-if schedule is not None:
-    calibration = validate_plans.calibrate(my_plan.world_size) if my_plan.world_size > 1 else None
-    if calibration is None:
-        calibration = {"tflops": 1.0, "latency_us": 0.0, "intra_gbps": 1.0}  # one rank: no communication
-    tflops = validate_plans.workload_tflops(my_plan)
-    cluster = validate_plans.cluster_from(calibration, my_plan.world_size, value_bytes=8, tflops=tflops)
-    near = validate_plans.cluster_from(calibration, my_plan.world_size, value_bytes=8, tflops=tflops, near=True)
-    predicted = validate_plans.predict(my_plan, cluster, calibration.get("effective_cores"), near)
-    print(f"predicted step: {predicted['step_s'] * 1e3:.1f} ms (compute {predicted['compute_s'] * 1e3:.1f} ms, "
-          f"TP {predicted['tp_comm_s'] * 1e3:.1f} ms, bubble {predicted['bubble_s'] * 1e3:.1f} ms, "
-          f"PP {predicted['pp_comm_s'] * 1e3:.1f} ms, DP {predicted['dp_comm_s'] * 1e3:.1f} ms per device)")
+prediction = capstone.predict(cfg) if cfg else None
+if prediction:
+    print(capstone.format_prediction(cfg, prediction))
 
 # %% [markdown]
-# ## 4. Train it for real, and check it
+# ## 3. Run it on real ranks
 #
-# The ranks start (a few seconds the first time), train `my_plan.steps` steps, and every step's loss
-# and every final weight are compared with one process training the whole model on the whole batch
-# with the same optimizer.
-
-# %%
-if schedule is not None:
-    result = train3d.train(my_plan, timed=True, memory_limit_gb=memory_limit_gb)
-    print(train3d_figures.format_result(result))
-
-# %%
-if schedule is not None:
-    train3d_figures.loss_figure(result, title=f"your plan: dp {my_plan.dp} x pp {my_plan.pp} x tp {my_plan.tp}, "
-                                      f"{my_plan.schedule}").show()
-
-# %% [markdown]
-# And the prediction against the measurement (median of the steps after the first; the slowest
-# rank's wall clock):
+# The ranks train your plan for `steps` steps, timed on the wall clock (the slowest rank, from a
+# barrier), and every loss and final weight is compared with one process training the whole model
+# on the whole batch in fp64. The last line of the output is your **record**: the plan, the
+# prediction, the measurement and a checksum. Keep this output in the notebook you hand in: the
+# grader reads the record there, runs your plan again itself, and recomputes the prediction from the
+# record's constants. If you change the plan, run sections 2 and 3 again.
 
 # %% tags=["nbval-ignore-output"]
-import statistics
-
-if schedule is not None:
-    measured = statistics.median(result["step_s"][1:])
-    error = abs(predicted["step_s"] - measured) / measured
-    print(f"measured {measured * 1e3:.1f} ms per step, predicted {predicted['step_s'] * 1e3:.1f} ms: "
-          f"relative error {error:.0%}")
+measurement = capstone.measure(cfg, prediction) if prediction else None
+if measurement:
+    print(capstone.format_measurement(cfg, measurement))
 
 # %% [markdown]
-# **Your turn.** Change one thing at a time and predict before you run: `microbatches=8` (what happens
-# to the bubble? to activation memory?), `schedule="gpipe"` (memory?), `recompute=True` (memory and
-# time?), `dp=2, pp=2, tp=1`, `dp=1, pp=1, tp=4`, an 8-rank `dp=2, pp=2, tp=2`. Then break a rule on
-# purpose: `microbatches=3`, `heads=6`, `layers=1`, or a `memory_limit_gb` too small for the plan.
+# ## 4. The gap
 #
+# The prediction against the measurement, and the optimizer state the ranks really hold against the
+# model's (the one part of the memory this run can count exactly):
+
+# %% tags=["nbval-ignore-output"]
+if measurement:
+    print(capstone.format_gap(prediction, measurement))
+
+# %% [markdown]
+# Now explain the gap, in the cell below, in your own words (about 150 to 300 words). The model is
+# the one of lessons 15 and 16; your evidence is what sections 2 and 3 printed, and any run you add:
+# another plan, the same plan with more steps, a step's time against the model's parts. Your
+# instructor scores it by the rubric that the cell after it prints; nothing here scores it for you.
+
+# %% [markdown] tags=["answer:capstone-analysis"]
+# *Your analysis: replace this text with yours.*
+
+# %% tags=["check:capstone-analysis", "points:3"]
+from parallel_lab.course.grading.policy import show_rubric
+
+show_rubric("capstone-analysis")
+
+# %% [markdown]
+# The check runs what the grader runs: your plan again on real ranks against one process, the
+# model again on the record's constants, and the record's losses against the run's.
+
+# %% tags=["check:capstone", "points:2"]
+verdict = capstone.check_capstone(my_plan, measurement)
+
+# %% [markdown]
 # ## 5. The same plan in Megatron-LM, DeepSpeed and PyTorch
 #
 # Every technique of the course has a name in the frameworks used for real training. The names were
 # checked against PyTorch 2.13 (installed here: `torch.distributed.pipelining`,
 # `torch.distributed.tensor.parallel`, `torch.distributed.device_mesh`, `torch.distributed.fsdp`) and
 # against Megatron-LM's and DeepSpeed's sources; entries marked † could not be checked here.
-#
+
+# %% [markdown]
 # | technique (lesson) | parallel_lab | Megatron-LM | DeepSpeed | PyTorch |
 # |---|---|---|---|---|
 # | device mesh (11) | `mesh.ParallelDims`, `build_groups` | implicit: world = dp · pp · tp (`megatron.core.parallel_state`) | `PipeModelDataParallelTopology(num_pp, num_mp, num_dp)` | `init_device_mesh("cuda", (dp, pp, tp), mesh_dim_names=...)`, `DeviceMesh` |
@@ -161,33 +131,42 @@ if schedule is not None:
 # | pipeline stages (03) | `pipeline.stages.cut` | `--pipeline-model-parallel-size` | `PipelineModule(layers, num_stages=...)`; config `"pipeline": {"stages": ...}` † | `PipelineStage` (or `pipeline(...)` + `SplitPoint`) |
 # | balancing stages (09) | `partition` | `--decoder-first-pipeline-num-layers`, `--pipeline-model-parallel-layout` † | `partition_method="parameters"`, `"uniform"`, `"type:[regex]"` | manual split points |
 # | micro-batches (04) | `microbatches` | `--micro-batch-size`, `--global-batch-size` | `train_micro_batch_size_per_gpu`, `gradient_accumulation_steps` | `n_microbatches=` of a schedule |
+
+# %% [markdown]
+# Schedules, recomputation and sharding:
+#
+# | technique (lesson) | parallel_lab | Megatron-LM | DeepSpeed | PyTorch |
+# |---|---|---|---|---|
 # | GPipe (04) | `"gpipe"` | — (1F1B only) | — | `ScheduleGPipe` |
 # | 1F1B (05) | `"1f1b"` | default schedule | `TrainSchedule` (1F1B) | `Schedule1F1B` |
 # | interleaved 1F1B (06) | `"interleaved-1f1b"`, `virtual` | `--num-layers-per-virtual-pipeline-stage` | — | `ScheduleInterleaved1F1B` |
 # | zero bubble (07) | `"zb-h1"`, `"zb-v"` | — (in forks) † | — | `ScheduleInterleavedZeroBubble`, `ScheduleZBVZeroBubble`, `ScheduleDualPipeV` |
 # | recomputation (08) | `recompute=True` | `--recompute-granularity full\|selective`, `--recompute-method`, `--recompute-num-layers` | `activation_checkpoint_interval=` of `PipelineModule`; config `"activation_checkpointing"` | `torch.utils.checkpoint.checkpoint`, `checkpoint_wrapper` |
 # | data parallelism (11) | `data_parallel.allreduce_gradients` | implicit dp = world / (tp · pp) | the engine's gradient all-reduce | `DistributedDataParallel` |
-# | sharded optimizer / weights | `memory_model(zero1=True)` | `--use-distributed-optimizer` | `"zero_optimization": {"stage": 1\|2\|3}` | `fully_shard` (FSDP2), `FullyShardedDataParallel` |
+# | sharded optimizer / weights (12) | `zero=1` (ZeRO-1); `zero.run` for stages 2 and 3 | `--use-distributed-optimizer` | `"zero_optimization": {"stage": 1\|2\|3}` | `fully_shard` (FSDP2), `FullyShardedDataParallel` |
 #
 # Your plan, spelt as Megatron-LM command-line flags (data parallelism is what is left of the
 # world size):
 
 # %%
-flags = [f"--tensor-model-parallel-size {my_plan.tp}", f"--pipeline-model-parallel-size {my_plan.pp}",
-         f"--micro-batch-size {my_plan.batch // my_plan.dp // my_plan.microbatches}",
-         f"--global-batch-size {my_plan.batch}",
-         f"--num-layers {my_plan.layers} --hidden-size {my_plan.hidden} --num-attention-heads {my_plan.heads}",
-         f"--seq-length {my_plan.seq}"]
-if my_plan.schedule == "interleaved-1f1b":
-    flags.append(f"--num-layers-per-virtual-pipeline-stage {my_plan.layers // (my_plan.pp * my_plan.virtual)}")
-if my_plan.sequence_parallel:
+from parallel_lab.parallel3d import train3d
+
+plan = cfg or train3d.Config()  # yours, or the default plan until yours is accepted
+flags = [f"--tensor-model-parallel-size {plan.tp}", f"--pipeline-model-parallel-size {plan.pp}",
+         f"--micro-batch-size {plan.batch // plan.dp // plan.microbatches}",
+         f"--global-batch-size {plan.batch}",
+         f"--num-layers {plan.layers} --hidden-size {plan.hidden} --num-attention-heads {plan.heads}",
+         f"--seq-length {plan.seq}"]
+if plan.schedule == "interleaved-1f1b":
+    flags.append(f"--num-layers-per-virtual-pipeline-stage {plan.layers // (plan.pp * plan.virtual)}")
+if plan.sequence_parallel:
     flags.append("--sequence-parallel")
-if my_plan.recompute:
+if plan.recompute:
     flags.append("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
-print(f"torchrun --nproc-per-node {my_plan.world_size} pretrain_gpt.py \\\n    " + " \\\n    ".join(flags))
-print(f"and here: torchrun --standalone --nproc-per-node {my_plan.world_size} -m parallel_lab.parallel3d.train3d "
-      f"--dp {my_plan.dp} --pp {my_plan.pp} --tp {my_plan.tp} --schedule {my_plan.schedule} "
-      f"--microbatches {my_plan.microbatches}")
+print(f"torchrun --nproc-per-node {plan.world_size} pretrain_gpt.py \\\n    " + " \\\n    ".join(flags))
+print(f"and here: torchrun --standalone --nproc-per-node {plan.world_size} -m parallel_lab.parallel3d.train3d "
+      f"--dp {plan.dp} --pp {plan.pp} --tp {plan.tp} --schedule {plan.schedule} "
+      f"--microbatches {plan.microbatches}")
 
 # %% [markdown]
 # ## 6. Before you spend a budget
@@ -198,7 +177,8 @@ print(f"and here: torchrun --standalone --nproc-per-node {my_plan.world_size} -m
 # before implementing; benchmark under realistic load and data; instrument monitoring of errors,
 # drift and user impact; prepare rollback and incident response before scaling.** For a training run
 # that reads:
-#
+
+# %% [markdown]
 # | step | for a training run | with this course's tools |
 # |---|---|---|
 # | cost and budget | GPU-hours = steps × seconds per step × GPUs / 3600; price it before you start | `planner.training_cost` |
@@ -208,7 +188,8 @@ print(f"and here: torchrun --standalone --nproc-per-node {my_plan.world_size} -m
 # | don't optimise one benchmark | tokens/s alone hides memory headroom, stragglers, restarts | check memory, the bubble and the loss together |
 # | monitoring | loss and gradient norm per step, throughput, memory, hangs (which rank, which operation) | `step k/n loss ...`; `commlog` names a hung rank's operation |
 # | rollback | checkpoints to resume from; a known-good plan to fall back to; a rule for when to stop | keep the single-process check as your known-good answer |
-#
+
+# %% [markdown]
 # What a bad plan costs, in money: GPT-3 175B (300 billion tokens, batches of 1536 × 2048 tokens)
 # on 512 GPUs at an illustrative $2 per GPU-hour, for two plans the planner scores (its own model,
 # lesson 16: 64 DGX H100 nodes, 396 TFLOP/s achieved per GPU, NVLink 4 in a node, InfiniBand NDR
@@ -216,7 +197,7 @@ print(f"and here: torchrun --standalone --nproc-per-node {my_plan.world_size} -m
 
 # %%
 from parallel_lab.hardware import SYSTEMS
-from parallel_lab.planning import planner
+from parallel_lab.planning import memory, planner
 from parallel_lab.planning.cost import step_time
 
 gpt3 = memory.MODELS["GPT-3 175B"]
@@ -241,12 +222,13 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 # %% [markdown]
 # ## What to remember
 #
-# - A plan is (dp, pp, tp, schedule, micro-batches, recomputation); check its arithmetic, memory and
-#   bubble *before* launching — errors are cheapest then.
+# - A plan is (dp, pp, tp, schedule, micro-batches, ZeRO, recomputation); check its arithmetic,
+#   memory and bubble *before* launching — errors are cheapest then.
 # - A correct 3D run computes what one process computes: verify it on small shapes in fp64 before
 #   trusting a big run.
 # - Predictions from a calibrated cost model rank plans; a short real benchmark on the target
-#   hardware decides between the best few.
+#   hardware decides between the best few, and a gap between the two is worth explaining before it
+#   is worth trusting either.
 # - The same ideas carry across frameworks: Megatron-LM spells them as flags
 #   (`--tensor-model-parallel-size`, `--pipeline-model-parallel-size`, ...), DeepSpeed as
 #   `PipelineModule` and a JSON config, PyTorch as `DeviceMesh`, `parallelize_module` and
