@@ -33,7 +33,7 @@ setup()
 #
 # | what, per GPU | bytes | splits with |
 # |---|---|---|
-# | weights, gradients | 2 + 2 per parameter it holds | tp (Megatron's split matrices) and pp (its stage's layers) |
+# | weights, gradients | 2 + 2 per parameter it holds (Rajbhandari et al. 2020, §3.1) | tp (Megatron's split matrices) and pp (its stage's layers) |
 # | Adam state | 12 per parameter | tp, pp, and dp with **ZeRO-1** (ZeRO-2 also the gradients, ZeRO-3 the weights: lesson 12) |
 # | activations per layer and micro-batch | `sbh(34/t + 5as/(ht))` with tensor + sequence parallelism t (Korthikanti et al. 2022) | selective recomputation drops the `5as/h` scores; full keeps only the input `2sbh/t` |
 # | micro-batches in flight | from the schedule simulator, counted until W: GPipe m, 1F1B min(m, p − r) on rank r, ZB-H1 (p − r) M_B + r M_W (m ≥ p) | |
@@ -128,17 +128,17 @@ guess.versus(memory_model.max_device_memory(**dict(layout, schedule="1f1b"))["to
 # for Llama 3 on 16 000 H100s, Dubey et al. 2024), NVLink 4 at 450 GB/s and InfiniBand NDR at
 # 50 GB/s per GPU and direction, α 5 µs:
 #
-# - **compute**: 6 FLOPs per parameter and token, divided over all GPUs (+ the recomputed forward);
+# - **compute**: 6 FLOPs per parameter and token (Kaplan et al. 2020, §2.1), divided over all GPUs
+#   (+ the recomputed forward);
 # - **TP all-reduce**: 2 forward + 2 backward per layer of a `(b, s, h)` bf16 tensor, ring α–β model
-#   (lesson 01), on the critical path;
+#   (lesson 01; Thakur et al. 2005), on the critical path;
 # - **bubble**: the schedule's idle time, closed forms of the simulator (tested equal to it):
 # - **PP send/recv**: one activation forward and one gradient back per micro-batch and stage;
 # - **DP all-reduce**: this GPU's gradients over its replicas, once per step (ZeRO: a reduce-scatter
-#   and an all-gather, the same 2Ψ; ZeRO-3 3Ψ, lesson 12). It travels while the backward computes
+#   and an all-gather, the same 2Ψ; ZeRO-3 3Ψ: Rajbhandari et al. 2020, §7; lesson 12). It travels while the backward computes
 #   (DDP's buckets, Li et al. 2020): only `max(0, comm − 0.9 × backward)` is **exposed** and counted
-#   in the step; the rest is printed as **hidden** (`cost.dp_communication`; the share 0.9 is a
-#   modelling assumption, held within 20 % of real ZeRO runs on the virtual clock by
-#   `parallel3d.validate_plans.validate_overlap`). TP all-reduces and PP sends stay exposed.
+#   in the step; the rest is printed as **hidden** (`cost.dp_communication`; 0.9 is an assumption,
+#   checked against real ZeRO runs by `validate_plans.validate_overlap`). TP and PP stay exposed.
 
 # %%
 import inspect
@@ -146,44 +146,27 @@ import inspect
 print(inspect.getsource(cost.pipeline_makespan))
 
 # %% [markdown]
-# ## 3. Exercise: the memory of one GPU
+# ## 3. Exercise: the activations of one GPU
 #
-# Write `my_device_memory(model, dp, pp, tp, microbatches, micro_batch, ...)`: what one GPU of the
-# **first** pipeline stage holds under 1F1B with mixed-precision Adam, the table of section 1 as a
-# formula. `model` is a dict: `layers` L, `hidden` h, `heads` a, `vocab` V, `seq` s; b is
-# `micro_batch`, t is `tp`, m is `microbatches`, and pp ≥ 2 always (the first stage holds the
-# embeddings, the last one the head). Return a dict of
+# The cell below holds the model state of section 1's table (`params` to `optimizer`). Write the
+# rest: the bytes of activations one GPU of the **first** stage keeps under 1F1B. Korthikanti et al. 2022 (§4, Table 2) give one layer and one micro-batch,
+# with 2-byte values and dropout, as sbh(10 + 24/t + 5as/(ht)) under tensor parallelism t, and
+# sbh(34/t + 5as/(ht)) with sequence parallelism as well. Your function must also handle v =
+# `value_bytes` and `dropout`, so derive the general form from what those terms count:
 #
-# - `"params"`, the parameters this GPU holds: L/pp blocks of (12h² + 7h)/t + 6h each (the weight
-#   matrices and the biases of the column-parallel layers split over t; the LayerNorms and the
-#   row-parallel biases on every rank), the token embedding ⌈V/t⌉·h (its vocabulary rows split over
-#   t, padded up) and the position embedding s·h;
-# - `"weights"` and `"gradients"`, 2 bytes per parameter each, and `"optimizer"`, Adam's 12 bytes
-#   per parameter (divided by dp with `zero1`);
-# - `"activations"`, in bytes: min(m, pp) micro-batches in flight (1F1B's first stage) × L/pp layers ×
-#   what one layer keeps for one micro-batch. With v = `value_bytes` bytes per value and d = 1 with
-#   `dropout` (0 without), a layer keeps sbh·(4v + 2d) bytes that plain tensor parallelism leaves
-#   whole (the two LayerNorm inputs, the QKV and MLP inputs, two dropout masks of one byte per value)
-#   and sbh·12v that it splits over t; `sequence_parallel` splits the first part over t too. The
-#   attention scores add a·s²·b·(2v + d)/t with dropout (softmax output, mask, dropout output) and
-#   a·s²·b·v/t without. `recompute="selective"` drops the scores; `"full"` keeps only the layer's
-#   input, v·sbh (/t with sequence parallelism).
+# - **10 sbh** stay whole under plain TP: two LayerNorm inputs, the QKV and MLP inputs (v bytes per
+#   value), and two dropout masks (1 byte);
+# - **24 sbh** split over t: Q, K, V, the attention output and the MLP's two 4h-wide tensors, 12
+#   values of v bytes;
+# - **5as²b** (÷ t): the softmax output and the dropout output (v bytes each) and its mask (1 byte);
+#   without dropout, only the softmax output.
 #
-# With v = 2 and dropout that is the table's sbh(10 + 24/t + 5as/(ht)), and sbh(34/t + 5as/(ht))
-# with sequence parallelism. The check calls your function on 8 plans — GPT-3 175B as above, the
-# planner's TP 4 layout, plain TP with full recomputation and m < pp, GPT-3 13B, Megatron 530B, fp32
-# values without dropout — and compares every entry with the memory model (`memory_model.device_memory`,
-# stage 0). Then on the course GPT at small sizes, against its real tensors: the parameters of the
-# first stage's modules (pp 2 and 4), and the bytes autograd saves for one block in fp32 without
-# dropout (`value_bytes=4, dropout=False`), less the per-token statistics the paper leaves out
-# (section 1). A wrong entry fails with what differs and, where it matches a common slip, which one.
+# `sequence_parallel` splits the first group over t too; `recompute="selective"` drops the scores;
+# `"full"` keeps only the layer's input, v·sbh (÷ t with sequence parallelism). At its peak the first
+# stage holds min(m, pp) micro-batches of L/pp layers each.
 #
-# **What the check forbids:** the library (`memory_model`, `memory_check`; no import of `parallel_lab`):
-# write the formula yourself, with `math` at most. Your function runs on a rank of its own; only the
-# numbers it returns come back.
-#
-# Keep all your code in the answer cell below: the grader reads that cell alone from your notebook and
-# runs it on fresh ranks of its own, so helpers defined in other cells are not seen.
+# The check compares all five entries with the memory model on 8 plans, then with the course GPT's
+# real tensors (one block in fp32, no dropout). Import only `math`; the grader runs the answer cell alone.
 
 # %% tags=["answer:device-memory"]
 import math
@@ -194,10 +177,14 @@ def my_device_memory(model, dp, pp, tp, microbatches, micro_batch, recompute="no
     """Bytes on one GPU of the first pipeline stage (pp >= 2) under 1F1B with mixed-precision Adam."""
     L, h, a, V, s = model["layers"], model["hidden"], model["heads"], model["vocab"], model["seq"]
     b, t, v = micro_batch, tp, value_bytes
-    ### BEGIN SOLUTION
+    # Model state (given): L/pp blocks of (12h² + 7h)/t + 6h parameters (the LayerNorms and the
+    # row-parallel biases on every rank), the token embedding's ⌈V/t⌉ rows of h and the position
+    # embedding s·h; 2 + 2 bytes of weights and gradients, Adam's 12 (sharded by ZeRO-1).
     params = L // pp * ((12 * h * h + 7 * h) // t + 6 * h) + math.ceil(V / t) * h + s * h
     weights = gradients = 2 * params
     optimizer = 12 * params / (dp if zero1 else 1)
+    activations = None  # bytes: min(m, pp) micro-batches x L/pp layers x one layer's bytes
+    ### BEGIN SOLUTION
     sbh = s * b * h
     if recompute == "full":
         per_layer = v * sbh / (t if sequence_parallel else 1)
@@ -208,6 +195,8 @@ def my_device_memory(model, dp, pp, tp, microbatches, micro_batch, recompute="no
             per_layer += a * s * s * b * (2 * v + 1 if dropout else v) / t
     activations = min(microbatches, pp) * (L // pp) * per_layer
     ### END SOLUTION
+    if activations is None:
+        raise NotImplementedError("write the activations")
     return {"params": params, "weights": weights, "gradients": gradients, "optimizer": optimizer,
             "activations": activations}
 
@@ -229,6 +218,32 @@ except NotImplementedError:
 from parallel_lab.exercises.device_memory import check_device_memory
 
 verdict = check_device_memory(my_device_memory)
+
+# %% [markdown]
+# **Predict** with your function: GPT-3's batch is 1536 sequences, so with TP 8 + sequence
+# parallelism × PP 8 × DP 8, 1F1B and selective recomputation, each replica runs 192/b micro-batches
+# of b sequences. What is the largest b whose first stage still fits in 80 GB (weights, gradients,
+# Adam state and activations)? Call `my_device_memory` with `micro_batch=b` for a few b.
+
+# %% tags=["answer:predict:largest-micro-batch"]
+my_prediction = None  # the largest micro-batch size b (sequences) that fits in 80 GB
+### BEGIN SOLUTION
+my_prediction = 3
+### END SOLUTION
+
+# %%
+batch_guess = predict("largest-micro-batch", my_prediction,
+                      {"en": "the largest micro-batch size b (sequences) whose first stage fits in 80 GB: GPT-3 "
+                             "175B, TP 8 + SP x PP 8 x DP 8, 1F1B, selective recomputation, 1536 sequences a step",
+                       "zh-Hant": "第一個階段仍放得進 80 GB 的最大微批次大小 b（序列數）：GPT-3 175B、"
+                                  "TP 8 + SP × PP 8 × DP 8、1F1B、選擇性重新計算、每步 1536 條序列"},
+                      tolerance=0)
+
+# %% tags=["reveals:largest-micro-batch"]
+fits = {b: memory_model.max_device_memory(**dict(layout, schedule="1f1b", recompute="selective", micro_batch=b,
+                                                  microbatches=192 // b))["total"] / 1e9 for b in (1, 2, 3, 4, 6)}
+print(", ".join(f"b = {b}: {gb:.1f} GB" for b, gb in fits.items()))
+batch_guess.versus(max(b for b, gb in fits.items() if gb <= 80), {"en": "the memory model", "zh-Hant": "記憶體模型"})
 
 # %% [markdown]
 # ## What to remember

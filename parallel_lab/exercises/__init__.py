@@ -3,6 +3,7 @@ one module per exercise. ``REGISTRY`` maps each exercise's check id (``check:<id
 to it; the grader looks checks up there."""
 
 from parallel_lab.exercises.balanced_cut import check_balanced_cut
+from parallel_lab.exercises.bubble_share import check_bubble_share
 from parallel_lab.exercises.capstone import check_capstone
 from parallel_lab.exercises.check import REGISTRY, Exercise, Verdict, reveal
 from parallel_lab.exercises.device_memory import check_device_memory
@@ -17,7 +18,7 @@ from parallel_lab.exercises.schedule_design import check_schedule_design
 from parallel_lab.exercises.zb_h1_order import check_zb_h1_order
 from parallel_lab.exercises.zero2_step import check_zero2_step
 
-__all__ = ["REGISTRY", "Exercise", "Verdict", "check_balanced_cut", "check_capstone", "check_device_memory",
-           "check_g_operator", "check_lse_merge", "check_mesh_groups", "check_moe_dispatch", "check_one_f_one_b",
-           "check_ring_all_reduce", "check_row_parallel_forward", "check_schedule_design", "check_zb_h1_order",
-           "check_zero2_step", "reveal"]
+__all__ = ["REGISTRY", "Exercise", "Verdict", "check_balanced_cut", "check_bubble_share", "check_capstone",
+           "check_device_memory", "check_g_operator", "check_lse_merge", "check_mesh_groups", "check_moe_dispatch",
+           "check_one_f_one_b", "check_ring_all_reduce", "check_row_parallel_forward", "check_schedule_design",
+           "check_zb_h1_order", "check_zero2_step", "reveal"]
