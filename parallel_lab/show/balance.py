@@ -51,3 +51,60 @@ def bubble_figure(microbatches: Sequence[int], curves: Mapping[str, Sequence[flo
                                  tickvals=list(microbatches)),
                       yaxis=dict(title=_("bubble fraction"), tickformat=".0%", range=[0, 0.8], gridcolor="#e5e5e5"))
     return fig
+
+
+def try_cut(my_cut, spec, weights: Sequence[float], names: Sequence[str], stages: int = 4,
+            microbatches: int = 8) -> dict | None:
+    """Lesson 09's "try it on ranks": call the student's ``my_cut(weights, stages)``, refuse a cut that
+    is not ``stages + 1`` increasing boundaries (the reason, before anything starts), then run it with
+    1F1B on ``stages`` real ranks (``balance.run_cut``, one recorded step) and print whether it equals
+    one process, its stages' loads by ``weights`` against the exact optimum's, and its step on the
+    virtual clock. Returns the run (None when there is none)."""
+    import traceback
+
+    from parallel_lab.pipeline import balance, partition
+    from parallel_lab.pipeline.stages import check_parts
+
+    name = getattr(my_cut, "__name__", "my_cut")
+    try:
+        parts = my_cut(list(weights), stages)
+    except NotImplementedError:
+        print(_("NOT YET: {name} still raises NotImplementedError: write your code where it says # YOUR CODE HERE "
+                "(and remove that raise), run its cell, then this one").format(name=name))
+        return None
+    except Exception:  # the student's own error, with the lines of their cell
+        print(_("NOT YET: {name} raised:").format(name=name))
+        traceback.print_exc(limit=-3)
+        return None
+    try:
+        parts = check_parts(parts, len(weights))
+    except ValueError as err:
+        print(_("NOT YET: {err}").format(err=err))
+        return None
+    if len(parts) != stages + 1:
+        print(_("NOT YET: {n} stages, not {stages}: parts {parts}").format(n=len(parts) - 1, stages=stages,
+                                                                           parts=parts))
+        return None
+    print(partition.describe(parts, names, weights))
+    heaviest = max(partition.stage_loads(weights, parts))
+    best = max(partition.stage_loads(weights, partition.balanced(weights, stages)))
+    run = balance.run_cut(spec, parts, "1f1b", microbatches=microbatches, steps=1)
+    print(_("on {stages} real ranks: loss and gradients equal one process: {same}; heaviest stage {heaviest:.4g} "
+            "(the exact optimum's {best:.4g}); step {step:.1f} ms on the virtual clock").format(
+        stages=stages, same=run["loss_diff"] < 1e-12 and run["max_grad_diff"] < 1e-12, heaviest=heaviest,
+        best=best, step=run["makespan_measured"] * 1e3))
+    return run
+
+
+def speedup_text(runs: Mapping[str, dict], fast: str, others: Sequence[str]) -> str:
+    """How many times faster the run ``fast`` is than each of ``others`` (step time on the virtual clock)."""
+    step = {name: r["makespan_measured"] for name, r in runs.items()}
+    return _("in this run, {fast} is {ratios} on this model").format(
+        fast=fast, ratios=_(", ").join(_("{x:.2f}x faster than {other}").format(x=step[o] / step[fast], other=o)
+                                       for o in others))
+
+
+def profile_text(records, names: Sequence[str], block_s: float) -> str:
+    """Each piece's measured forward + backward time, in ms and in blocks (``block_s``: a block's time)."""
+    return "\n".join(_("{name} forward + backward {ms:6.2f} ms = {blocks:4.2f} blocks").format(
+        name=pad(name, 8), ms=r.time_s * 1e3, blocks=r.time_s / block_s) for r, name in zip(records, names))
