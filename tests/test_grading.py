@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import sys
+import uuid
 from dataclasses import replace
 from pathlib import Path
 
@@ -243,13 +244,20 @@ def hostile_answers(outside: Path, inside_repo: Path | None) -> dict:
     }
 
 
-def leftovers() -> list:
+RUN_VAR = "PARALLEL_LAB_TEST_RUN"  # set in every job of one test run, so a run finds its own leftovers only
+
+
+def leftovers(run: str) -> list:
+    """This run's processes still alive: each job's environment carries the run's token (beside the
+    sandbox's per-job ENV_TOKEN), and a forked or exec'd orphan keeps it. Grading by another test
+    session or a course service on the same machine is not ours to count."""
     found = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter():
         try:
-            if p.info["cmdline"][:2] == ["sleep", "301"] or ENV_TOKEN in p.environ():
+            environ = p.environ()
+            if environ.get(RUN_VAR) == run and ENV_TOKEN in environ:
                 found.append(p)
-        except (psutil.Error, OSError, TypeError):
+        except (psutil.Error, OSError):
             continue
     return found
 
@@ -270,8 +278,9 @@ def test_hostile_submissions_are_graded_and_harm_nothing(kind, tmp_path, monkeyp
         cell = nbformat.v4.new_code_cell(source, metadata={"tags": ["answer:probe"]})
         submit(root, student, nbformat.v4.new_notebook(cells=[cell])).rename(root / student / "99_probe.ipynb")
     out = tmp_path / "grades.csv"
+    run = uuid.uuid4().hex
     rows = gradebook.grade([root], out, [ref], check_timeout=60, notebook_timeout=25, jobs=2, sandbox=sandbox,
-                           modules=("grading_probe",), env={"PYTHONPATH": str(TESTS)}, progress=False)
+                           modules=("grading_probe",), env={"PYTHONPATH": str(TESTS), RUN_VAR: run}, progress=False)
     reasons = {r.student: r.reason for r in rows}
     assert not any(r.passed for r in rows) and all(reasons.values())
     assert reasons["secret"] == "probe: FAILED: it said no secret"
@@ -285,7 +294,7 @@ def test_hostile_submissions_are_graded_and_harm_nothing(kind, tmp_path, monkeyp
         assert not outside.exists() and not in_repo.exists()
         assert "No such file" in reasons["writer"] or "Read-only" in reasons["writer"]
     assert reasons["forker"] in ("probe: FAILED: it said forked",)
-    assert leftovers() == []
+    assert leftovers(run) == []
 
 
 # ----------------------------------------------------------------------------------------------
