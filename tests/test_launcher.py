@@ -142,6 +142,10 @@ def _nested():
     (lambda: launcher.run(_nested(), 2), ValueError, "defined in another function"),
     (lambda: launcher.run(demos.echo, 2, args=((x for x in "ab"),)), TypeError, "cannot be sent to ranks"),
     (lambda: launcher.run(demos.echo, 2, timeout=0), ValueError, "timeout must be a positive"),
+    (lambda: launcher.prepare(demos.rank_id, 9), ValueError, "got 9"),
+    (lambda: launcher.start(launcher.prepare(demos.echo, 2), args=((x for x in "ab"),)), TypeError,
+     "cannot be sent to ranks"),
+    (lambda: launcher.start((demos.rank_id, 2)), TypeError, "takes a Launch from launcher.prepare"),
 ])
 def test_bad_arguments_fail_before_any_process_starts(call, error, words):
     launcher.shutdown()

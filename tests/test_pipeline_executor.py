@@ -136,7 +136,7 @@ def test_virtual_clock_starts_after_message_plus_link(p):
     (dict(model="gpt", ranks=4, layers=2), "n_stages 4 > layers 2"),
     (dict(model="cnn"), "model must be one of"),
     (dict(dtype=torch.float16), "dtype must be float64 or float32"),
-    (dict(ranks=9), "world_size must be in 1..8"),
+    (dict(ranks=9, layers=16), "world_size must be in 1..8"),
 ])
 def test_bad_runs_fail_before_launch(kwargs, message):
     before = launcher.pool_pids()
@@ -268,7 +268,8 @@ def test_flushed_1f1b_is_synchronous_sgd():
 def test_benchmark_rows_have_the_cli_shape():
     """Runs both executors once on a tiny model (no timing assertions: this machine is shared);
     the commlog wrappers are back afterwards."""
-    rows = launcher.run(bench.bench_rank, 4, kwargs=dict(repeats=1, warmup=1, hidden=(16,)), timeout=120)[0]
+    rows = launcher.run(bench.bench_rank, 4, kwargs=dict(schedules=bench.schedules_for(), repeats=1, warmup=1,
+                                                       hidden=(16,)), timeout=120)[0]
     assert [r["name"] for r in rows] == ["mlp h16 b64 m8 p4 gpipe", "mlp h16 b64 m8 p4 1f1b"]
     for r in rows:
         assert set(r) == {"name", "ours_s", "peer", "peer_s", "ratio", "compute_s", "cores", "limit_s",

@@ -61,7 +61,7 @@ def test_progress_lines_are_deterministic_text(monkeypatch):
     fake = [{"rank": 0, "coords": (0, 0, 0), "losses": [1.0, 0.5], "step_s": [0.1, 0.1], "cpu_s": [0.1, 0.1],
              "checksum": 0.0,
              "max_weight_diff": 0.0}]
-    monkeypatch.setattr(train3d.launcher, "run", lambda *a, **k: fake)
+    monkeypatch.setattr(train3d.launcher, "start", lambda launch, *a, **k: fake)
     monkeypatch.setattr(train3d, "reference", lambda cfg: {"losses": [1.0, 0.5], "state": {}})
     result = train3d.train(TINY.replace(dp=1, pp=1, tp=1), progress=lines.append)
     assert lines[0].startswith("training the tiny GPT (4 layers, hidden 16) on dp 1 x pp 1 x tp 1 = 1 ranks")
@@ -111,11 +111,34 @@ def test_a_plan_that_does_not_fit_the_memory_limit_is_refused():
 
 
 def test_train_refuses_before_any_process_starts(monkeypatch):
-    monkeypatch.setattr(train3d.launcher, "run", lambda *a, **k: pytest.fail("ranks were started"))
+    def started(*args, **kwargs):
+        pytest.fail("ranks were started")
+    monkeypatch.setattr(train3d.launcher, "run", started)
+    monkeypatch.setattr(train3d.launcher, "start", started)
     with pytest.raises(ValueError, match="world_size must be in 1..8"):
         train3d.train(TINY, dp=3, pp=2, tp=2, batch=12)
     with pytest.raises(ValueError, match="heads 3 is not divisible by tp 2"):
         train3d.train(TINY, heads=3, hidden=12)
+
+
+def test_train_checks_the_world_size_once(monkeypatch):
+    """The launcher's checks run once, before the reference is computed; the launch they passed is
+    what starts the ranks (here stopped at the door)."""
+    seen, checked = [], []
+    monkeypatch.setattr(launcher, "check_world_size", lambda n: checked.append(n))
+
+    class Stop(Exception):
+        pass
+
+    def start(launch, args=(), kwargs=None):
+        seen.append(launch)
+        raise Stop
+    monkeypatch.setattr(train3d.launcher, "start", start)
+    monkeypatch.setattr(train3d, "reference", lambda cfg: (checked.append("reference"), {"state": {}})[1])
+    with pytest.raises(Stop):
+        train3d.train(TINY)
+    assert checked == [TINY.world_size, "reference"]
+    assert [(launch.fn, launch.world_size) for launch in seen] == [(train3d.train_rank, TINY.world_size)]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from parallel_lab.bench.measure import limit_columns
 from parallel_lab.pipeline.executor import Executor
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.stages import ModelSpec, cut
+from parallel_lab.pipeline.validate import validate
 from parallel_lab.runtime import commlog, launcher
 
 PEER = "torch.distributed.pipelining"
@@ -81,9 +82,14 @@ def compute_seconds(ex: Executor, x, target, steps: int = LIMIT_STEPS) -> float:
     return min(totals.tolist())
 
 
-def bench_rank(repeats: int = 10, warmup: int = 3, hidden=HIDDEN, schedules=SCHEDULES) -> list[dict]:
+def schedules_for(names=SCHEDULES, ranks: int = RANKS) -> dict:
+    """The benchmark's schedules, built and validated once, before any rank starts: ``{name: Schedule}``."""
+    return {name: validate(build(name, ranks, MICROBATCHES)) for name in names}
+
+
+def bench_rank(schedules: dict, repeats: int = 10, warmup: int = 3, hidden=HIDDEN) -> list[dict]:
     """Rank function: time ours and the peer on every (hidden, schedule), alternating; the rows
-    (the same on every rank)."""
+    (the same on every rank). ``schedules``: ``schedules_for``'s, which the ranks run as they are."""
     with commlog.unwrapped():
         return _bench(repeats, warmup, hidden, schedules)
 
@@ -96,9 +102,9 @@ def _bench(repeats, warmup, hidden, schedules) -> list[dict]:
         stage = cut(spec, p, keep={rank})[rank]
         pristine = copy.deepcopy(stage.module)  # before our workers may put hooks on it: the peer gets none
         x, target = spec.data()
-        for name in schedules:
+        for name, schedule in schedules.items():
             module = copy.deepcopy(pristine)
-            ours = Executor(build(name, p, MICROBATCHES), {rank: stage}, spec, rank)
+            ours = Executor(schedule, {rank: stage}, spec, rank, check=False)  # schedules_for validated it
             peer = _peer(module, name, rank, p, spec.loss)
             steps = (lambda: ours.step(x if rank == 0 else None, target if rank == p - 1 else None),
                      _peer_step(peer, rank, p, x, target))
@@ -129,4 +135,5 @@ def _peer_step(peer, rank, p, x, target):
 def bench_pipeline(repeats: int = 10, warmup: int = 3, timeout: float = 600.0) -> list[dict]:
     """``parallel-lab bench pipeline``: rows ``{name, ours_s, peer, peer_s, ratio, compute_s, cores,
     limit_s, limit_ratio}`` on 4 ranks."""
-    return launcher.run(bench_rank, RANKS, kwargs=dict(repeats=repeats, warmup=warmup), timeout=timeout)[0]
+    return launcher.run(bench_rank, RANKS, kwargs=dict(schedules=schedules_for(), repeats=repeats, warmup=warmup),
+                        timeout=timeout)[0]

@@ -194,15 +194,14 @@ def train(cfg: Config | None = None, *, progress=print, memory_limit_gb: float |
     weights), and ``step_s`` (per step, the slowest rank's wall seconds).
     """
     cfg = (cfg or Config()).replace(**changes)
-    launcher.check_world_size(cfg.world_size)
+    launch = launcher.prepare(train_rank, cfg.world_size, timeout=timeout)  # 1..8 ranks, before the reference
     schedule = check(cfg, memory_limit_gb=memory_limit_gb)
     say = progress or (lambda line: None)
     ref = reference(cfg)
     say(f"training the tiny GPT ({cfg.layers} layers, hidden {cfg.hidden}) on {cfg.describe()}, "
         f"{cfg.steps} steps of {cfg.optimizer} ...")
-    ranks = launcher.run(train_rank, cfg.world_size, kwargs=dict(cfg=cfg, reference_state=ref["state"],
-                                                                 timed=timed, schedule=schedule),
-                         timeout=timeout)
+    ranks = launcher.start(launch, kwargs=dict(cfg=cfg, reference_state=ref["state"], timed=timed,
+                                               schedule=schedule))
     result = summarize(cfg, ranks, ref)
     for k, loss in enumerate(result["losses"]):
         say(f"step {k + 1}/{cfg.steps} loss {loss:.6f} (one process: {result['reference_losses'][k]:.6f})")

@@ -115,7 +115,7 @@ def run_cut(spec: ModelSpec, parts: Sequence[int], schedule: str = "1f1b", micro
     pieces, _, _ = spec.pieces()
     parts = check_parts(parts, len(pieces))
     n_stages = len(parts) - 1
-    launcher.check_world_size(n_stages)
+    launch = launcher.prepare(cut_rank, n_stages, timeout=timeout)  # before the schedule is built
     if spec.batch % microbatches:
         raise ValueError(f"batch {spec.batch} is not divisible by microbatches {microbatches}")
     sched = validate(build(schedule, n_stages, microbatches))
@@ -123,7 +123,7 @@ def run_cut(spec: ModelSpec, parts: Sequence[int], schedule: str = "1f1b", micro
         raise ValueError(f"{schedule} runs {sched.n_stages} model stages on {n_stages} ranks; a cut at "
                          f"parts gives one stage per rank (use a schedule with one stage per rank)")
     kwargs = dict(spec=spec, schedule=sched, parts=parts, link=link, warmup=warmup, steps=steps)
-    ranks = launcher.run(cut_rank, n_stages, kwargs=kwargs, timeout=timeout)
+    ranks = launcher.start(launch, kwargs=kwargs)
     return {**report(sched, spec, ranks, link=link), "parts": parts}
 
 

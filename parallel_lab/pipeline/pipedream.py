@@ -34,8 +34,9 @@ from torch import nn
 from torch.func import functional_call
 
 from parallel_lab.pipeline.executor import Executor
-from parallel_lab.pipeline.schedules import one_f_one_b
+from parallel_lab.pipeline.schedules import Schedule, one_f_one_b
 from parallel_lab.pipeline.stages import ModelSpec, cut
+from parallel_lab.pipeline.validate import validate
 from parallel_lab.pipeline.worker import StageWorker
 from parallel_lab.runtime import launcher
 
@@ -111,24 +112,25 @@ class AsyncStage(StageWorker):
         return {name: t.detach().clone() for name, t in zip(self.names, self.current.tensors)}
 
 
-def _async_rank(spec: ModelSpec, steps: int, m: int, lr: float, stash: bool) -> dict:
+def _async_rank(spec: ModelSpec, steps: int, schedule: Schedule, lr: float, stash: bool) -> dict:
     """Asynchronous 1F1B over all ``steps * m`` microbatches with no flush (one stage per rank): one
-    Executor step of the whole ``steps * m`` schedule, whose workers update after every backward."""
+    Executor step of ``schedule`` (1F1B of all ``steps * m``), whose workers update after every backward."""
     rank, p = dist.get_rank(), dist.get_world_size()
     whole = spec.replace(batch=spec.batch * steps)  # the microbatches of every step, in one walk
     stage = cut(spec, p, keep={rank})[rank]
-    ex = Executor(one_f_one_b(p, steps * m), {rank: stage}, whole, rank,
+    ex = Executor(schedule, {rank: stage}, whole, rank, check=False,  # compare_modes validated it
                   worker=functools.partial(AsyncStage, lr=lr, stash=stash))
     ex.step(*whole.data())
     w = ex.workers[rank]
     return {"stage": rank, "weights": w.weights(), "versions": w.versions, "peak_versions": w.peak_versions}
 
 
-def _flush_rank(spec: ModelSpec, steps: int, m: int, lr: float) -> dict:
-    """1F1B with a flush per step (the Executor), one SGD update per step on the mean gradient."""
-    rank, p = dist.get_rank(), dist.get_world_size()
+def _flush_rank(spec: ModelSpec, steps: int, schedule: Schedule, lr: float) -> dict:
+    """1F1B with a flush per step (the Executor running ``schedule``, 1F1B of one step's ``m``
+    microbatches), one SGD update per step on the mean gradient."""
+    rank, p, m = dist.get_rank(), dist.get_world_size(), schedule.n_microbatches
     stage = cut(spec, p, keep={rank})[rank]
-    ex = Executor(one_f_one_b(p, m), {rank: stage}, spec, rank)
+    ex = Executor(schedule, {rank: stage}, spec, rank, check=False)  # compare_modes validated it
     x, target = spec.replace(batch=spec.batch * steps).data()
     for t in range(steps):
         rows = slice(t * spec.batch, (t + 1) * spec.batch)
@@ -142,11 +144,13 @@ def _flush_rank(spec: ModelSpec, steps: int, m: int, lr: float) -> dict:
             "weights": {name: q.detach().clone() for name, q in zip(stage.names, stage.module.parameters())}}
 
 
-def pipedream_rank(spec: ModelSpec, steps: int, microbatches: int, lr: float, modes=MODES) -> dict:
-    """Rank function: every mode in ``modes`` on this rank's stage, from the same initial weights."""
-    run = {"no-stash": lambda: _async_rank(spec, steps, microbatches, lr, stash=False),
-           "stash": lambda: _async_rank(spec, steps, microbatches, lr, stash=True),
-           "flush": lambda: _flush_rank(spec, steps, microbatches, lr)}
+def pipedream_rank(spec: ModelSpec, steps: int, schedules: dict, lr: float, modes=MODES) -> dict:
+    """Rank function: every mode in ``modes`` on this rank's stage, from the same initial weights.
+    ``schedules``: the validated 1F1B schedules ``compare_modes`` built, ``"async"`` over all
+    ``steps * m`` microbatches and ``"flush"`` over one step's ``m``."""
+    run = {"no-stash": lambda: _async_rank(spec, steps, schedules["async"], lr, stash=False),
+           "stash": lambda: _async_rank(spec, steps, schedules["async"], lr, stash=True),
+           "flush": lambda: _flush_rank(spec, steps, schedules["flush"], lr)}
     return {mode: run[mode]() for mode in modes}
 
 
@@ -224,7 +228,10 @@ def compare_modes(stages: int = 4, steps: int = 3, microbatches: int = 4, lr: fl
     if spec.batch % microbatches:
         raise ValueError(f"batch {spec.batch} is not divisible by microbatches {microbatches}")
     cut(spec, stages)  # raises when there are more stages than layers, before any process starts
-    per_rank = launcher.run(pipedream_rank, stages, args=(spec, steps, microbatches, lr), timeout=timeout)
+    # built and validated once, here: the ranks run these very schedules, so they cannot disagree
+    schedules = {"async": validate(one_f_one_b(stages, steps * microbatches)),
+                 "flush": validate(one_f_one_b(stages, microbatches))}
+    per_rank = launcher.run(pipedream_rank, stages, args=(spec, steps, schedules, lr), timeout=timeout)
     sgd, replay = sync_sgd(spec, steps, lr), replay_stashed(spec, stages, steps, microbatches, lr)
     out = {}
     for mode in MODES:

@@ -59,11 +59,11 @@ def run_csv(schedule: Schedule, comms: bool = False, model: str = "mlp", dtype=t
     ranks, compare loss and every gradient with one process. Returns ``schedule``, ``comms``,
     ``loss``, ``loss_diff``, ``max_grad_diff``, ``grad_diffs`` and the ``csv`` text."""
     validate(schedule)
-    launcher.check_world_size(schedule.n_ranks)
+    launch = launcher.prepare(csv_rank, schedule.n_ranks, timeout=timeout)
     spec = make_spec(model, schedule.n_microbatches, dtype, seed, **sizes)
     check_stages(spec, schedule.n_stages)
     text = to_csv(schedule, comms)
     kwargs = dict(spec=spec, text=text, comms=comms, stage_to_rank=schedule.stage_to_rank,
                   microbatches=schedule.n_microbatches)
-    answers = launcher.run(csv_rank, schedule.n_ranks, kwargs=kwargs, timeout=timeout)
+    answers = launcher.start(launch, kwargs=kwargs)
     return {"schedule": schedule.name, "comms": comms, **compare(answers, reference(spec)), "csv": text}

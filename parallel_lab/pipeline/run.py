@@ -145,9 +145,9 @@ def plan(schedule: str | Schedule = "1f1b", ranks: int = 4, microbatches: int = 
          virtual: int = 1, dtype=torch.float64, seed: int = 0, **sizes) -> tuple[Schedule, ModelSpec]:
     """The validated schedule and model of a run (raises ScheduleError / ValueError; starts nothing).
     ``schedule`` is a name, built for ``ranks``, ``microbatches`` and ``virtual``, or a Schedule
-    (a student's, say), which carries its own."""
+    (a student's, say), which carries its own. Its number of ranks is the launcher's to check
+    (``launcher.prepare`` or ``launcher.run``, before any rank starts)."""
     sched = validate(schedule if isinstance(schedule, Schedule) else build(schedule, ranks, microbatches, virtual))
-    launcher.check_world_size(sched.n_ranks)
     spec = make_spec(model, sched.n_microbatches, dtype, seed, **sizes)
     check_stages(spec, sched.n_stages)
     return sched, spec

@@ -17,6 +17,8 @@ Introduced in lessons/01_ranks_and_collectives.ipynb. What it guarantees, from a
   stops them all. In every case no process is left behind.
 - **Checked before start.** A bad world size, a function that is not importable (a lambda, a
   function defined in a notebook cell) or arguments that cannot be pickled fail at once.
+  ``prepare`` makes the checks and ``start`` runs what it returns, for a caller that has work to do
+  before its ranks start (``run`` is both, for everyone else).
 
 This module is the entry point and holds the kernel's one pool; the parts are modules of their own:
 ``prelaunch`` (the checks), ``pool`` (the rank processes, seen from here), ``rank_process`` (a rank's loop,
@@ -32,6 +34,8 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing import forkserver
 
 from parallel_lab.runtime import pool as pools
@@ -39,8 +43,8 @@ from parallel_lab.runtime import rank_process
 from parallel_lab.runtime.errors import RankDied, RankError, RanksHung
 from parallel_lab.runtime.prelaunch import MAX_WORLD_SIZE, check_importable, check_timeout, check_world_size, cores
 
-__all__ = ["run", "warm", "shutdown", "pool_pids", "DEFAULT_TIMEOUT", "MAX_WORLD_SIZE", "cores",
-           "check_world_size", "RankError", "RankDied", "RanksHung"]
+__all__ = ["run", "prepare", "start", "Launch", "warm", "shutdown", "pool_pids", "DEFAULT_TIMEOUT",
+           "MAX_WORLD_SIZE", "cores", "RankError", "RankDied", "RanksHung"]
 
 DEFAULT_TIMEOUT = 30.0
 
@@ -56,10 +60,30 @@ def _note_helpers() -> None:
         _helpers_are_ours = True
 
 
+@dataclass(frozen=True)
+class Launch:
+    """A launch whose checks passed (``prepare``): ``start`` runs it without checking again."""
+    fn: Callable
+    world_size: int
+    timeout: float
+    untrusted: bool = False
+
+
+def prepare(fn, world_size: int = 4, *, timeout: float = DEFAULT_TIMEOUT, untrusted: bool = False) -> Launch:
+    """Check a launch before anything starts (world size, an importable ``fn``, the timeout; see
+    ``prelaunch``) and return it for ``start``. A caller with work to do before its ranks start
+    (a reference to compute, a schedule to build) prepares first, so that a launch that cannot work
+    fails before that work, and the checks are made once."""
+    check_world_size(world_size)
+    check_importable(fn)
+    check_timeout(timeout)
+    return Launch(fn, world_size, timeout, untrusted)
+
+
 def run(fn, world_size: int = 4, args: tuple = (), kwargs: dict | None = None, *,
         timeout: float = DEFAULT_TIMEOUT, untrusted: bool = False) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks with torch.distributed initialised (gloo);
-    return the list of the ranks' return values, indexed by rank.
+    return the list of the ranks' return values, indexed by rank. ``prepare`` then ``start``.
 
     ``fn`` must be importable (defined in a module); arguments and results are pickled.
     Raises RankError / RankDied / RanksHung (see the module doc); the pool then restarts on the
@@ -71,13 +95,19 @@ def run(fn, world_size: int = 4, args: tuple = (), kwargs: dict | None = None, *
     be dicts, lists, tuples, strings, bytes, numbers and None. The kernel's pool is stopped first, so
     that only one set of ranks holds memory.
     """
+    return start(prepare(fn, world_size, timeout=timeout, untrusted=untrusted), args, kwargs)
+
+
+def start(launch: Launch, args: tuple = (), kwargs: dict | None = None) -> list:
+    """Run a prepared launch with these arguments (``run``'s results and errors). Arguments that
+    cannot be pickled are refused here, still before any rank starts."""
     global _pool
-    check_world_size(world_size)
-    check_importable(fn)
-    check_timeout(timeout)
+    if not isinstance(launch, Launch):
+        raise TypeError(f"start takes a Launch from launcher.prepare, got {type(launch).__name__}")
+    fn, world_size, timeout = launch.fn, launch.world_size, launch.timeout
     task = rank_process.encode_task(fn, tuple(args), dict(kwargs or {}))
     name = getattr(fn, "__qualname__", str(fn))
-    if untrusted:
+    if launch.untrusted:
         return _run_untrusted(name, world_size, task, timeout)
     with _lock:
         try:
