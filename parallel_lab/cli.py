@@ -18,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+from parallel_lab.i18n import LANGUAGES, _, language
 from parallel_lab.pipeline.schedules import SCHEDULES  # numpy- and torch-free: ~0.05 s
 
 # Each handler returns (report for --json, text for people, reason to fail or ""); a report of None
@@ -479,7 +480,7 @@ def _grade(args):
                                args.timeout, args.student_from, args.jobs, summary=summary, sandbox=sandbox,
                                policy=policy, roster=roster, overrides=overrides)
         written, kind = {}, sandbox.kind
-    rows, _ = gradebook.apply_overrides(rows, overrides)
+    rows, _unmatched = gradebook.apply_overrides(rows, overrides)
     table = gradebook.standings(rows, policy)
     report = {"gradebook": str(out), "summary": str(summary), "feedback": str(feedback), "sandbox": kind,
               "policy": policy.as_dict(), "students": len(table), "submissions": len({r.submission for r in rows}),
@@ -544,6 +545,8 @@ def _certificate_arguments(parser) -> None:
     issue.add_argument("--status-list", metavar="URL", help="make it revocable: your status list's URL ...")
     issue.add_argument("--status-index", type=int, metavar="N", help="... and this credential's index in it")
     issue.add_argument("--out", default="credential.json")
+    issue.add_argument("--lang", choices=sorted(LANGUAGES), help="the language of the credential's name, description "
+                       "and criteria (default: $PARALLEL_LAB_LANG, else en)")
     status = actions.add_parser("status-list", help="write your signed revocation list (Bitstring Status List)")
     status.add_argument("url", metavar="URL", help="where you publish it (the URL credentials name)")
     status.add_argument("--revoked", type=int, nargs="*", default=[], metavar="N",
@@ -589,7 +592,8 @@ def _certificate(args):
         public = cr.load_public_key(args.public_key) if args.public_key else None
         listed = _read_json(args.status_list, "status list") if args.status_list else None
         result = cr.verify(credential, public, listed).as_dict()
-        return result, result["reason"], "" if result["valid"] else f"certificate verify: {result['reason']}"
+        return result, result["reason"], "" if result["valid"] else _("certificate verify: {reason}").format(
+            reason=result["reason"])
     key = cr.load_private_key(args.key_file)
     issuer_id = cr.did_web(args.did_web) if args.did_web else None
     if args.action == "status-list":
@@ -614,7 +618,8 @@ def _certificate(args):
     if (args.status_list is None) != (args.status_index is None):
         raise ValueError("--status-list and --status-index go together (a revocable credential needs both)")
     entry = cr.status_entry(args.status_list, args.status_index) if args.status_list else None
-    issued = cr.issue(args.name, args.email or args.subject_id, cr.Achievement(lessons), key, args.issuer,
+    issued = cr.issue(args.name, args.email or args.subject_id, cr.Achievement(lessons, lang=args.lang or language()),
+                      key, args.issuer,
                       credential_id=args.credential_id, valid_from=args.valid_from, status=entry,
                       issuer_id=issuer_id, issuer_url=args.issuer_url)
     _write_json(issued, args.out)
@@ -622,8 +627,9 @@ def _certificate(args):
     achievement = issued["credentialSubject"]["achievement"]["name"]
     return ({"file": args.out, "id": issued["id"], "issuer": issued["issuer"]["id"], "fingerprint": fp,
              "achievement": achievement, "lessons": sorted(lessons)},
-            f"Open Badges 3.0 credential {issued['id']}: {achievement}, for {args.name}, issued by {args.issuer} "
-            f"(key {fp}); saved to {args.out}", "")
+            _("Open Badges 3.0 credential {id}: {achievement}, for {name}, issued by {issuer} (key {key}); saved to "
+              "{file}").format(id=issued["id"], achievement=achievement, name=args.name, issuer=args.issuer, key=fp,
+                               file=args.out), "")
 
 
 def _serve_arguments(parser) -> None:
@@ -743,7 +749,7 @@ COMMANDS = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="parallel-lab", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (_, help_text, add_arguments) in COMMANDS.items():
+    for name, (_run, help_text, add_arguments) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
         command.add_argument("--json", action="store_true", help="print one JSON object on stdout")
         if add_arguments:

@@ -582,7 +582,29 @@ def test_the_notebook_shows_progress_that_says_it_is_not_a_credential(monkeypatc
     (tmp_path / "home" / "progress.json").write_text(json.dumps({"passed": {"x": {"points": "many"}, "y": 3}}))
     assert "No quiz passed yet" in str(my_progress())  # the learner's own file may hold anything
     for lang in ("en", "zh-Hant"):
-        passed = quizbox.LABELS[lang]["passed"]
+        passed = quizbox._label(lang, "passed")
         assert "my_progress()" in passed and "certificate(" not in passed
     with pytest.raises(ImportError):
         __import__("parallel_lab.course.certificate")
+
+
+def test_a_credential_in_traditional_chinese_states_its_language_and_verifies(instructor, achievement):
+    """The achievement's name, description and criteria in the learner's language (Open Badges 3.0's
+    ``inLanguage``), the same achievement id; verify's reason in the verifier's language."""
+    key, public = instructor
+    chinese = cr.Achievement({"01": ["quiz:01", "ring-all-reduce"], "00": ["quiz:00"]}, lang="zh-Hant")
+    assert chinese.uri == achievement.uri and "inLanguage" not in achievement.as_json()
+    made = cr.issue("林小美", "mei@example.org", chinese, key, "Prof. Lin, CS 4xx", valid_from=WHEN, created=WHEN)
+    shown = made["credentialSubject"]["achievement"]
+    assert shown["inLanguage"] == "zh-Hant" and shown["name"].endswith("：第 00, 01 課")
+    assert shown["criteria"]["narrative"].startswith("通過本課程的下列各課") and "- 第 01 課：quiz:01" in \
+        shown["criteria"]["narrative"] and "在真實 rank 上執行的練習" in shown["description"]
+    assert cr.verify(made, public).valid
+    with using("zh-Hant"):
+        assert cr.verify(made, public).reason.startswith("有效：林小美，parallel-lab：模型平行")
+        edited = copy.deepcopy(made)
+        edited["credentialSubject"]["achievement"]["name"] += "!"
+        refused = cr.verify(edited, public)
+    assert refused.code == "edited" and refused.reason.startswith("簽署後被修改過")
+    with pytest.raises(ValueError):
+        cr.Achievement(["00"], lang="fr")

@@ -7,6 +7,7 @@ submissions leak nothing and leave no process behind."""
 import csv
 import json
 import os
+import re
 import sys
 import uuid
 from dataclasses import replace
@@ -322,3 +323,52 @@ def test_grade_command_json_contract(lesson01, tmp_path, capsys):
     again = json.loads(capsys.readouterr().out)
     assert status == 0 and again["standings"]["ada"]["points"] == 5 and again["standings"]["ada"]["passed"]
     assert "paper quiz accepted (was 0)" in (tmp_path / "feedback" / "ada.md").read_text()
+
+
+# ----------------------------------------------------------------------------------------------
+# Grading in either language.
+
+ZH_LESSON = ROOT / "lessons" / "zh-Hant" / "10_schedule_search.ipynb"
+EN_LESSON = ROOT / "lessons" / "10_schedule_search.ipynb"
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def answered(nb):
+    """The lesson as a student hands it in: an answer that raises on its rank, a wrong prediction,
+    an answer sheet with one answer."""
+    nb = with_answer(nb, "schedule-design", "def my_schedule(p, m, cap):\n    return p / 0\n")
+    nb = with_answer(nb, "predict:synchronised-bubble", "my_prediction = 0.5\n")
+    return with_answer(nb, "quiz:10", "my_answers = {'schedule-search/same-as-zb-h1': 'a'}\n")
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(300)
+def test_a_zh_hant_submission_is_graded_against_its_edition_with_chinese_feedback(tmp_path, capsys):
+    """The same answers handed in from the English lesson and from its zh-Hant edition (whose
+    metadata says so): the same checks, points and verdicts, the zh-Hant one's words in Chinese --
+    the exercise's verdict from the sandboxed checking process included."""
+    subs = tmp_path / "subs"
+    for student, lesson in (("ada", EN_LESSON), ("mei", ZH_LESSON)):
+        (subs / student).mkdir(parents=True)
+        nbformat.write(answered(nbformat.read(lesson, as_version=4)), subs / student / lesson.name)
+    status = cli.main(["grade", str(subs), "--out", str(tmp_path / "g.csv"), "--reference", str(EN_LESSON),
+                       "--reference", str(ZH_LESSON), "--check-timeout", "60", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert status == 0
+    rows = {(r["student"], r["exercise"]): r for r in report["rows"]}
+    checks = ["predict:synchronised-bubble", "schedule-design", "quiz:10"]
+    for check in checks:
+        en, zh = rows["ada", check], rows["mei", check]
+        assert (zh["lesson"], zh["passed"], zh["points"], zh["max_points"]) == \
+            (en["lesson"], en["passed"], en["points"], en["max_points"]), check
+        assert not zh["passed"] and not CJK.search(en["reason"]) and CJK.search(zh["reason"]), (en, zh)
+    assert rows["mei", "schedule-design"]["reason"] == \
+        "排程 p=4、m=8、上限 4：未通過：my_schedule(4, 8, 4) 引發了 ZeroDivisionError: division by zero"
+    with open(tmp_path / "g.csv", newline="", encoding="utf-8") as f:
+        assert {r["student"]: r["lang"] for r in csv.DictReader(f)} == {"ada": "en", "mei": "zh-Hant"}
+    english = (tmp_path / "feedback" / "ada.md").read_text(encoding="utf-8")
+    chinese = (tmp_path / "feedback" / "mei.md").read_text(encoding="utf-8")
+    assert english.startswith("# Feedback for ada") and "FAILED" in english and not CJK.search(english)
+    assert chinese.startswith("# 給 mei 的回饋") and "得分：" in chinese and "FAILED" not in chinese
+    assert "排程 p=4、m=8、上限 2：未通過：my_schedule(4, 8, 2) 引發了 ZeroDivisionError" in chinese  # the sandbox's
+    assert "測驗 schedule-search（第 10 課）：未通過" in chinese and "不太對。" in chinese  # the quiz, its explanation

@@ -8,6 +8,7 @@ import io
 import os
 import unicodedata
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 LANGUAGES = {"en": "English", "zh-Hant": "繁體中文"}
@@ -19,6 +20,9 @@ DOMAIN = "messages"
 GETTEXT_LOCALE = {"en": "en", "zh-Hant": "zh_Hant"}
 
 _chosen: str | None = None
+# ``using``'s language: per thread (and task), so that two threads grading in two languages at once
+# do not change each other's words; the process's choice (``set_language``) is what it falls back to.
+_block: ContextVar[str | None] = ContextVar("parallel_lab_language", default=None)
 _catalogs: dict[str, _gettext.NullTranslations] = {}
 
 
@@ -38,7 +42,11 @@ def set_language(lang: str) -> str:
 
 
 def language() -> str:
-    """The language chosen in this process, else ``$PARALLEL_LAB_LANG``, else English."""
+    """The language of the enclosing ``using`` block, else the one chosen in this process, else
+    ``$PARALLEL_LAB_LANG``, else English."""
+    block = _block.get()
+    if block is not None:
+        return block
     if _chosen is not None:
         return _chosen
     return check_language(os.environ.get(ENVIRONMENT) or DEFAULT)
@@ -46,14 +54,14 @@ def language() -> str:
 
 @contextmanager
 def using(lang: str):
-    """Within the block, the library speaks ``lang`` (the grader writes one submission's feedback in
-    that submission's language; tests compare the two languages)."""
-    global _chosen
-    before, _chosen = _chosen, check_language(lang)
+    """Within the block (in this thread), the library speaks ``lang``: the grader writes one
+    submission's feedback in that submission's language while another thread grades another; tests
+    compare the two languages."""
+    token = _block.set(check_language(lang))
     try:
         yield lang
     finally:
-        _chosen = before
+        _block.reset(token)
 
 
 def catalog_path(lang: str, domain: str = DOMAIN, locale_dir: Path = LOCALE_DIR) -> Path:

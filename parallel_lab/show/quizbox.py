@@ -25,21 +25,18 @@ from ipywidgets.widgets.widget_string import HTMLStyle, LabelStyle, TextStyle
 from parallel_lab.course.quiz import progress
 from parallel_lab.course.quiz.bank import LANGUAGES, Bank, Item, load, localize
 from parallel_lab.course.quiz.check import feedback, score
-from parallel_lab.course.quiz.text import KIND_NOTE, quiz_text
-from parallel_lab.i18n import language
+from parallel_lab.course.quiz.text import kind_note, quiz_text
+from parallel_lab.i18n import _l, language, using
 
 COLOURS = {"correct": "#1a7f37", "wrong": "#b35900", "invalid": "#b35900", "unanswered": "#555"}
+# The widget's own words: the library's catalog (parallel_lab.i18n), in the language the switch shows.
 LABELS = {
-    "en": {"check": "Check", "retry": "Try again", "score": "Score: {points:g} of {total:g} points "
-           "(pass mark {needed:g})", "passed": "Passed! It is recorded on this computer: <code>my_progress()</code> "
-           "(from parallel_lab.show.progress) lists what you have passed. A credential anyone can verify comes "
-           "from whoever grades your notebook: hand it in, or submit it to the course's grading service.",
-           "number": "a number"},
-    "zh-Hant": {"check": "檢查", "retry": "再試一次", "score": "得分：{points:g} / {total:g} 分（及格 {needed:g} 分）",
-                "passed": "及格！已記錄在這臺電腦上：<code>my_progress()</code>（來自 parallel_lab.show.progress）"
-                          "列出你已通過的測驗。任何人都能驗證的憑證（credential）由評閱你筆記本的人發出："
-                          "繳交筆記本，或上傳到課程的評分服務。",
-                "number": "一個數字"},
+    "check": _l("Check"), "retry": _l("Try again"), "number": _l("a number"),
+    "score": _l("Score: {points} of {total} points (pass mark {needed})"),
+    "passed": _l("Passed! It is recorded on this computer: <code>my_progress()</code> (from "
+                 "parallel_lab.show.progress) lists what you have passed. A credential anyone can verify comes from "
+                 "whoever grades your notebook: hand it in, or submit it to the course's grading service."),
+    "title": _l("Quiz: {title}"),
 }
 
 
@@ -62,7 +59,8 @@ def public_item(item: Item, languages) -> PublicItem:
 
 
 def _label(lang: str, key: str, **fields) -> str:
-    return LABELS.get(lang, LABELS["en"])[key].format(**fields)
+    with using(lang):
+        return str(LABELS[key]).format(**fields)
 
 
 class Shared:
@@ -115,7 +113,7 @@ class ItemView:
 
     def set_language(self, lang: str) -> None:
         item = self.item
-        note = KIND_NOTE.get(lang, KIND_NOTE["en"])[item.kind]
+        note = kind_note(item.kind, lang)
         self.prompt.value = (f"<b>Q{self.number}</b> <small>({html.escape(note)})</small> "
                              f"{html.escape(item.prompt.get(lang) or item.prompt['en'])}")
         labels = [f"({k}) {texts.get(lang) or texts['en']}" for k, texts in item.options]
@@ -173,7 +171,8 @@ class QuizBox(widgets.VBox):
 
     def set_language(self, lang: str) -> None:
         self.lang = lang
-        self.header_html.value = f"<h3>Quiz: {html.escape(localize(self._bank.title, lang))}</h3>"
+        title = html.escape(localize(self._bank.title, lang))
+        self.header_html.value = f"<h3>{_label(lang, 'title', title=title)}</h3>"
         for view in self.views:
             view.set_language(lang)
             if view.status != "unanswered":
@@ -189,7 +188,8 @@ class QuizBox(widgets.VBox):
 
     def _update(self) -> None:
         result = score(self._bank, self.answers)
-        line = _label(self.lang, "score", points=result.points, total=result.total, needed=result.needed)
+        line = _label(self.lang, "score", points=f"{result.points:g}", total=f"{result.total:g}",
+                      needed=f"{result.needed:g}")
         if result.passed:
             progress.record_pass(self._bank.id, self._bank.lesson, result.points, result.total)
             line += "<br>" + _label(self.lang, "passed")

@@ -47,8 +47,9 @@ from typing import Mapping
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from parallel_lab.course.credentials import keys, proof, status
+from parallel_lab.i18n import DEFAULT, N_, _, check_language, using
 
-COURSE = "parallel-lab: model parallelism (tensor and pipeline), run for real"
+COURSE = N_("parallel-lab: model parallelism (tensor and pipeline), run for real")
 CONTEXT = [proof.VC_V2, proof.OB_V3]
 TYPES = ["VerifiableCredential", "OpenBadgeCredential"]
 
@@ -61,12 +62,14 @@ class Achievement:
     (``{"01": ["ring-all-reduce", "quiz:01"]}``, or a plain list of lessons), of ``course``.
     ``id``: the achievement's URI (default a UUID derived from the course and the lessons, so the
     same lessons give the same achievement); ``description``: one paragraph (default says how it was
-    graded)."""
+    graded). ``lang``: the language of its name, description and criteria (``en`` or ``zh-Hant``;
+    Open Badges 3.0's ``inLanguage``, stated when not English); the id does not depend on it."""
 
     lessons: Mapping[str, tuple] | tuple
     course: str = COURSE
     id: str | None = None
     description: str | None = None
+    lang: str = DEFAULT
     checks: tuple = field(init=False, repr=False)  # ((lesson, (checks passed, sorted)), ...), by lesson
 
     def __post_init__(self):
@@ -74,12 +77,14 @@ class Achievement:
         checks = {str(lesson): tuple(sorted(map(str, done))) for lesson, done in lessons.items()}
         if not checks:
             raise ValueError("an achievement needs at least one lesson passed, got none")
+        check_language(self.lang)
         object.__setattr__(self, "checks", tuple(sorted(checks.items())))
-        object.__setattr__(self, "lessons", tuple(lesson for lesson, _ in self.checks))
+        object.__setattr__(self, "lessons", tuple(lesson for lesson, _done in self.checks))
 
     @property
     def name(self) -> str:
-        return f"{self.course}: lessons {', '.join(self.lessons)}"
+        with using(self.lang):
+            return _("{course}: lessons {lessons}").format(course=_(self.course), lessons=", ".join(self.lessons))
 
     @property
     def uri(self) -> str:
@@ -87,15 +92,22 @@ class Achievement:
 
     def narrative(self) -> str:
         """The criteria, in Markdown: every lesson and the checks passed in it."""
-        rows = [f"- lesson {lesson}" + (f": {', '.join(done)}" if done else "") for lesson, done in self.checks]
-        return "Passed these lessons of the course, graded by its sandboxed grader:\n" + "\n".join(rows)
+        with using(self.lang):
+            rows = [_("- lesson {lesson}: {checks}").format(lesson=lesson, checks=", ".join(done)) if done
+                    else _("- lesson {lesson}").format(lesson=lesson) for lesson, done in self.checks]
+            return _("Passed these lessons of the course, graded by its sandboxed grader:") + "\n" + "\n".join(rows)
 
     def as_json(self) -> dict:
-        return {"id": self.uri, "type": ["Achievement"], "name": self.name,
-                "description": self.description or (
-                    f"Lessons {', '.join(self.lessons)} of {self.course}: exercises run on real ranks and "
-                    "quizzes, graded by the course's grader, not by the learner's own notebook."),
+        with using(self.lang):
+            description = self.description or _(
+                "Lessons {lessons} of {course}: exercises run on real ranks and quizzes, graded by the course's "
+                "grader, not by the learner's own notebook.").format(lessons=", ".join(self.lessons),
+                                                                     course=_(self.course))
+        data = {"id": self.uri, "type": ["Achievement"], "name": self.name, "description": description,
                 "criteria": {"narrative": self.narrative()}}
+        if self.lang != DEFAULT:
+            data["inLanguage"] = self.lang
+        return data
 
 
 # --- the learner ---------------------------------------------------------------------------------
@@ -281,12 +293,12 @@ def _summary(c: dict) -> dict:
 def _window_error(c: dict, now: _dt.datetime) -> tuple[str, str]:
     """(code, reason) if ``now`` is outside the credential's validity period, else ("", "")."""
     if proof.timestamp(c["validFrom"]) > proof.timestamp(now):
-        return "not-yet-valid", f"not valid yet: validFrom {c['validFrom']} is in the future"
+        return "not-yet-valid", _("not valid yet: validFrom {date} is in the future").format(date=c["validFrom"])
     until = c.get("validUntil")
     if until is not None:
         try:
             if proof.timestamp(until) < proof.timestamp(now):
-                return "expired", f"expired: validUntil {until} has passed"
+                return "expired", _("expired: validUntil {date} has passed").format(date=until)
         except ValueError:
             return "malformed", f"not a credential: validUntil is not a date-time with a time zone, got {until!r}"[:200]
     return "", ""
@@ -310,7 +322,7 @@ def verify(credential, public_key: Ed25519PublicKey | None = None, status_list: 
     try:
         signer = keys.public_key_from_method(method)
     except ValueError as exc:
-        return Verification(False, f"the proof's verificationMethod names no Ed25519 key: {exc}",
+        return Verification(False, _("the proof's verificationMethod names no Ed25519 key: {error}").format(error=exc),
                             expected_fingerprint=expected, **seen)
     found = keys.fingerprint(signer)
 
@@ -318,21 +330,22 @@ def verify(credential, public_key: Ed25519PublicKey | None = None, status_list: 
         return Verification(code == "valid", reason, code, found, expected, revoked, **seen)
 
     if method.partition("#")[0] != issuer_id:
-        return result("foreign-key", f"the proof's key belongs to {method.partition('#')[0][:60]}, not to the issuer "
-                             f"{issuer_id[:60]}")
+        return result("foreign-key", _("the proof's key belongs to {owner}, not to the issuer {issuer}").format(
+            owner=method.partition("#")[0][:60], issuer=issuer_id[:60]))
     if public_key is not None and keys.raw(signer) != keys.raw(public_key):
-        return result("foreign-key", f"signed by key {found}, not by the issuer key given ({expected}): a credential "
-                             "made with another key (self-issued, or another issuer's) proves nothing here")
+        return result("foreign-key", _("signed by key {found}, not by the issuer key given ({expected}): a credential "
+                                       "made with another key (self-issued, or another issuer's) proves nothing "
+                                       "here").format(found=found, expected=expected))
     problem = proof.check(credential, signer)
     if problem == proof.MISMATCH:
-        return result("edited", f"edited after signing: the eddsa-rdfc-2022 proof by key {found} does not match "
-                             "the credential's content")
+        return result("edited", _("edited after signing: the eddsa-rdfc-2022 proof by key {found} does not match "
+                                  "the credential's content").format(found=found))
     if problem:
-        return result("malformed", f"cannot be verified: {problem}")
+        return result("malformed", _("cannot be verified: {problem}").format(problem=problem))
     if public_key is None:
-        return result("no-key", f"the proof verifies with the key the credential names ({found}), but no issuer "
-                             "key was given to check it against; anyone can make a key and sign, so pass the "
-                             "issuer's public key")
+        return result("no-key", _("the proof verifies with the key the credential names ({found}), but no issuer "
+                                  "key was given to check it against; anyone can make a key and sign, so pass the "
+                                  "issuer's public key").format(found=found))
     code, problem = _window_error(credential, now or _dt.datetime.now(_dt.timezone.utc))
     if problem:
         return result(code, problem)
@@ -341,16 +354,17 @@ def verify(credential, public_key: Ed25519PublicKey | None = None, status_list: 
     if entry is not None and status_list is not None:
         revoked, problem = status.check(entry, status_list, issuer_id, public_key)
         if problem:
-            return result("status-unavailable", f"revocation could not be checked: {problem}")
+            return result("status-unavailable", _("revocation could not be checked: {problem}").format(problem=problem))
         if revoked:
-            return result("revoked", f"revoked by the issuer (status list {entry['statusListCredential']}, "
-                                 f"index {entry['statusListIndex']})", True)
-        note = "; not revoked"
+            return result("revoked", _("revoked by the issuer (status list {list}, index {index})").format(
+                list=entry["statusListCredential"], index=entry["statusListIndex"]), True)
+        note = _("; not revoked")
     elif entry is not None:
-        note = f"; revocation not checked (no status list given; the issuer's is {entry.get('statusListCredential')})"
+        note = _("; revocation not checked (no status list given; the issuer's is {list})").format(
+            list=entry.get("statusListCredential"))
     elif status_list is not None:
-        note = "; it has no credentialStatus (the issuer cannot revoke it)"
-    who = seen["subject"]["name"] or seen["subject"]["id"] or "the learner"
-    return result("valid", f"valid: {who}, {seen['achievement']['name']}, issued by "
-                        f"{seen['issuer']['name'] or issuer_id} (key {found}) on {credential['validFrom'][:10]}{note}",
-                  revoked)
+        note = _("; it has no credentialStatus (the issuer cannot revoke it)")
+    who = seen["subject"]["name"] or seen["subject"]["id"] or _("the learner")
+    return result("valid", _("valid: {who}, {achievement}, issued by {issuer} (key {key}) on {date}{note}").format(
+        who=who, achievement=seen["achievement"]["name"], issuer=seen["issuer"]["name"] or issuer_id, key=found,
+        date=credential["validFrom"][:10], note=note), revoked)

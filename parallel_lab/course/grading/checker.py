@@ -3,14 +3,15 @@
 The grader starts it inside the sandbox (``grading.sandbox``) and writes one job on its stdin:
 
     {"checks": [{"id": "ring-all-reduce", "source": "<the answer cell>"}, ...],
-     "modules": ["extra.exercise.module", ...]}       # exercises to register besides the course's
+     "modules": ["extra.exercise.module", ...],       # exercises to register besides the course's
+     "lang": "zh-Hant"}                               # the reference lesson's language (default en)
 
 It runs each exercise's check (``parallel_lab.exercises``): the answer's source is reviewed here and
 run only on rank processes; every comparison happens here. It executes none of the submission's
-other cells. Each verdict is written, as one JSON line ``{"id", "passed", "not_yet", "lines",
-"cases"}``, to the result pipe ``N``, which no rank inherits (it is made non-inheritable before any
-rank starts, and this process is made non-dumpable, so that its descriptors cannot be opened through
-/proc): a rank can print anything on stdout, but cannot write a verdict.
+other cells. Each verdict is written, in the job's language, as one JSON line ``{"id", "passed",
+"not_yet", "lines", "cases", "reason"}``, to the result pipe ``N``, which no rank inherits (it is made
+non-inheritable before any rank starts, and this process is made non-dumpable, so that its descriptors
+cannot be opened through /proc): a rank can print anything on stdout, but cannot write a verdict.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import sys
 import torch
 
 from parallel_lab.exercises import REGISTRY
+from parallel_lab.i18n import DEFAULT, _, set_language
 from parallel_lab.runtime import launcher
 
 PR_SET_DUMPABLE = 4
@@ -51,6 +53,7 @@ def main(argv=None) -> int:
     multiprocessing.util.register_after_fork(out, lambda f: os.close(args.result_fd))
     torch.set_num_threads(1)
     job = json.loads(sys.stdin.read())
+    set_language(job.get("lang") or DEFAULT)
     for module in job.get("modules", []):
         importlib.import_module(module)
     launcher.warm()  # with a forkserver: it imports torch while the first answer is reviewed
@@ -58,12 +61,12 @@ def main(argv=None) -> int:
         for check in job["checks"]:
             exercise = REGISTRY.get(check["id"])
             if exercise is None:
-                record = {"id": check["id"], "passed": False, "not_yet": False,
-                          "lines": [f"{check['id']}: FAILED: the grader knows no exercise {check['id']!r}"]}
+                line = _("{id}: FAILED: the grader knows no exercise {id!r}").format(id=check["id"])
+                record = {"id": check["id"], "passed": False, "not_yet": False, "lines": [line], "reason": line}
             else:
                 verdict = exercise.check(check["source"])
                 record = {"id": check["id"], "passed": verdict.passed, "not_yet": verdict.not_yet,
-                          "lines": list(verdict.lines), "cases": list(verdict.cases)}
+                          "lines": list(verdict.lines), "cases": list(verdict.cases), "reason": verdict.reason}
             out.write(json.dumps(record) + "\n")
             out.flush()
     finally:

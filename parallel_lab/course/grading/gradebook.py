@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -35,16 +36,18 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from parallel_lab.course import editions
 from parallel_lab.course.grading import exports, similarity
 from parallel_lab.course.grading.policy import CATEGORIES, Policy, lesson_number
-from parallel_lab.course.grading.reference import ROOT, GradingError, Reference, load_reference
+from parallel_lab.course.grading.reference import ROOT, GradingError, Reference, load_reference, notebook_language
 from parallel_lab.course.grading.roster import Override, Roster, load_overrides, student_for
 from parallel_lab.course.grading.runner import Row, grade_submission
 from parallel_lab.course.grading.sandbox import Limits, Sandbox
 from parallel_lab.course.quiz.bank import load_all
+from parallel_lab.i18n import DEFAULT, _, ngettext, using
 
 GRADEBOOK_COLUMNS = ("student", "lesson", "exercise", "passed", "points", "max_points", "reason", "sandbox",
-                     "cases_passed", "cases_tried", "category", "override", "submission")
+                     "cases_passed", "cases_tried", "category", "override", "submission", "lang")
 SUBMISSION_COLUMNS = ("student", "folder", "lesson", "submission", "modified", "graded", "note")
 
 
@@ -66,19 +69,33 @@ def expand(submissions) -> list[Path]:
 
 
 def default_references() -> list[Path]:
-    return sorted((ROOT / "lessons").glob("*.ipynb"))
+    """The English lessons and every translated edition's (``lessons/zh-Hant/``)."""
+    folders = [ROOT / "lessons", *editions.EDITIONS.values()]
+    return [path for folder in folders for path in sorted(folder.glob("*.ipynb"))]
 
 
-def choose_reference(path: Path, references: list[Reference]) -> Reference | None:
-    """Same file name, else the same two-digit lesson prefix, else the only reference."""
-    for ref in references:
+def submission_language(path: Path) -> str:
+    """The language a submitted notebook says it is in (its metadata; English when unreadable)."""
+    try:
+        return notebook_language(json.loads(Path(path).read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return DEFAULT
+
+
+def choose_reference(path: Path, references: list[Reference], lang: str | None = None) -> Reference | None:
+    """Among the references in the submission's language (``lang``, else read from its metadata;
+    all of them when none is in it): the same file name, else the same two-digit lesson prefix,
+    else the only reference."""
+    lang = lang or submission_language(path)
+    candidates = [ref for ref in references if ref.lang == lang] or list(references)
+    for ref in candidates:
         if ref.path.name == path.name:
             return ref
     prefix = path.name[:2]
-    same = [ref for ref in references if prefix.isdigit() and ref.path.name[:2] == prefix]
+    same = [ref for ref in candidates if prefix.isdigit() and ref.path.name[:2] == prefix]
     if len(same) == 1:
         return same[0]
-    return references[0] if len(references) == 1 else None
+    return candidates[0] if len(candidates) == 1 else None
 
 
 def student_of(path: Path, student_from: str = "parent") -> str:
@@ -187,7 +204,7 @@ def grade(submissions, out, references=None, feedback_dir=None, check_timeout: f
     def one(submission: Submission) -> list[Row]:
         if submission.reference is None:
             return [Row(submission.student, "?", "*", False, 0, 0, "cannot tell which lesson this is; pass --reference "
-                        f"(references: {', '.join(r.path.name for r in refs)})", str(submission.path),
+                        f"(references: {', '.join(sorted({r.path.name for r in refs}))})", str(submission.path),
                         sandbox=sandbox.kind)]
         return grade_submission(submission.path, submission.reference, submission.student, sandbox, limits,
                                 modules, env, policy=policy, capstone_lesson=capstone)
@@ -207,7 +224,7 @@ def lesson_maxima_of(refs, policy: Policy) -> dict:
     """``{lesson number: {category: max points}}`` of reference lessons."""
     capstone = capstone_lesson(policy)
     maxima: dict = {}
-    for ref in refs:
+    for ref in {ref.lesson: ref for ref in reversed(refs)}.values():  # an edition's checks are its lesson's
         lesson = lesson_number(ref.lesson)
         for check in ref.checks:
             category = policy.category(check.id, lesson, capstone)
@@ -454,34 +471,47 @@ def read_gradebook(path, policy: Policy | None = None) -> list[Row]:
                 sandbox=row.get("sandbox", ""),
                 cases=(int(row.get("cases_passed") or 0), int(row.get("cases_tried") or 0)),
                 category=row.get("category") or policy.category(check, lesson, capstone),
-                override=row.get("override", "")))
+                override=row.get("override", ""), lang=row.get("lang") or DEFAULT))
     return rows
 
 
 def feedback_text(student: str, rows, superseded=()) -> str:
     """A student's feedback: per submission, the score and every check with why it failed, the
-    quiz's explanations for the questions answered wrong, and regrades with their reasons."""
-    lines = [f"# Feedback for {student}", ""]
+    quiz's explanations for the questions answered wrong, and regrades with their reasons. Each
+    submission's part is in its lesson's language (``Row.lang``), the head in the first one's."""
+    with using(rows[0].lang if rows else DEFAULT):
+        lines = [_("# Feedback for {student}").format(student=student), ""]
     for submission in dict.fromkeys(r.submission for r in rows):
         mine = [r for r in rows if r.submission == submission]
-        got, total = sum(r.points for r in mine), sum(r.max_points for r in mine)
-        lines += [f"## {mine[0].lesson} ({Path(submission).name})", "", f"Score: {got:g} of {total:g} points", ""]
-        for r in mine:
-            verdict = "passed" if r.passed else f"FAILED: {r.reason}"
-            cases = f", {r.cases[0]} of {r.cases[1]} cases" if r.cases[1] > 1 and not r.passed else ""
-            lines.append(f"- {r.exercise} ({r.points:g} of {r.max_points:g} point{'s' * (r.max_points != 1)}"
-                         f"{cases}): {verdict}")
-            if r.override:
-                lines.append(f"  Regraded by your instructor: {r.override}")
-            if r.detail and not r.passed:
-                lines += ["", "  ```", *("  " + line for line in r.detail.splitlines()), "  ```", ""]
-            for item in r.feedback:
-                lines += ["", *("  " + line for line in item.splitlines())]
-        lines.append("")
+        with using(mine[0].lang):
+            lines += _submission_feedback(submission, mine)
     later = [s for s in superseded if not s.graded]
     if later:
-        lines += ["## Not graded", ""] + [f"- {Path(s.path).name} ({s.lesson}): {s.note}" for s in later] + [""]
+        with using(rows[0].lang if rows else DEFAULT):
+            lines += [_("## Not graded"), ""]
+        lines += [f"- {Path(s.path).name} ({s.lesson}): {s.note}" for s in later] + [""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _submission_feedback(submission: str, mine: list) -> list[str]:
+    got, total = sum(r.points for r in mine), sum(r.max_points for r in mine)
+    lines = [f"## {mine[0].lesson} ({Path(submission).name})", "",
+             _("Score: {points} of {total} points").format(points=f"{got:g}", total=f"{total:g}"), ""]
+    for r in mine:
+        verdict = _("passed") if r.passed else _("FAILED: {reason}").format(reason=r.reason)
+        points = ngettext("{points} of {total} point", "{points} of {total} points", 1 if r.max_points == 1 else 2
+                          ).format(points=f"{r.points:g}", total=f"{r.max_points:g}")
+        if r.cases[1] > 1 and not r.passed:
+            points = _("{points}, {passed} of {tried} cases").format(points=points, passed=r.cases[0],
+                                                                    tried=r.cases[1])
+        lines.append(_("- {check} ({points}): {verdict}").format(check=r.exercise, points=points, verdict=verdict))
+        if r.override:
+            lines.append(_("  Regraded by your instructor: {why}").format(why=r.override))
+        if r.detail and not r.passed:
+            lines += ["", "  ```", *("  " + line for line in r.detail.splitlines()), "  ```", ""]
+        for item in r.feedback:
+            lines += ["", *("  " + line for line in item.splitlines())]
+    return lines + [""]
 
 
 def write_feedback(rows, directory: Path, submissions=()) -> Path:

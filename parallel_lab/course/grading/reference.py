@@ -4,7 +4,9 @@ answer cell each one reads.
 A lesson (the student edition, ``lessons/NN_*.ipynb``) marks them with the cell tags of
 ``parallel_lab.course.tags``: a check cell ``check:ID`` with ``points:N`` (an exercise, a quiz
 ``quiz:NN``, or a graded prediction ``predict:PID``, whose points are the registry's), and before it
-its answer cell ``answer:ID``, whose source the grader reads from the submission.
+its answer cell ``answer:ID``, whose source the grader reads from the submission. A lesson's
+language is its notebook metadata's ``{"parallel_lab": {"lang": "zh-Hant"}}`` (English without it):
+the zh-Hant edition has the same checks and points, and the grader writes its feedback in Chinese.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import nbformat
 
 from parallel_lab.course import tags
 from parallel_lab.course.predictions import GRADED
+from parallel_lab.i18n import DEFAULT, LANGUAGES
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -44,11 +47,21 @@ class Check:
         return tags.prediction(self.id)
 
 
+def notebook_language(nb) -> str:
+    """The language a notebook says it is in (its metadata's ``{"parallel_lab": {"lang": ...}}``),
+    English when it says none or one the course does not have."""
+    meta = nb.get("metadata", {}) if isinstance(nb, dict) else {}
+    course = meta.get("parallel_lab") if isinstance(meta, dict) else None
+    lang = course.get("lang") if isinstance(course, dict) else None
+    return lang if lang in LANGUAGES else DEFAULT
+
+
 @dataclass(frozen=True)
 class Reference:
     path: Path
     checks: tuple
     texts: dict = field(default_factory=dict)  # check id -> its answer cell's text in the reference (markdown)
+    lang: str = DEFAULT
 
     @property
     def lesson(self) -> str:
@@ -102,4 +115,4 @@ def load_reference(path) -> Reference:
         checks.append(Check(check, points, answers[check]))
     if not checks:
         raise GradingError(f"{path.name}: no check cells (tag a cell 'check:ID' and 'points:N')")
-    return Reference(path, tuple(checks), texts)
+    return Reference(path, tuple(checks), texts, notebook_language(nb))

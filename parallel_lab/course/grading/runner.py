@@ -22,7 +22,10 @@ answer cell (by tag ``answer:ID``, else by the reference's cell id):
   scored by a person: its row has no points and carries the text (``detail``) for the instructor.
 
 So no other cell, no edited output, no patch of the library or of torch in the student's kernel
-changes a grade: the kernel never runs. What a grade proves, and what it does not: README, "For
+changes a grade: the kernel never runs. A submission is graded in its reference lesson's language
+(``Reference.lang``: a zh-Hant edition's checks and points are the English one's): the verdicts,
+reasons and feedback are written under ``i18n.using`` that language, and the checking process is
+told it in its job. What a grade proves, and what it does not: README, "For
 instructors".
 """
 
@@ -46,6 +49,7 @@ from parallel_lab.course.quiz.bank import load
 from parallel_lab.course.quiz.check import feedback, score, verdict
 from parallel_lab.course.quiz.variant import variant
 from parallel_lab.exercises import REGISTRY
+from parallel_lab.i18n import DEFAULT, _, using
 
 CHECKER = [sys.executable, "-m", "parallel_lab.course.grading.checker"]
 
@@ -74,11 +78,12 @@ class Row:
     override: str = ""
     answer: str = ""
     feedback: tuple = ()
+    lang: str = DEFAULT
 
     def csv_row(self) -> list:
         return [self.student, self.lesson, self.exercise, "true" if self.passed else "false",
                 f"{self.points:g}", f"{self.max_points:g}", self.reason, self.sandbox, self.cases[0], self.cases[1],
-                self.category, self.override, self.submission]
+                self.category, self.override, self.submission, self.lang]
 
 
 def first_line(text: str) -> str:
@@ -94,7 +99,7 @@ def read_notebook(path: Path):
         return nb
     except Exception as exc:  # anything unreadable is "not a notebook", with the parser's words
         words = first_line(str(exc)).split(": '")[0] or type(exc).__name__  # not the file's content
-        return f"not a notebook: {words[:120]}"
+        return _("not a notebook: {why}").format(why=words[:120])
 
 
 class Missing(str):
@@ -110,10 +115,10 @@ def answer_sources(nb, checks, written=()) -> dict:
     for check in checks:
         cell = by_tag.get(check.id) or by_id.get(check.answer_cell_id)
         if cell is None:
-            found[check.id] = Missing(f"answer cell deleted (the cell tagged answer:{check.id})")
+            found[check.id] = Missing(_("answer cell deleted (the cell tagged answer:{check})").format(check=check.id))
         elif cell.get("cell_type") != ("markdown" if check.id in written else "code"):
-            found[check.id] = Missing(f"answer cell answer:{check.id} is not a "
-                                      f"{'markdown' if check.id in written else 'code'} cell")
+            found[check.id] = Missing((_("answer cell answer:{check} is not a markdown cell") if check.id in written
+                                       else _("answer cell answer:{check} is not a code cell")).format(check=check.id))
         else:
             found[check.id] = cell.source if isinstance(cell.source, str) else "".join(cell.source)
     return found
@@ -125,16 +130,16 @@ def answer_sheet(source: str):
     try:
         tree = ast.parse(source)
     except SyntaxError as err:
-        return f"the answer sheet does not parse: {err.msg} (line {err.lineno})"
+        return _("the answer sheet does not parse: {message} (line {line})").format(message=err.msg, line=err.lineno)
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "my_answers" for t in node.targets):
             try:
                 sheet = ast.literal_eval(node.value)
             except ValueError:
-                return ("the answer sheet is not a plain dict of answers (the grader reads it, it never runs "
-                        "it): write only strings, numbers, lists and None in it")
-            return sheet if isinstance(sheet, dict) else "my_answers is not a dict"
-    return "the answer sheet cell defines no my_answers"
+                return _("the answer sheet is not a plain dict of answers (the grader reads it, it never runs "
+                         "it): write only strings, numbers, lists and None in it")
+            return sheet if isinstance(sheet, dict) else _("my_answers is not a dict")
+    return _("the answer sheet cell defines no my_answers")
 
 
 def claimed_student(nb) -> str | None:
@@ -165,9 +170,9 @@ def quiz_row(check: Check, source, row, student: str, claimed: str | None = None
     result = score(bank, sheet)
     text = verdict(result)
     if claimed is not None and claimed != student:
-        text += (f"\n  (this notebook's my_student_id is {claimed!r}; the quiz was graded as {student!r}'s, the id "
-                 f"your instructor's roster gives this submission)")
-    wrong = tuple(f"{item.id}: {feedback(item, result.responses.get(item.id)).message or 'not answered'}"
+        text += "\n" + _("  (this notebook's my_student_id is {claimed!r}; the quiz was graded as {student!r}'s, the "
+                         "id your instructor's roster gives this submission)").format(claimed=claimed, student=student)
+    wrong = tuple(f"{item.id}: {feedback(item, result.responses.get(item.id)).message or _('not answered')}"
                   for item in bank.items if result.status[item.id] != "correct")
     return row(check, result.passed, "" if result.passed else first_line(text), text,
                cases=(int(result.points), int(result.total)), feedback=wrong)
@@ -187,18 +192,19 @@ def written_row(check: Check, source, row, policy: Policy, reference_text: str =
         return row(check, False, source)
     text = str(source).strip()
     if not text or text == reference_text.strip():
-        return row(check, False, "no analysis written (the cell still holds the lesson's placeholder)")
-    return row(check, False, f"to be scored by your instructor ({policy.rubric_points(check.id):g} points, rubric "
-                             f"in the grading policy)", text, cases=(0, 1))
+        return row(check, False, _("no analysis written (the cell still holds the lesson's placeholder)"))
+    why = _("to be scored by your instructor ({points:g} points, rubric in the grading policy)")
+    return row(check, False, why.format(points=policy.rubric_points(check.id)), text, cases=(0, 1))
 
 
-def run_checks(jobs: list[dict], sandbox: Sandbox, limits: Limits, modules=(), env=None) -> tuple[dict, str]:
-    """Run the exercise checks ``[{"id", "source"}]`` in one sandboxed checking process: ``({id:
-    verdict record}, why the process stopped early or "")``."""
+def run_checks(jobs: list[dict], sandbox: Sandbox, limits: Limits, modules=(), env=None,
+               lang: str = DEFAULT) -> tuple[dict, str]:
+    """Run the exercise checks ``[{"id", "source"}]`` in one sandboxed checking process, whose
+    verdicts are in ``lang``: ``({id: verdict record}, why the process stopped early or "")``."""
     with tempfile.TemporaryDirectory(prefix="parallel-lab-grade-") as tmp:
         scratch = Path(tmp) / "scratch"
         scratch.mkdir()
-        job = json.dumps({"checks": jobs, "modules": list(modules)}).encode()
+        job = json.dumps({"checks": jobs, "modules": list(modules), "lang": lang}).encode()
         # Ranks fork from the checking process, which runs torch on one thread (see runtime.pool.start_method).
         result = sandbox.run(CHECKER, job, scratch, limits, env={"PARALLEL_LAB_START_METHOD": "fork", **(env or {})})
     records = {}
@@ -211,11 +217,12 @@ def run_checks(jobs: list[dict], sandbox: Sandbox, limits: Limits, modules=(), e
     why = ""
     if len(records) < len(jobs):
         if result.killed_for:
-            why = f"the submission {result.killed_for}"
+            why = _("the submission {what}").format(what=result.killed_for)
         else:
             last = first_line(result.stderr.decode(errors="replace").strip().splitlines()[-1]) \
                 if result.stderr.strip() else "no output"
-            why = f"the checking process ended with exit status {result.returncode} ({last[:160]})"
+            why = _("the checking process ended with exit status {status} ({last})").format(
+                status=result.returncode, last=last[:160])
     return records, why
 
 
@@ -223,8 +230,15 @@ def grade_submission(path, reference: Reference, student: str, sandbox: Sandbox,
                      modules=(), env=None, policy: Policy | None = None,
                      capstone_lesson: str | None = None) -> list[Row]:
     """Grade one submission against ``reference``: one Row per check, in the reference's order, its
-    points under ``policy`` (default: ``Policy()``; partial credit counts the verdict's cases)."""
-    path = Path(path)
+    points under ``policy`` (default: ``Policy()``; partial credit counts the verdict's cases), its
+    words in the reference's language."""
+    with using(reference.lang):
+        return _grade_submission(Path(path), reference, student, sandbox, limits, modules, env,
+                                 policy, capstone_lesson)
+
+
+def _grade_submission(path: Path, reference: Reference, student: str, sandbox: Sandbox, limits: Limits,
+                      modules, env, policy: Policy | None, capstone_lesson: str | None) -> list[Row]:
     policy = policy or Policy()
     sources: dict = {}
 
@@ -234,7 +248,8 @@ def grade_submission(path, reference: Reference, student: str, sandbox: Sandbox,
         answer = sources.get(check.id)
         return Row(student, reference.lesson, check.id, passed, policy.points(category, check.points, passed, cases),
                    check.points, reason, str(path), detail, sandbox.kind, tuple(cases), category,
-                   answer="" if answer is None or isinstance(answer, Missing) else str(answer), feedback=feedback)
+                   answer="" if answer is None or isinstance(answer, Missing) else str(answer), feedback=feedback,
+                   lang=reference.lang)
 
     nb = read_notebook(path)
     if isinstance(nb, str):
@@ -258,7 +273,7 @@ def grade_submission(path, reference: Reference, student: str, sandbox: Sandbox,
                              "cases": list(screened.cases)}
         else:
             jobs.append({"id": c.id, "source": str(sources[c.id])})
-    checked, why = run_checks(jobs, sandbox, limits, modules, env) if jobs else ({}, "")
+    checked, why = run_checks(jobs, sandbox, limits, modules, env, reference.lang) if jobs else ({}, "")
     records.update(checked)
     rows = []
     for check in reference.checks:
@@ -272,11 +287,11 @@ def grade_submission(path, reference: Reference, student: str, sandbox: Sandbox,
         elif check.id in records:
             record = records[check.id]
             text = "\n".join(record["lines"])
-            reason = "" if record["passed"] else next(
+            reason = "" if record["passed"] else record.get("reason") or next(
                 (line for line in record["lines"] if "FAILED" in line or "NOT YET" in line), record["lines"][0])
             rows.append(row(check, bool(record["passed"]), reason, text, tuple(record.get("cases") or (0, 0))))
         elif any(j["id"] == check.id for j in jobs):
-            rows.append(row(check, False, f"not checked: {why}"))
+            rows.append(row(check, False, _("not checked: {why}").format(why=why)))
         else:
             rows.append(row(check, False, str(source)))
     return rows

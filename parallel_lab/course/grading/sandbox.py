@@ -43,6 +43,8 @@ from pathlib import Path
 
 import psutil
 
+from parallel_lab.i18n import _
+
 ROOT = Path(__file__).resolve().parents[3]
 ENV_TOKEN = "PARALLEL_LAB_GRADE_JOB"  # marks every process of one job (found even when orphaned)
 ALLOWED_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
@@ -200,7 +202,7 @@ class _Cgroup:
 
     @staticmethod
     def _remove(path: Path) -> None:
-        for _ in range(50):
+        for _attempt in range(50):
             try:
                 path.rmdir()
                 return
@@ -343,12 +345,12 @@ def _supervise(process, stdin: bytes, limits: Limits, cgroup: _Cgroup, token: st
         pass
     while process.poll() is None:
         if time.monotonic() - start > limits.wall_s:
-            return f"exceeded its {limits.wall_s:g} s limit"
+            return _("exceeded its {seconds:g} s limit").format(seconds=limits.wall_s)
         procs = _job_processes(process, token)
         count = cgroup.count()
         count = len(procs) if count is None else count
         if count > limits.processes:
-            return f"started more than {limits.processes} processes at once (a fork bomb?)"
+            return _("started more than {n} processes at once (a fork bomb?)").format(n=limits.processes)
         rss = cgroup.memory()
         if rss is None:  # no memory controller: private memory per process (forked copies share the rest)
             rss = 0
@@ -359,7 +361,7 @@ def _supervise(process, stdin: bytes, limits: Limits, cgroup: _Cgroup, token: st
                 except psutil.Error:
                     pass
         if rss > limits.total_memory_bytes:
-            return f"used more than {limits.total_memory_bytes / 2**30:g} GiB of memory"
+            return _("used more than {gib:g} GiB of memory").format(gib=limits.total_memory_bytes / 2**30)
         time.sleep(0.1)
     return None
 

@@ -42,6 +42,8 @@ from typing import Mapping
 
 import yaml
 
+from parallel_lab.i18n import _
+
 LANGUAGES = {"en": "English", "zh-Hant": "中文（繁體）"}
 KINDS = ("single", "multiple", "numeric")
 DEFAULT_PASS_MARK = 0.8
@@ -171,7 +173,8 @@ class Bank:
         return math.ceil(need - 1e-9) if float(self.total_points).is_integer() else need
 
     def label(self) -> str:
-        return f"{self.id} (lesson {self.lesson})" if self.lesson else self.id
+        """How verdicts name the bank, in the process's language: ``collectives (lesson 01)``."""
+        return _("{bank} (lesson {lesson})").format(bank=self.id, lesson=self.lesson) if self.lesson else self.id
 
     def item(self, item_id: str) -> Item:
         """Look an item up by full id (``collectives/identity``) or by its part after the slash."""

@@ -16,20 +16,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from parallel_lab.i18n import DEFAULT, LANGUAGES, _, _l, language, ngettext, using
+
 from . import seal
 from .bank import Bank, Item, localize, resolve
 
-UI = {
-    "en": {"correct": "Correct.", "wrong": "Not quite.", "invalid": "Cannot read this answer:",
-           "missing": "You left out {n} correct option{s}.", "retry": "Try again.",
-           "answer": "The answer is {value}.", "not_option": "{got!r} is not an option; choose from {keys}.",
-           "one_option": "choose exactly one option, got {got}.", "not_number": "{got!r} is not a number.",
-           "sep": " "},
-    "zh-Hant": {"correct": "正確。", "wrong": "不太對。", "invalid": "無法讀取這個答案：",
-                "missing": "還有 {n} 個正確選項沒有選。", "retry": "再試一次。",
-                "answer": "答案是 {value}。", "not_option": "{got!r} 不是選項；請從 {keys} 中選擇。",
-                "one_option": "只能選一個選項，收到 {got}。", "not_number": "{got!r} 不是數字。", "sep": ""},
-}
+# What every verdict says around an item's own texts: the library's catalog (parallel_lab.i18n).
+UI = {"correct": _l("Correct."), "wrong": _l("Not quite."), "invalid": _l("Cannot read this answer:"),
+      "retry": _l("Try again."), "not_option": _l("{got!r} is not an option; choose from {keys}."),
+      "one_option": _l("choose exactly one option, got {got}."), "not_number": _l("{got!r} is not a number."),
+      "not_key": _l("expected an option key such as 'a', got {got!r}")}
+# Two parts of one message side by side: a space in English, none in Chinese.
+JOIN = _l("{first} {second}")
 
 
 class InvalidResponse(ValueError):
@@ -49,31 +47,52 @@ class Feedback:
         return self.status == "correct"
 
 
-def _ui(lang: str, key: str, **fields) -> str:
-    return UI.get(lang, UI["en"])[key].format(**fields)
+def _lang(lang: str | None) -> str:
+    """``lang``, else the process's language; English for a language the course does not have."""
+    lang = lang or language()
+    return lang if lang in LANGUAGES else DEFAULT
 
 
-def normalise(item: Item, response):
-    """The canonical form of ``response`` (frozenset of keys, or float); raises InvalidResponse."""
+def _ui(lang: str | None, key: str, **fields) -> str:
+    with using(_lang(lang)):
+        return str(UI[key]).format(**fields)
+
+
+def _joined(lang: str | None, *parts: str) -> str:
+    with using(_lang(lang)):
+        text = parts[0]
+        for part in parts[1:]:
+            text = str(JOIN).format(first=text, second=part)
+        return text
+
+
+def _missing(lang: str | None, n: int) -> str:
+    with using(_lang(lang)):
+        return ngettext("You left out {n} correct option.", "You left out {n} correct options.", n).format(n=n)
+
+
+def normalise(item: Item, response, lang: str | None = None):
+    """The canonical form of ``response`` (frozenset of keys, or float); raises InvalidResponse,
+    whose message is in ``lang`` (default: the process's language)."""
     if item.kind == "numeric":
         try:
             if isinstance(response, bool):
                 raise ValueError
             return float(str(response).replace(",", "").replace("_", "").strip())
         except ValueError:
-            raise InvalidResponse(_ui("en", "not_number", got=response)) from None
+            raise InvalidResponse(_ui(lang, "not_number", got=response)) from None
     if isinstance(response, str):
         keys = [k for k in re.split(r"[\s,;]+", response.strip().lower()) if k]
     elif isinstance(response, (list, tuple, set, frozenset)):
         keys = [str(k).strip().lower() for k in response]
     else:
-        raise InvalidResponse(f"expected an option key such as 'a', got {response!r}")
+        raise InvalidResponse(_ui(lang, "not_key", got=response))
     known = [o.key for o in item.options]
     for key in keys:
         if key not in known:
-            raise InvalidResponse(_ui("en", "not_option", got=key, keys=", ".join(known)))
+            raise InvalidResponse(_ui(lang, "not_option", got=key, keys=", ".join(known)))
     if item.kind == "single" and len(set(keys)) != 1:
-        raise InvalidResponse(_ui("en", "one_option", got=len(set(keys))))
+        raise InvalidResponse(_ui(lang, "one_option", got=len(set(keys))))
     return frozenset(keys)
 
 
@@ -82,16 +101,18 @@ def format_value(item: Item, value: float) -> str:
     return f"{text} {item.unit}".strip()
 
 
-def feedback(item: Item, response, lang: str = "en") -> Feedback:
-    """Deterministic feedback on one response: for choices, the explanation of every chosen option;
-    for numbers, the explanation when right, else the explanation of a recognised mistake or a hint
-    (never the answer itself, so that a retry still teaches)."""
+def feedback(item: Item, response, lang: str | None = None) -> Feedback:
+    """Deterministic feedback on one response, in ``lang`` (default: the process's language): for
+    choices, the explanation of every chosen option; for numbers, the explanation when right, else
+    the explanation of a recognised mistake or a hint (never the answer itself, so that a retry
+    still teaches)."""
+    lang = _lang(lang)
     if response is None or response == "" or response == []:
         return Feedback(item.id, "unanswered", "")
     try:
-        value = normalise(item, response)
+        value = normalise(item, response, lang)
     except InvalidResponse as exc:
-        return Feedback(item.id, "invalid", _ui(lang, "invalid") + _ui(lang, "sep") + str(exc))
+        return Feedback(item.id, "invalid", _joined(lang, _ui(lang, "invalid"), str(exc)))
     if item.kind == "numeric":
         return _numeric_feedback(item, value, lang)
     chosen = [o for o in item.options if o.key in value]
@@ -107,31 +128,30 @@ def feedback(item: Item, response, lang: str = "en") -> Feedback:
     lines += [f"({o.key}) {localize(o.why, lang)}" for o in chosen]
     missing = len(item.correct_keys() - value)
     if not right and item.kind == "multiple" and missing:
-        lines.append(_ui(lang, "missing", n=missing, s="s" * (missing > 1)))
+        lines.append(_missing(lang, missing))
     if not right:
         lines.append(_ui(lang, "retry"))
     return Feedback(item.id, "correct" if right else "wrong", "\n".join(lines))
 
 
 def _numeric_feedback(item: Item, value: float, lang: str) -> Feedback:
-    sep = _ui(lang, "sep")
     if item.sealed is not None:
         right, texts = seal.numeric_feedback(item, value)
         if right:
-            return Feedback(item.id, "correct", _ui(lang, "correct") + sep + (texts.get(lang) or texts["en"]))
+            return Feedback(item.id, "correct", _joined(lang, _ui(lang, "correct"), texts.get(lang) or texts["en"]))
         text = (texts.get(lang) or texts["en"]) if texts else localize(item.hint, lang).format(**item.params)
-        return Feedback(item.id, "wrong", sep.join([_ui(lang, "wrong"), text, _ui(lang, "retry")]))
+        return Feedback(item.id, "wrong", _joined(lang, _ui(lang, "wrong"), text, _ui(lang, "retry")))
     answer = item.value()
-    fields, sep = {**item.params, "answer": answer}, _ui(lang, "sep")
+    fields = {**item.params, "answer": answer}
     if item.within_tolerance(value, answer):
         text = localize(item.explanation, lang).format(**fields)
-        return Feedback(item.id, "correct", _ui(lang, "correct") + sep + text)
+        return Feedback(item.id, "correct", _joined(lang, _ui(lang, "correct"), text))
     text = localize(item.hint, lang).format(**item.params)
     for mistake in item.mistakes:
         if item.within_tolerance(value, resolve(mistake.answer, item.source)):
             text = localize(mistake.why, lang).format(**fields)
             break
-    return Feedback(item.id, "wrong", sep.join([_ui(lang, "wrong"), text, _ui(lang, "retry")]))
+    return Feedback(item.id, "wrong", _joined(lang, _ui(lang, "wrong"), text, _ui(lang, "retry")))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -203,19 +223,22 @@ def _num(x: float) -> str:
 
 
 def passing_verdict(bank: Bank, pass_mark: float | None = None) -> str:
-    """The line ``check_quiz`` prints for any passing sheet: what an instructor's grader expects."""
-    return (f"quiz {bank.label()}: PASSED (pass mark: {_num(bank.points_needed(pass_mark))} "
-            f"of {_num(bank.total_points)} points)")
+    """The line ``check_quiz`` prints for any passing sheet: what an instructor's grader expects
+    (in the process's language)."""
+    return _("quiz {bank}: PASSED (pass mark: {needed} of {total} points)").format(
+        bank=bank.label(), needed=_num(bank.points_needed(pass_mark)), total=_num(bank.total_points))
 
 
 def verdict(result: Score, pass_mark: float | None = None) -> str:
-    """Deterministic text of a scored sheet. A pass prints only ``passing_verdict`` (whatever the
-    score, so that nbval can compare it); otherwise the score and each question not yet right."""
+    """Deterministic text of a scored sheet, in the process's language. A pass prints only
+    ``passing_verdict`` (whatever the score, so that nbval can compare it); otherwise the score and
+    each question not yet right."""
     if result.passed:
         return passing_verdict(result.bank, pass_mark)
-    lines = [f"quiz {result.bank.label()}: NOT PASSED: {_num(result.points)} of {_num(result.total)} "
-             f"points, pass mark {_num(result.needed)}"]
-    names = {"wrong": "wrong", "invalid": "answer not readable", "unanswered": "not answered"}
-    lines += [f"  {item_id}: {names[s]}" for item_id, s in result.status.items() if s != "correct"]
-    lines += [f"  {key}: no such question in this quiz" for key in result.unknown]
+    lines = [_("quiz {bank}: NOT PASSED: {points} of {total} points, pass mark {needed}").format(
+        bank=result.bank.label(), points=_num(result.points), total=_num(result.total), needed=_num(result.needed))]
+    names = {"wrong": _("wrong"), "invalid": _("answer not readable"), "unanswered": _("not answered")}
+    lines += [_("  {item}: {status}").format(item=item_id, status=names[s])
+              for item_id, s in result.status.items() if s != "correct"]
+    lines += [_("  {key}: no such question in this quiz").format(key=key) for key in result.unknown]
     return "\n".join(lines)

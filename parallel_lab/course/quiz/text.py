@@ -20,19 +20,21 @@ from __future__ import annotations
 import json
 import textwrap
 
-from parallel_lab.i18n import _, _l, language
+from parallel_lab.i18n import _, _l, language, ngettext, using
 
 from .bank import LANGUAGES, Bank, Item, load, localize
 from .check import Feedback, Score, feedback, score_choices
 from .variant import variant
 
 WIDTH = 100
-KIND_NOTE = {
-    "en": {"single": "one answer", "multiple": "all that apply", "numeric": "a number",
-           "unit": ", in {unit}", "points": "{n:g} point{s}"},
-    "zh-Hant": {"single": "單選", "multiple": "多選（選出所有正確選項）", "numeric": "填入數字",
-                "unit": "，單位：{unit}", "points": "{n:g} 分"},
-}
+# How a question says what kind of answer it takes (the widget shows the same words).
+KIND_NOTE = {"single": _l("one answer"), "multiple": _l("all that apply"), "numeric": _l("a number")}
+
+
+def kind_note(kind: str, lang: str | None = None) -> str:
+    """``one answer`` / ``all that apply`` / ``a number`` in ``lang`` (default: the process's)."""
+    with using(lang or language()):
+        return str(KIND_NOTE[kind])
 
 
 def _bank(lesson) -> Bank:
@@ -54,10 +56,11 @@ def _wrap(text: str, indent: str) -> str:
 
 def item_text(item: Item, number: int, lang: str = "en", faq_question: str | None = None) -> str:
     """One question as text: number, id, kind, prompt and options (keys and texts only)."""
-    notes = KIND_NOTE.get(lang, KIND_NOTE["en"])
-    unit = notes["unit"].format(unit=item.unit) if item.kind == "numeric" and item.unit else ""
-    points = notes["points"].format(n=item.points, s="s" * (item.points != 1))
-    head = f"Q{number} [{item.id}] ({notes[item.kind]}{unit}, {points})"
+    with using(lang):
+        unit = _(", in {unit}").format(unit=item.unit) if item.kind == "numeric" and item.unit else ""
+        points = ngettext("{n} point", "{n} points", 1 if item.points == 1 else 2).format(n=f"{item.points:g}")
+        head = _("Q{number} [{id}] ({kind}{unit}, {points})").format(
+            number=number, id=item.id, kind=str(KIND_NOTE[item.kind]), unit=unit, points=points)
     lines = [head]
     if faq_question:
         lines.append(_wrap(f"FAQ {item.faq}: {faq_question}", "   "))
@@ -73,20 +76,25 @@ def quiz_text(lesson, lang: str | None = None, practice: bool = True) -> str:
     lang = _check_lang(bank, lang)
     faq = {e["entry"]: localize(e["question"], lang) for e in bank.faq}
     name = bank.lesson or bank.id
-    parts = [f"Quiz: {localize(bank.title, lang)} — {len(bank.items)} questions, "
-             f"{bank.total_points:g} points, pass mark {bank.points_needed():g}"]
-    if len(bank.languages) > 1:
-        how = f"show({name!r}" if practice else f"graded_quiz({name!r}, my_student_id"
-        parts.append("Languages: " + ", ".join(f"{code} ({LANGUAGES[code]})" for code in bank.languages)
-                     + f"; e.g. {how}, lang={bank.languages[-1]!r})")
-    parts += [item_text(item, n, lang, faq.get(item.faq)) for n, item in enumerate(bank.items, 1)]
-    if practice:
-        parts.append(_wrap(f"Practise one question: answer({name!r}, \"{bank.items[0].id}\", <your answer>). "
-                           f"Your graded quiz (graded_quiz({name!r}, my_student_id)) asks the same questions with "
-                           f"the options in your own order and your own numbers.", ""))
-    else:
-        parts.append(_wrap(f"Hand in: write your answers in the answer sheet (my_answers); check_quiz({name!r}, "
-                           f"my_answers, my_student_id) prints your points on the choice questions.", ""))
+    with using(lang):
+        parts = [_("Quiz: {title} — {questions} questions, {points} points, pass mark {needed}").format(
+            title=localize(bank.title, lang), questions=len(bank.items), points=f"{bank.total_points:g}",
+            needed=f"{bank.points_needed():g}")]
+        if len(bank.languages) > 1:
+            how = f"show({name!r}" if practice else f"graded_quiz({name!r}, my_student_id"
+            parts.append(_("Languages: {languages}; e.g. {call})").format(
+                languages=", ".join(f"{code} ({LANGUAGES[code]})" for code in bank.languages),
+                call=f"{how}, lang={bank.languages[-1]!r}"))
+        parts += [item_text(item, n, lang, faq.get(item.faq)) for n, item in enumerate(bank.items, 1)]
+        if practice:
+            parts.append(_wrap(_("Practise one question: {call}. Your graded quiz ({graded}) asks the same questions "
+                                 "with the options in your own order and your own numbers.").format(
+                call=f"answer({name!r}, \"{bank.items[0].id}\", <your answer>)",
+                graded=f"graded_quiz({name!r}, my_student_id)"), ""))
+        else:
+            parts.append(_wrap(_("Hand in: write your answers in the answer sheet (my_answers); {call} prints your "
+                                 "points on the choice questions.").format(
+                call=f"check_quiz({name!r}, my_answers, my_student_id)"), ""))
     return "\n\n".join(parts)
 
 
@@ -100,7 +108,7 @@ def answer(lesson, item_id: str, response, lang: str | None = None) -> Feedback:
     bank = _bank(lesson)
     item = bank.item(item_id)
     result = feedback(item, response, _check_lang(bank, lang))
-    print(f"{item.id}: {result.message or 'no answer given'}")
+    print(f"{item.id}: {result.message or _('no answer given')}")
     return result
 
 
