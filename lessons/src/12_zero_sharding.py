@@ -145,7 +145,7 @@ my_prediction = 0.25 + 0.12  # the shards, plus two full blocks in use
 ### END SOLUTION
 
 # %%
-share_guess = predict("zero3-share", my_prediction, "stage 3's bytes per rank as a share of stage 0's, dp = 4",
+share_guess = predict("zero3-share", my_prediction, zf.question("zero3-share"),
                       tolerance=0.25)
 
 # %% tags=["reveals:zero3-share"]
@@ -185,7 +185,7 @@ my_prediction = 3
 ### END SOLUTION
 
 # %%
-traffic_guess = predict("zero3-traffic", my_prediction, "values moved per rank and step at ZeRO stage 3",
+traffic_guess = predict("zero3-traffic", my_prediction, zf.question("zero3-traffic"),
                         unit="Ψ", tolerance=0.01)
 
 # %% [markdown]

@@ -96,6 +96,15 @@ def stage_memory_figure(rows=None, title: str | None = None) -> go.Figure:
 # Real runs: ``run_zero`` reports keyed by stage.
 
 
+QUESTIONS = {"zero3-share": _l("stage 3's bytes per rank as a share of stage 0's, dp = 4"),
+             "zero3-traffic": _l("values moved per rank and step at ZeRO stage 3")}
+
+
+def question(prediction_id: str) -> str:
+    """The question of one of the lesson's ungraded predictions, in the lesson's language."""
+    return str(QUESTIONS[prediction_id])
+
+
 def equality_table(reports: Mapping[int, dict]) -> str:
     """Per report: stage, dp, max parameter difference and loss difference against one process."""
     lines = [f"{pad(_('stage'), 5)}  dp  {pad(_('steps'), 5)}  {pad(_('max |param - one process|'), 25)}  "
