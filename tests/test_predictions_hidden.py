@@ -77,7 +77,7 @@ KNOWN_LEAKS: set[tuple[str, str, str]] = {
 
 # Matches that are another quantity, not the answer (lesson, prediction id) -> the words around it.
 NOT_ANSWERS = {
-    ("14", "ring-score-bytes"): ["hidden size 8192"],  # a quiz question's model, not a score tensor
+    ("14", "ring-score-bytes"): ["hidden size 8192", "隱藏維度 8192"],  # a quiz question's model, not a score tensor
 }
 
 

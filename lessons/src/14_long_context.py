@@ -244,9 +244,9 @@ print(cf.run_line(run_context(cp=3, variant="ring", seq=48)))
 # inverse bandwidth in seconds per byte), and with a device's FLOP/s, the attention's compute and the
 # communication compute does not hide:
 #
-# - **ring**: 2(cp − 1) K/V hops and cp gradient hops of 2·B·t·h values each (K and V, or their
-#   gradients: 2·B·t·h·b bytes at b bytes per value, 2 in bf16), each hidden behind a block of
-#   attention when that block takes longer than the hop;
+# - **ring**: 2(cp − 1) K/V hops and cp gradient hops of 2·B·t·h values each (h = n·d, the layer's
+#   width; K and V, or their gradients: 2·B·t·h·b bytes at b bytes per value, 2 in bf16), each
+#   hidden behind a block of attention when that block takes longer than the hop;
 # - **Ulysses**: four all-to-alls (q, k, v stacked; the output; their backwards), (cp − 1)/cp of
 #   each rank's buffer leaving the rank, nothing to hide them behind.
 #
