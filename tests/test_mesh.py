@@ -143,3 +143,19 @@ def test_groups_on_ranks(dp, pp, tp, nodes):
 def test_build_groups_refuses_a_world_of_the_wrong_size():
     with pytest.raises(launcher.RankError, match="world_size 4 != dp 1 x pp 2 x tp 1"):
         launcher.run(mesh.check_groups, 4, args=(1, 2, 1), timeout=30)
+
+
+def test_lesson_11s_traffic_table_is_what_its_text_quotes():
+    """Lesson 11 quotes the table's numbers (the α-β model, deterministic): TP's all-reduces against a
+    layer's compute, and the pipeline's message whole (about 2 ms over InfiniBand) and as 1/t slices."""
+    from pathlib import Path
+
+    from parallel_lab.hardware import SYSTEMS
+    from parallel_lab.show import mesh as mesh_figures
+
+    rows = mesh_figures.layer_traffic(SYSTEMS["DGX H100"], b=1, s=2048, h=12288, t=8)
+    ms = [(round(fast * 1e3, 2), round(slow * 1e3, 2)) for _, fast, slow in rows]
+    assert ms == [(7.04, 7.04), (0.95, 7.61), (0.23, 2.03), (0.03, 0.27)]
+    source = (Path(__file__).resolve().parent.parent / "lessons" / "src" / "11_3d_parallelism.py").read_text()
+    for quoted in ("(7.61 ms)", "(7.04 ms)", "14 % of it", "2.03 ms over InfiniBand", "0.27 ms"):
+        assert quoted in source, quoted

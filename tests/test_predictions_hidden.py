@@ -291,8 +291,6 @@ UNRECORDED_PROMPTS = {
     "05_1f1b_memory": ["1-same-work-another-order+1", "4-trading-compute-for-memory-recomputation"],
     "06_interleaved_1f1b": ["1-where-1f1b-s-bubble-comes-from+1"],
     "07_zero_bubble": ["1-splitting-the-backward-b-i-w+3"],
-    "11_3d_parallelism": ["1-the-mesh-every-rank-has-three-coordinates",
-                          "2-why-tensor-parallelism-stays-inside-the-nvlink-domain+1"],
 }
 PROMPT = re.compile(r"\*\*Predict\b")
 

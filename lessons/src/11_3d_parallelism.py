@@ -13,13 +13,11 @@
 # - recognise the shapes that cannot work (a mesh that does not fill the machine, more stages than
 #   layers, sizes that do not divide) from the error raised **before** any process starts;
 # - train the tiny GPT with **DP × PP × TP at once** on real ranks and check that every step's loss
-#   and the final weights equal single-process training;
-# - compare the planner's predicted step times with real runs, and say where such a model is right
-#   and where it is not.
+#   and the final weights equal single-process training.
 #
 # The earlier lessons built the pieces one at a time: Megatron's tensor-parallel layers (02), pipeline
-# schedules on real ranks (03-09); data parallelism adds a gradient all-reduce across replicas
-# (`parallel_lab.parallel3d.data_parallel`, bucketed like PyTorch DDP). Here they run together, as in
+# schedules on real ranks (03-09), data parallelism's bucketed gradient all-reduce (09). Here they run
+# together, as in
 # Megatron-LM's "PTD-P" (Narayanan et al. 2021, *Efficient Large-Scale Language Model Training on GPU
 # Clusters Using Megatron-LM*), which trained a trillion-parameter GPT on 3072 GPUs this way.
 
@@ -43,9 +41,23 @@ setup()
 # | data (dp) | the dp coordinate | all-reduce gradients | once per step |
 #
 # **Predict:** 8 GPUs on 2 nodes of 4, `dp = pp = tp = 2`. Which of the three kinds of group has
-# members on both nodes?
+# members on both nodes? (Not graded.)
+
+# %% tags=["answer:predict:mesh-crossing"]
+my_prediction = None  # "tp", "pp" or "dp"
+### BEGIN SOLUTION
+my_prediction = "dp"  # tp varies fastest, then pp: a node of 4 holds one whole replica
+### END SOLUTION
 
 # %%
+from parallel_lab.show.predict import predict
+
+crossing_guess = predict("mesh-crossing", my_prediction,
+                         {"en": "the kind of group with members on both nodes, dp = pp = tp = 2 on 2 nodes of 4",
+                          "zh-Hant": "dp = pp = tp = 2、2 個各有 4 個裝置的節點時，成員分布在兩個節點上的那一種群組"},
+                         choices=("tp", "pp", "dp"))
+
+# %% tags=["reveals:mesh-crossing"]
 from parallel_lab.runtime.mesh import ParallelDims
 from parallel_lab.show.mesh import mesh_figure
 
@@ -54,8 +66,9 @@ print(dims)
 print(dims.grid())
 for dim in ("tp", "pp", "dp"):
     print(f"{dim} groups: {dims.groups(dim)}   cross nodes: {dims.crosses_nodes(dim)}")
+crossing_guess.versus(next(dim for dim in ("tp", "pp", "dp") if dims.crosses_nodes(dim)))
 
-# %%
+# %% tags=["reveals:mesh-crossing"]
 mesh_figure(dims)
 
 # %% [markdown]
@@ -92,15 +105,15 @@ for layout in (dict(dp=1, pp=1, tp=8, nodes=2), dict(dp=1, pp=3, tp=2, nodes=2))
 # ranks that differ only in that coordinate. Each group is a list of ranks in the order of their
 # coordinate on that axis (which is increasing rank order); the order of the groups in each list is
 # up to you. For the 2 × 2 × 2 mesh above, `"tp"` is `[[0, 1], [2, 3], [4, 5], [6, 7]]`.
-#
-# The check calls your function for five meshes. For the three of 4 ranks (1 × 2 × 2, 2 × 1 × 2 and
-# 2 × 2 × 1) it then does with your lists what the library's `build_groups` does, on 4 real ranks:
-# every rank creates every group with `dist.new_group`, in the same order (torch.distributed requires
-# every process of the job to enter `new_group` for every group, even the groups it is not in), and
-# all-reduces `2**rank` over each group it belongs to, so each sum names exactly the ranks that took
-# part. Each rank's three sums are compared with its groups as the checker recomputes them itself:
-# the ranks that share its other two coordinates. The 2 × 2 × 2 mesh above and a 2 × 3 × 4 one (24
-# ranks) are compared as lists only: more rank processes than this machine should start for a check.
+
+# %% [markdown]
+# **What the check does.** It calls your function for five meshes. For the three of 4 ranks
+# (1 × 2 × 2, 2 × 1 × 2 and 2 × 2 × 1) it then does with your lists what the library's `build_groups`
+# does, on 4 real ranks: every rank creates every group with `dist.new_group`, in the same order
+# (torch.distributed requires every process to enter `new_group` for every group, even those it is not
+# in), and all-reduces `2**rank` over each group it belongs to, so each sum names exactly the ranks
+# that took part; the checker compares them with the groups it computes itself. The 2 × 2 × 2 mesh
+# and a 2 × 3 × 4 one (24 ranks) are compared as lists only.
 #
 # **What the check forbids:** the library's mesh (`parallel_lab.runtime.mesh`, `ParallelDims`, or
 # any other `parallel_lab` import) and `torch.distributed` itself: your function is arithmetic on the
@@ -173,40 +186,26 @@ reveal("mesh-groups", ParallelDims.groups)
 
 # %%
 from parallel_lab.hardware import SYSTEMS
-from parallel_lab.planning.cost import tp_layer_step
+from parallel_lab.show import mesh as mesh_figures
 
-dgx = SYSTEMS["DGX H100"]
-b, s, h, t = 1, 2048, 12288, 8
-activation = b * s * h * 2  # bytes of one (b, s, h) bf16 activation
-compute, tp_fast = tp_layer_step(b * s, h, t, dgx.nvlink, dgx.tflops * 1e12)  # forward 24bsh², backward twice
-tp_slow = tp_layer_step(b * s, h, t, dgx.network, dgx.tflops * 1e12)[1]
-rows = [
-    ("compute of one layer, forward + backward", compute, compute),
-    ("TP: 4 all-reduces of the activation", tp_fast, tp_slow),
-    ("PP: activation + gradient to the next stage", 2 * dgx.nvlink.cost(activation / t),
-     2 * dgx.network.cost(activation / t)),
-]
-print(f"per micro-batch, one layer of GPT-3 175B (b={b}, s={s}, h={h}) on {t} GPUs; ms")
-print(f"{'':<46}{'NVLink 4':>9}{'IB NDR':>12}")
-for name, fast, slow in rows:
-    print(f"{name:<46}{fast * 1e3:>9.2f}{slow * 1e3:>12.2f}")
-print("(PP pays its message once per stage boundary, not per layer: a stage of 12 layers sends it once)")
+print(mesh_figures.layer_traffic_table(SYSTEMS["DGX H100"], b=1, s=2048, h=12288, t=8))
 
 # %% [markdown]
-# Over InfiniBand, the tensor-parallel all-reduces of a layer (~7.6 ms) take as long as its compute
-# (~7.0 ms), on the critical path, in every layer; over NVLink they cost ~14 % — the same numbers as
-# lesson 02's widget and lesson 16's table, from the same function. The pipeline sends one
-# activation per stage boundary, ~0.3 ms even over InfiniBand, and only `1/t` of it with Megatron's
-# scatter/gather trick (each TP rank sends its slice). Data parallelism all-reduces the gradients
-# once per step and can overlap that with the backward pass. So: **TP inside the NVLink domain (8
+# Over InfiniBand, the tensor-parallel all-reduces of a layer (7.61 ms) take as long as its compute
+# (7.04 ms), on the critical path, in every layer; over NVLink they cost 14 % of it — the same numbers
+# as lesson 02's widget and lesson 16's table, from the same function. The pipeline sends one
+# activation forward and one gradient back per stage boundary: 2.03 ms over InfiniBand for the whole
+# tensor, and 1/t of it, 0.27 ms, with Megatron-LM's scatter/gather (Narayanan et al. 2021, §4.1: each
+# TP rank sends its slice and the next stage all-gathers them over NVLink). Data parallelism
+# all-reduces the gradients once per step and can overlap that with the backward pass. So: **TP inside the NVLink domain (8
 # GPUs in a DGX node, 72 in a GB200 NVL72 rack), PP and DP across it** — exactly the order of the
 # mesh's coordinates.
 #
 # ## 3. Shapes that cannot work — caught before any process starts
 #
 # `train3d.check` validates a plan in the parent (pure arithmetic, no process), and every message
-# names the broken invariant with its values. **Predict** the complaint for each plan before reading
-# the output:
+# names the broken invariant with its values. Read each plan's name and say which rule it breaks, then
+# compare with the message:
 
 # %%
 from parallel_lab.parallel3d import train3d
@@ -237,14 +236,15 @@ for what, changes, world in bad_plans:
 #
 # ## 4. One training step of a rank
 #
-# Every rank runs the function below (`train3d._train`). It builds the whole dense GPT from the seed
-# and applies the three techniques to it from outside, one function each, as torchtitan does
+# Every rank runs `train3d._train`, whose set-up is printed below. It builds the whole dense GPT from
+# the seed and applies the three techniques to it from outside, one function each, as torchtitan does
 # (`parallel3d.apply`): `apply_tp` keeps **its tensor shard** (lesson 02's `parallelize`; the loss is
-# Megatron's vocabulary-parallel cross-entropy), `apply_pp` keeps **its pipeline stages** (cut as the
-# pipeline lessons cut any model), and `apply_dp` gives the optimizer of a data-parallel replica. The
-# pipeline executor of the pipeline lessons runs the schedule; its pipeline rank `r` is global rank
+# Megatron's vocabulary-parallel cross-entropy), `apply_pp` keeps **its pipeline stages**, and
+# `apply_dp` gives the optimizer of a data-parallel replica. The pipeline executor of the pipeline
+# lessons runs the schedule; its pipeline rank `r` is global rank
 # `groups.pp_ranks[r]` (its `peers`), so the two pipelines of a 2 × 2 × 2 mesh — one per (replica,
-# tensor shard) — talk only to their own ranks. After the schedule, the optimizer's step first
+# tensor shard) — talk only to their own ranks. Each step runs `ex.step(idx, targets)` (the schedule,
+# with the TP collectives inside every action), then `opt.step()`: the optimizer's step first
 # averages the gradients over `groups.dp_group` with a bucketed all-reduce
 # (`data_parallel.allreduce_gradients`, as in PyTorch DDP), then updates every shard. With `zero=1`
 # (`run 3d --zero 1`) the replicas instead shard Adam's moments: `zero.sharded_adam.ShardedAdam`
@@ -257,7 +257,7 @@ import inspect
 
 from parallel_lab.parallel3d import apply
 
-print(inspect.getsource(train3d._train).split("    sharded = ")[0])
+print(inspect.getsource(train3d._train).split("    losses, ")[0])  # then per step: ex.step(...), opt.step()
 print(inspect.getsource(apply.apply_dp))
 
 # %%

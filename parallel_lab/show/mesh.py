@@ -45,3 +45,41 @@ def mesh_figure(dims: ParallelDims, title: str | None = None) -> go.Figure:
                       plot_bgcolor="white", margin=dict(l=20, r=20, t=80, b=20),
                       legend=dict(orientation="h", y=-0.05))
     return fig
+
+
+def layer_traffic(system, b: int, s: int, h: int, t: int, bytes_per_value: int = 2) -> list[tuple[str, float, float]]:
+    """The three kinds of traffic of one transformer layer per micro-batch against its compute, inside
+    the node (``system.nvlink``) and across it (``system.network``), in seconds: rows ``(name, fast,
+    slow)``. Compute and TP's four all-reduces are ``planning.cost.tp_layer_step``; PP sends the
+    activation forward and its gradient back, the whole (b, s, h) tensor, or ``1/t`` of it per TP rank
+    with Megatron-LM's scatter/gather (Narayanan et al. 2021, section 4.1: each rank of a TP group sends
+    its slice over its own link and the next stage all-gathers it over NVLink)."""
+    from parallel_lab.planning.cost import tp_layer_step
+
+    activation = b * s * h * bytes_per_value
+    compute, tp_fast = tp_layer_step(b * s, h, t, system.nvlink, system.tflops * 1e12, bytes_per_value)
+    tp_slow = tp_layer_step(b * s, h, t, system.network, system.tflops * 1e12, bytes_per_value)[1]
+    return [
+        (_("compute of one layer, forward + backward"), compute, compute),
+        (_("TP: 4 all-reduces of the activation"), tp_fast, tp_slow),
+        (_("PP: activation + gradient, whole"), 2 * system.nvlink.cost(activation),
+         2 * system.network.cost(activation)),
+        (_("PP: the same, 1/t per rank (scatter/gather)"), 2 * system.nvlink.cost(activation / t),
+         2 * system.network.cost(activation / t)),
+    ]
+
+
+def layer_traffic_table(system, b: int, s: int, h: int, t: int, model: str = "GPT-3 175B") -> str:
+    """``layer_traffic`` as the text table lesson 11 prints (ms), with TP's share of the compute."""
+    from parallel_lab.i18n import pad
+
+    rows = layer_traffic(system, b, s, h, t)
+    lines = [_("per micro-batch, one layer of {model} (b={b}, s={s}, h={h}) on {t} GPUs; ms").format(
+        model=model, b=b, s=s, h=h, t=t), pad("", 46) + pad("NVLink", 9, ">") + pad("InfiniBand", 12, ">")]
+    lines += [pad(name, 46) + f"{fast * 1e3:>9.2f}{slow * 1e3:>12.2f}" for name, fast, slow in rows]
+    compute, (fast, slow) = rows[0][1], rows[1][1:]
+    lines.append(_("TP against compute: {fast:.0%} over NVLink, {slow:.0%} over InfiniBand").format(
+        fast=fast / compute, slow=slow / compute))
+    lines.append(_("(PP pays its message once per stage boundary, not per layer: a stage of 12 layers sends it "
+                   "once)"))
+    return "\n".join(lines)
