@@ -93,10 +93,21 @@ if measurement:
     print(capstone.format_gap(prediction, measurement))
 
 # %% [markdown]
-# Now explain the gap, in the cell below, in your own words (about 150 to 300 words). The model is
-# the one of lessons 15 and 16; your evidence is what sections 2 and 3 printed, and any run you add:
-# another plan, the same plan with more steps, a step's time against the model's parts. Your
-# instructor scores it by the rubric that the cell after it prints; nothing here scores it for you.
+# **Where to look.** A gap has a place and a cause. The place: set the model's parts (compute,
+# bubble, tensor-, pipeline- and data-parallel communication, and the bound of ranks that share
+# cores) beside what you measured; `prediction["time"]` holds the parts, `measurement["steps_s"]`
+# every step. The cause is usually one of the model's assumptions failing on this machine, each
+# stated in lesson 16 and in `validate_plans`: that every rank has a core of its own; that a step
+# costs $6 \cdot \text{parameters} \cdot \text{tokens}$ FLOPs at the FLOP/s measured for one
+# micro-batch; that an all-reduce of $n$ bytes costs $\alpha + n\beta$ with the constants measured
+# on this machine; that nothing else runs on the machine meanwhile. Test the assumption you
+# suspect: run the same plan again (is the gap stable?), run more steps, or change one thing the
+# suspected part depends on (more micro-batches for the bubble, one replica for the data-parallel
+# all-reduce) and see whether the gap moves the way that part says it should.
+#
+# Now explain the gap, in the cell below, in your own words (about 150 to 300 words): *where* it
+# is, *why*, and *how you know*. Your instructor scores it by the rubric that the cell after it
+# prints; nothing here scores it for you.
 
 # %% [markdown] tags=["answer:capstone-analysis"]
 # *Your analysis: replace this text with yours.*
@@ -116,37 +127,11 @@ verdict = capstone.check_capstone(my_plan, measurement)
 # %% [markdown]
 # ## 5. The same plan in Megatron-LM, DeepSpeed and PyTorch
 #
-# Every technique of the course has a name in the frameworks used for real training. The names were
-# checked against PyTorch 2.13 (installed here: `torch.distributed.pipelining`,
-# `torch.distributed.tensor.parallel`, `torch.distributed.device_mesh`, `torch.distributed.fsdp`) and
-# against Megatron-LM's and DeepSpeed's sources; entries marked † could not be checked here.
-
-# %% [markdown]
-# | technique (lesson) | parallel_lab | Megatron-LM | DeepSpeed | PyTorch |
-# |---|---|---|---|---|
-# | device mesh (11) | `mesh.ParallelDims`, `build_groups` | implicit: world = dp · pp · tp (`megatron.core.parallel_state`) | `PipeModelDataParallelTopology(num_pp, num_mp, num_dp)` | `init_device_mesh("cuda", (dp, pp, tp), mesh_dim_names=...)`, `DeviceMesh` |
-# | tensor parallelism (02) | `tensor.plan.parallelize` | `--tensor-model-parallel-size` | through Megatron-DeepSpeed (Megatron's layers, `mpu=` in `deepspeed.initialize`) † | `parallelize_module` with `ColwiseParallel`, `RowwiseParallel` |
-# | sequence parallelism (02) | `sequence_parallel=True` | `--sequence-parallel` | via Megatron-DeepSpeed † | `SequenceParallel` |
-# | vocabulary-parallel loss (02) | `vocab_parallel_cross_entropy` | built in (vocab-parallel cross-entropy) | via Megatron-DeepSpeed † | `loss_parallel()` |
-# | pipeline stages (03) | `pipeline.stages.cut` | `--pipeline-model-parallel-size` | `PipelineModule(layers, num_stages=...)`; config `"pipeline": {"stages": ...}` † | `PipelineStage` (or `pipeline(...)` + `SplitPoint`) |
-# | balancing stages (09) | `partition` | `--decoder-first-pipeline-num-layers`, `--pipeline-model-parallel-layout` † | `partition_method="parameters"`, `"uniform"`, `"type:[regex]"` | manual split points |
-# | micro-batches (04) | `microbatches` | `--micro-batch-size`, `--global-batch-size` | `train_micro_batch_size_per_gpu`, `gradient_accumulation_steps` | `n_microbatches=` of a schedule |
-
-# %% [markdown]
-# Schedules, recomputation and sharding:
-#
-# | technique (lesson) | parallel_lab | Megatron-LM | DeepSpeed | PyTorch |
-# |---|---|---|---|---|
-# | GPipe (04) | `"gpipe"` | — (1F1B only) | — | `ScheduleGPipe` |
-# | 1F1B (05) | `"1f1b"` | default schedule | `TrainSchedule` (1F1B) | `Schedule1F1B` |
-# | interleaved 1F1B (06) | `"interleaved-1f1b"`, `virtual` | `--num-layers-per-virtual-pipeline-stage` | — | `ScheduleInterleaved1F1B` |
-# | zero bubble (07) | `"zb-h1"`, `"zb-v"` | — (in forks) † | — | `ScheduleInterleavedZeroBubble`, `ScheduleZBVZeroBubble`, `ScheduleDualPipeV` |
-# | recomputation (08) | `recompute=True` | `--recompute-granularity full\|selective`, `--recompute-method`, `--recompute-num-layers` | `activation_checkpoint_interval=` of `PipelineModule`; config `"activation_checkpointing"` | `torch.utils.checkpoint.checkpoint`, `checkpoint_wrapper` |
-# | data parallelism (11) | `data_parallel.allreduce_gradients` | implicit dp = world / (tp · pp) | the engine's gradient all-reduce | `DistributedDataParallel` |
-# | sharded optimizer / weights (12) | `zero=1` (ZeRO-1); `zero.run` for stages 2 and 3 | `--use-distributed-optimizer` | `"zero_optimization": {"stage": 1\|2\|3}` | `fully_shard` (FSDP2), `FullyShardedDataParallel` |
-#
-# Your plan, spelt as Megatron-LM command-line flags (data parallelism is what is left of the
-# world size):
+# Every technique of the course has a name in the frameworks used for real training: the table in
+# [docs/frameworks.md](../docs/frameworks.md) gives each one's flag, class or config key in
+# Megatron-LM, DeepSpeed and PyTorch, checked against their sources. Your plan, spelt as Megatron-LM
+# command-line flags (data parallelism is what is left of the world size), and then with this
+# course's library under torchrun:
 
 # %%
 from parallel_lab.parallel3d import train3d
@@ -164,7 +149,7 @@ if plan.sequence_parallel:
 if plan.recompute:
     flags.append("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
 print(f"torchrun --nproc-per-node {plan.world_size} pretrain_gpt.py \\\n    " + " \\\n    ".join(flags))
-print(f"and here: torchrun --standalone --nproc-per-node {plan.world_size} -m parallel_lab.parallel3d.train3d "
+print(f"torchrun --standalone --nproc-per-node {plan.world_size} -m parallel_lab.parallel3d.train3d "
       f"--dp {plan.dp} --pp {plan.pp} --tp {plan.tp} --schedule {plan.schedule} "
       f"--microbatches {plan.microbatches}")
 
@@ -199,6 +184,7 @@ print(f"and here: torchrun --standalone --nproc-per-node {plan.world_size} -m pa
 from parallel_lab.hardware import SYSTEMS
 from parallel_lab.planning import memory, planner
 from parallel_lab.planning.cost import step_time
+from parallel_lab.show.planner import plan_cost_line
 
 gpt3 = memory.MODELS["GPT-3 175B"]
 cluster = SYSTEMS["DGX H100"].cluster(64)
@@ -206,8 +192,7 @@ for dp, pp, tp, m, schedule_name in ((8, 16, 4, 192, "zb-h1"), (16, 32, 1, 96, "
     t = step_time(gpt3, cluster, 1536, dp, pp, tp, m, schedule_name, recompute="selective")
     row = {"global_batch": 1536, "seq": gpt3.seq, "step_s": t["step_s"], "world_size": dp * pp * tp}
     cost = planner.training_cost(row, tokens=300e9, price_per_gpu_hour=2.0)
-    print(f"dp {dp:>2} x pp {pp:>2} x tp {tp}, {schedule_name:<6} m={m:<3}: {t['step_s']:6.1f} s per step, "
-          f"{cost['days']:5.1f} days, {cost['gpu_hours'] / 1e3:,.0f}k GPU-hours, ${cost['cost'] / 1e6:,.2f}M")
+    print(plan_cost_line(dp, pp, tp, m, schedule_name, t["step_s"], cost))
 
 # %% [markdown]
 # Same GPUs, same model, same tokens: the second plan (no tensor parallelism, a deep GPipe pipeline

@@ -46,7 +46,6 @@ NOT_YET_TRANSLATED = (
     "11_3d_parallelism",
     "15_cost_model",
     "16_planner",
-    "18_capstone",
 )
 
 _HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)

@@ -73,6 +73,7 @@ RULES = (
     ("lessons/sanitize.cfg", "copy"),
     ("lessons/locale/*", "copy: the lessons' translations"),
     ("docs/students.md", "copy"),
+    ("docs/frameworks*.md", "copy: the frameworks' names of every technique (lesson 18 links it)"),
     ("binder/*", "copy"),
     ("pyproject.toml", "copy"),
     ("environment.yml", "copy"),

@@ -211,6 +211,15 @@ def cost_table(plan: dict, prices=(1.0, 2.0, 4.0), tokens: float = planner.GPT3_
     return "\n".join(lines)
 
 
+def plan_cost_line(dp: int, pp: int, tp: int, microbatches: int, schedule: str, step_s: float, cost: dict) -> str:
+    """One plan's step, days, GPU-hours and price (``planner.training_cost``'s ``cost``), as lesson 18
+    compares two plans."""
+    return _("dp {dp:>2} x pp {pp:>2} x tp {tp}, {schedule:<6} m={m:<3}: {step:6.1f} s per step, {days:5.1f} days, "
+             "{hours:,.0f}k GPU-hours, ${cost:,.2f}M").format(
+        dp=dp, pp=pp, tp=tp, schedule=schedule, m=microbatches, step=step_s, days=cost["days"],
+        hours=cost["gpu_hours"] / 1e3, cost=cost["cost"] / 1e6)
+
+
 # ----------------------------------------------------------------------------------------------
 # The widget.
 
