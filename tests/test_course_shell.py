@@ -75,6 +75,28 @@ def test_every_lesson_is_on_the_course_map_with_a_binder_link():
         assert (ROOT / target).exists(), target
 
 
+def test_the_readme_is_a_front_door_in_both_languages():
+    """README under about 250 lines, linking the Traditional Chinese one in its first lines; that one
+    maps every lesson to its zh-Hant edition (the English one while it is not translated yet), opens
+    the zh-Hant edition on Binder, and every file either links to exists."""
+    from parallel_lab.course import editions
+
+    chinese = (ROOT / "README.zh-Hant.md").read_text(encoding="utf-8")
+    assert len(README.splitlines()) <= 250 and "](README.zh-Hant.md)" in "\n".join(README.splitlines()[:5])
+    assert "](README.md)" in "\n".join(chinese.splitlines()[:5]) and "python3 course.py start --lang zh-Hant" in chinese
+    assert "?urlpath=lab/tree/lessons/zh-Hant/00_why_split_a_model.ipynb)" in chinese
+    for lesson in LESSONS:
+        edition = "" if lesson.stem in editions.NOT_YET_TRANSLATED else "zh-Hant/"
+        assert f"](lessons/{edition}{lesson.name})" in chinese, (
+            f"{lesson.name}: README.zh-Hant.md's map should link lessons/{edition}{lesson.name} "
+            "(tools/build_lessons.py --readme writes the links and the minutes)")
+    for text, folder in ((README, ROOT), (chinese, ROOT)):
+        for target in re.findall(r"\]\(((?:docs|lessons)/[^)#\s]+|[A-Z][\w.-]+\.md)(?:#[^)]*)?\)", text):
+            assert (folder / target).exists(), target
+    for doc in ("students.md", "students.zh-Hant.md", "instructors.md", "benchmarks.md", "developers.md"):
+        assert f"](docs/{doc}" in README + chinese, doc
+
+
 # Every edition: English, and each translated one (lessons/zh-Hant/), with its words for the two headings.
 EDITIONS = [(p, "Learning goals", "## What to remember") for p in LESSONS] + \
     [(p, "學習目標", "## 記住這些") for p in sorted((ROOT / "lessons" / "zh-Hant").glob("[0-9][0-9]_*.ipynb"))]

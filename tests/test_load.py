@@ -131,10 +131,11 @@ def test_lesson_sources_carry_no_dates(source):
     assert not found, f"{source.name}: dates {found}: move the measurement's history to docs/benchmarks.md"
 
 
-def test_the_readmes_course_map_gives_every_lesson_with_the_rules_minutes():
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+@pytest.mark.parametrize("readme", build_lessons.READMES, ids=lambda p: p.name)
+def test_the_readmes_course_map_gives_every_lesson_with_the_rules_minutes(readme):
+    text = readme.read_text(encoding="utf-8")
     rows = {m["stem"]: m["minutes"] for m in build_lessons.README_ROW.finditer(text)}
     expected = {s.stem: str(build_lessons.lesson_load(s).minutes) for s in SOURCES}
     differ = {k: (rows.get(k), expected.get(k)) for k in set(rows) | set(expected) if rows.get(k) != expected.get(k)}
-    assert not differ, ("README's course map differs from the lessons and the rule (README, rule): "
+    assert not differ, (f"{readme.name}'s course map differs from the lessons and the rule (README, rule): "
                         f"{differ}; tools/build_lessons.py --readme writes the minutes, a new lesson needs its row")

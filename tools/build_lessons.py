@@ -290,17 +290,30 @@ def refresh_markdown(source: Path, directory: Path = LESSONS, lang: str = "en") 
 
 
 README = ROOT / "README.md"
-README_ROW = re.compile(r"^\| \[(?P<n>\d\d) · (?P<title>[^\]]+)\]\(lessons/(?P<stem>\d\d_[a-z0-9_]+)\.ipynb\) \| "
-                        r"(?:(?P<minutes>\d+) min \| )?", re.M)
+READMES = (README, ROOT / "README.zh-Hant.md")  # the front door in each language, each with the course map
+README_ROW = re.compile(r"^\| \[(?P<n>\d\d) · (?P<title>[^\]]+)\]\(lessons/(?P<edition>zh-Hant/)?"
+                        r"(?P<stem>\d\d_[a-z0-9_]+)\.ipynb\) \| (?:(?P<minutes>\d+) (?P<unit>min|分鐘) \| )?", re.M)
 
 
-def readme_with_minutes(text: str) -> str:
-    """The README's course map with each lesson's minutes (by the rule) in its second column."""
+BINDER_LESSON = re.compile(r"\?urlpath=lab/tree/lessons/(?:zh-Hant/)?(?P<stem>\d\d_[a-z0-9_]+)\.ipynb\)")
+
+
+def readme_with_minutes(text: str, lang: str = "en") -> str:
+    """A README's course map with each lesson's minutes (by the rule) in its second column; in the
+    zh-Hant README, each lesson's links go to its zh-Hant edition once it is translated (to the
+    English one while it is in ``editions.NOT_YET_TRANSLATED``)."""
+    def folder(stem: str) -> str:
+        return "zh-Hant/" if lang != "en" and stem not in editions.NOT_YET_TRANSLATED else ""
+
     def row(match):
         minutes = lesson_load(SOURCES / f"{match['stem']}.py").minutes
-        return f"| [{match['n']} · {match['title']}](lessons/{match['stem']}.ipynb) | {minutes} min | "
+        return (f"| [{match['n']} · {match['title']}](lessons/{folder(match['stem'])}{match['stem']}.ipynb) | "
+                f"{minutes} {match['unit'] or 'min'} | ")
 
-    return README_ROW.sub(row, text)
+    text = README_ROW.sub(row, text)
+    if lang == "en":
+        return text
+    return BINDER_LESSON.sub(lambda m: f"?urlpath=lab/tree/lessons/{folder(m['stem'])}{m['stem']}.ipynb)", text)
 
 
 def main(argv=None) -> None:
@@ -312,14 +325,15 @@ def main(argv=None) -> None:
                         help="build this language's edition only (default: English, and Traditional Chinese for "
                              "every lesson not in parallel_lab.course.editions.NOT_YET_TRANSLATED)")
     parser.add_argument("--readme", action="store_true",
-                        help="only write each lesson's minutes (by the rule) into the README's course map")
+                        help="only write each lesson's minutes (by the rule) into the READMEs' course maps")
     parser.add_argument("--markdown-only", action="store_true",
                         help="rewrite only the markdown cells of the committed student editions (refused when a code "
                              "cell differs from its source)")
     args = parser.parse_args(argv)
     if args.readme:
-        README.write_text(readme_with_minutes(README.read_text(encoding="utf-8")), encoding="utf-8")
-        print(f"{README}: the course map's minutes written", file=sys.stderr)
+        for readme, lang in zip(READMES, ("en", "zh-Hant")):
+            readme.write_text(readme_with_minutes(readme.read_text(encoding="utf-8"), lang), encoding="utf-8")
+            print(f"{readme}: the course map's minutes written", file=sys.stderr)
         return
     edition, directory = ("solutions", args.solutions.resolve()) if args.solutions else ("student", LESSONS)
     if edition == "solutions" and directory == LESSONS.resolve():

@@ -25,8 +25,8 @@ So no other cell, no edited output, no patch of the library or of torch in the s
 changes a grade: the kernel never runs. A submission is graded in its reference lesson's language
 (``Reference.lang``: a zh-Hant edition's checks and points are the English one's): the verdicts,
 reasons and feedback are written under ``i18n.using`` that language, and the checking process is
-told it in its job. What a grade proves, and what it does not: README, "For
-instructors".
+told it in its job. What a grade proves, and what it does not: docs/instructors.md, "What the
+checks test".
 """
 
 from __future__ import annotations
