@@ -276,7 +276,7 @@ def judge_prediction(cfg, record: dict) -> tuple[bool, str]:
     got = record["prediction"]
     try:
         again = model_prediction(cfg, got["constants"], got["workload_tflops"], got["cores"])
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, ArithmeticError) as err:
         return False, _("the record's prediction cannot be recomputed ({error}): run sections 2 and 3 "
                         "again").format(error=err)
     for part in ("memory", "time"):
