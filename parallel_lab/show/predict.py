@@ -128,20 +128,24 @@ class Prediction:
                               "  " + _("Write it in {variable} in the cell above, run that cell, then this one: "
                                        "before the run below.").format(variable=VARIABLE), *graded])
         return "\n".join([_("prediction {id}: your prediction: {value} (recorded before the run)").format(
-            id=self.id, value=answer_text(self.value, unit)), *graded])
+            id=self.id, value=answer_text(_shown(self.value), unit)), *graded])
 
     def comparison(self, measured, name="measured") -> str:
         """The prediction against ``measured`` (what ``versus`` prints)."""
         unit, name = _text(self.unit), _text(name)
         measured = self._reference(measured)
-        if self.value is None:
+        value = self.value
+        if self.kind != "number":  # choices written {"en": ..., "zh-Hant": ...} are shown in the language
+            measured = _shown(measured)
+            value = _shown(value)
+        if value is None:
             return _("prediction {id}: {name} {measured}; no prediction was recorded (next time write one in "
                      "{variable} before the run)").format(id=self.id, name=name, variable=VARIABLE,
                                                           measured=answer_text(measured, unit))
         if self.kind == "number":
-            text = comparison(self.value, float(measured), self.tolerance, unit, name)
+            text = comparison(value, float(measured), self.tolerance, unit, name)
         else:
-            text = exact_comparison(self.value, measured, unit, name)
+            text = exact_comparison(value, measured, unit, name)
         return _("prediction {id}: {comparison}").format(id=self.id, comparison=text)
 
     def _reference(self, measured):
@@ -159,7 +163,8 @@ class Prediction:
         reference = self._reference(measured)
         line = self.comparison(measured, name)
         meta = {"prediction": self.id, "kind": self.kind, "unit": _english(self.unit),
-                "reference": list(reference) if isinstance(reference, tuple) else reference}
+                "reference": [_english(r) if isinstance(r, dict) else r for r in reference]
+                if isinstance(reference, tuple) else _english(reference) if isinstance(reference, dict) else reference}
         _show(line, meta)
 
 
@@ -172,6 +177,13 @@ def _show(line: str, meta: dict) -> None:
     from IPython.display import display
 
     display({"text/plain": line}, raw=True, metadata={"parallel_lab": meta})
+
+
+def _shown(choice):
+    """A canonical choice (or a tuple of them, an order) as the lesson's language writes it."""
+    if isinstance(choice, tuple):
+        return tuple(_shown(c) for c in choice)
+    return _text(choice) if isinstance(choice, dict) else choice
 
 
 def _choose(value, choices, kind):
