@@ -355,7 +355,7 @@ def test_every_exercise_is_registered_with_what_it_forbids():
     assert set(exercises.REGISTRY) == {"ring-all-reduce", "row-parallel-forward", "g-operator", "one-f-one-b",
                                        "zb-h1-order", "balanced-cut", "mesh-groups", "device-memory",
                                        "lse-merge", "zero2-step", "moe-dispatch", "schedule-design", "capstone",
-                                       "bubble-share"}
+                                       "bubble-share", "hand-schedule"}
     for exercise in exercises.REGISTRY.values():
         assert exercise.forbids and exercise.policy.name
 

@@ -75,13 +75,28 @@ print(format_grid(naive))
 # %% [markdown]
 # **Predict:** say a forward costs 1 time unit on every stage and a backward 2 (the usual ratio: the
 # backward computes gradients for both the input and the weights), and messages are free. How long
-# is the step? For how many of those units does each rank work?
-#
+# is the step, in time units? For how many of those units does each rank work? Write the step in
+# the answer cell below and run it and the cell after it, which records it (not graded).
+
+# %% tags=["answer:predict:naive-step"]
+my_prediction = None  # the naive schedule's step on 4 ranks, F = 1, B = 2, in time units
+### BEGIN SOLUTION
+my_prediction = 12  # one rank at a time: 4 forwards of 1, then 4 backwards of 2
+### END SOLUTION
+
+# %%
+from parallel_lab.show.predict import predict
+
+guess = predict("naive-step", my_prediction, {"en": "the naive schedule's step on 4 ranks, F = 1, B = 2",
+                                              "zh-Hant": "樸素排程在 4 個 rank 上的一步，F = 1、B = 2"},
+                unit={"en": "time units", "zh-Hant": "時間單位"}, tolerance=0)
+
+# %% [markdown]
 # The **simulator** answers by list scheduling: every rank runs its actions in order, and an action
 # starts as soon as its rank is free *and* its input has arrived. On a unit-time grid (one row per
 # time unit, `.` = idle):
 
-# %%
+# %% tags=["reveals:naive-step"]
 from parallel_lab.pipeline.simulate import Costs, simulate, unit_grid
 
 costs = Costs(F=1, B=2)
@@ -90,12 +105,13 @@ print(format_grid(unit_grid(timeline)))
 print(f"\nstep: {timeline.makespan:g} units; every rank works {timeline.busy[0]:g} of them")
 print(f"bubble = idle share of the p × step box = 1 − {sum(timeline.busy):g} / (4 × {timeline.makespan:g})"
       f" = {timeline.bubble_fraction:.2f}")
+guess.versus(timeline.makespan, "simulated")
 
 # %% [markdown]
 # The same timeline as a Gantt chart (`figures.gantt`): one row per rank, a bar per action with its
 # micro-batch number inside; the white space is the idle time.
 
-# %%
+# %% tags=["reveals:naive-step"]
 from parallel_lab.show import pipeline as figures
 
 figures.gantt(timeline)
@@ -112,7 +128,7 @@ figures.gantt(timeline)
 # only **one** rank works at any moment, so p ranks are busy 1/p of the time: the bubble is
 # **(p−1)/p**, whatever the costs of F and B. Adding GPUs makes it *worse*:
 
-# %%
+# %% tags=["reveals:naive-step"]
 for p in (1, 2, 4, 8):
     t = simulate(build("naive", p, 1), costs)
     print(f"p = {p}: step {t.makespan:>2g} units, bubble {t.bubble_fraction:.3f}  ((p−1)/p = {(p - 1) / p:.3f})")
@@ -150,6 +166,45 @@ for name, ranks in attempts.items():
 # The same check runs inside `run_pipeline` and in every exercise check, always before a process
 # starts: a broken schedule never gets the chance to hang your notebook.
 #
+# ### Exercise: a schedule by hand
+#
+# Cut the batch into two halves, micro-batches 0 and 1, and write a schedule for p = 3 ranks that
+# the validator accepts: `my_schedule()` returns one list per rank r = 0, 1, 2 of action strings
+# `"{stage}{F|B}{micro-batch}"` (rank r holds stage r). Every rank needs the forward and the
+# backward of both micro-batches; choose the order. Think about what each action waits for: a
+# forward needs the previous stage's forward of the same micro-batch, a backward the next stage's
+# backward (and its own forward), and a rank runs its list in order, so a wait can go round in a
+# cycle.
+#
+# The check validates your lists, simulates them (F = 1, B = 2) and runs them on 3 real ranks against
+# one process. **What the check forbids:** any import: write the lists yourself. Keep all your code
+# in the answer cell: the grader reads that cell alone.
+
+# %% tags=["answer:hand-schedule"]
+def my_schedule():
+    ### BEGIN SOLUTION
+    return [
+        ["0F0", "0F1", "0B0", "0B1"],
+        ["1F0", "1F1", "1B0", "1B1"],
+        ["2F0", "2F1", "2B0", "2B1"],
+    ]
+    ### END SOLUTION
+
+
+# %% [markdown]
+# Look at your lists as the validator sees them before checking them:
+
+# %%
+from parallel_lab.show.schedules import your_schedule
+
+your_schedule(my_schedule, p=3, m=2)
+
+# %% tags=["check:hand-schedule", "points:1"]
+from parallel_lab.exercises.hand_schedule import check_hand_schedule
+
+verdict = check_hand_schedule(my_schedule)
+
+# %% [markdown]
 # ## 4. Run it on real ranks
 #
 # Now the naive schedule runs for real: 4 rank processes (lesson 01's simulated GPUs), each holding

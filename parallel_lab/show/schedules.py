@@ -1,5 +1,6 @@
 """Schedules side by side (lessons 06 and 07, lessons/07_zero_bubble.ipynb): bubble, memory and
-messages per schedule, and the bubble against the number of micro-batches.
+messages per schedule, and the bubble against the number of micro-batches; and a student's own
+schedule as the validator sees it (``your_schedule``, before an exercise's check).
 
     from parallel_lab.show import schedules as sf
     print(sf.schedule_table(sf.compare_schedules()))   # bubble, memory, messages per schedule
@@ -18,9 +19,11 @@ from typing import Iterable, Mapping, Sequence
 import plotly.graph_objects as go
 
 from parallel_lab.i18n import _, pad, width
+from parallel_lab.pipeline.actions import ScheduleError, as_schedule
 from parallel_lab.pipeline.communication import messages
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import Costs, simulate
+from parallel_lab.pipeline.validate import validate
 from parallel_lab.show.pipeline import plain_layout
 
 # (schedule, virtual stages per rank) compared in lesson 07; costs per model stage F = I = W = 1
@@ -93,3 +96,18 @@ def bubble_curves(ranks: int = 4, microbatches: Sequence[int] = tuple(range(4, 3
     fig.update_yaxes(tickformat=".0%", rangemode="tozero")
     fig.update_xaxes(tickvals=list(microbatches))
     return fig
+
+
+def your_schedule(fn, p: int, m: int, name: str | None = None) -> None:
+    """Print what an exercise's ``fn(p, m)`` returns (``fn()`` for a function of no arguments, written
+    for this ``p`` and ``m``) as the validator sees it:
+    the step x rank grid of the valid schedule, the validator's message for a broken one, or, for the
+    stub, how to go on. Lessons 03, 05 and 07 call it before an exercise's check."""
+    name = name or getattr(fn, "__name__", "my_schedule")
+    try:
+        ranks = fn(p, m) if fn.__code__.co_argcount else fn()
+        print(validate(as_schedule(ranks, p=p, m=m, name=name)))
+    except NotImplementedError:
+        print(_("{name} is not written yet: fill it in above, run its cell, then this one").format(name=name))
+    except ScheduleError as err:
+        print(err)
