@@ -38,7 +38,9 @@ def test_bad_input_exits_non_zero_with_one_line_naming_the_invariant():
     out = cli("schedule", "interleaved-1f1b", "--stages", "4", "--microbatches", "6", "--virtual", "2")
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
-        "parallel-lab schedule: interleaved-1f1b needs microbatches % ranks == 0, got microbatches 6, ranks 4"]
+        "parallel-lab schedule: interleaved-1f1b needs microbatches % ranks == 0, got microbatches 6, ranks 4: the "
+        "course implements Megatron-LM's default order, micro-batches through each chunk in groups of p (Megatron-LM "
+        "takes other m with --microbatch-group-size-per-virtual-pipeline-stage)"]
 
 
 def test_unknown_benchmark_suite_is_refused():

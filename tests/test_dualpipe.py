@@ -209,3 +209,58 @@ def test_the_lesson_comparison_table_and_curves_take_it():
     fig = sf.bubble_curves(ranks=4, microbatches=(8, 12, 16), schedules=(("dualpipe-v", 2),))
     assert list(fig.data[0].y) == [round(3 / (6 * m + 3), 4) for m in (8, 12, 16)]
     assert memory_model.in_flight("dualpipe-v", 4, 40, virtual=2) == [9] * 4  # capped m, same peak
+
+
+# ---------------------------------------------------------------- DeepSeek's bubble formula
+
+
+def paired_idle(p: int, m: int, costs=(("F", 1), ("B", 2), ("I", 1), ("W", 1))) -> list[float]:
+    """Idle time per rank of PyTorch's DualPipeV order when every paired action (``OVERLAP_F_B``) is
+    one block, as DeepSeek's README counts it: it starts once the inputs of both halves have arrived
+    and ends as one (a full backward's input gradient leaves at its end), free links, list scheduling."""
+    cost, last = dict(costs), 2 * p - 1
+    peer = torch_schedules.ScheduleDualPipeV.__new__(torch_schedules.ScheduleDualPipeV)
+    peer.pp_group_size, peer._n_microbatches = p, m
+
+    def inputs(kind, stage, j):
+        if kind == "F":
+            return [("F", stage - 1, j)] if stage > 0 else []
+        if kind in "BI":
+            return [("F", stage, j)] + ([("I", stage + 1, j)] if stage < last else [])
+        return [("I", stage, j)]
+
+    blocks = [[[(KIND[s.computation_type], s.stage_index, s.microbatch_index)
+                for s in (a.sub_actions if a.computation_type == torch_schedules.OVERLAP_F_B else (a,))]
+               for a in peer._calculate_single_rank_operations(rank)] for rank in range(p)]
+    done, free, at, busy = {}, [0.0] * p, [0] * p, [0.0] * p
+    while any(at[r] < len(blocks[r]) for r in range(p)):
+        moved = False
+        for r in range(p):
+            if at[r] == len(blocks[r]):
+                continue
+            block = blocks[r][at[r]]
+            need = [d for action in block for d in inputs(*action)]
+            if all(d in done for d in need):
+                start = max([free[r]] + [done[d] for d in need])
+                end = start + sum(cost[kind] for kind, _, _ in block)
+                for kind, stage, j in block:
+                    done[(kind, stage, j)] = end
+                    if kind == "B":
+                        done[("I", stage, j)] = end
+                busy[r] += end - start
+                free[r], at[r], moved = end, at[r] + 1, True
+        assert moved, "deadlock"
+    return [max(free) - b for b in busy]
+
+
+@pytest.mark.parametrize("p,m", CASES)
+def test_deepseeks_formula_counts_a_pair_as_one_block(p, m):
+    """DeepSeek's README gives DualPipeV's bubble as (PP/2 − 1)(F&B + B − 3W), PP = 2p stages. With a
+    pair run one after the other (F&B = F + B) at F = I = W = 1 that is 2(p − 1) per rank: what its
+    order gives when each pair is one block, while our executor's separate actions idle p − 1 (lesson
+    07 states both and why)."""
+    f, i, w = 1, 1, 1
+    formula = (p - 1) * ((f + i + w) + (i + w) - 3 * w)
+    assert paired_idle(p, m) == [formula] * p
+    t = simulate(dualpipe_v(p, m), UNIT)
+    assert [t.makespan - b for b in t.busy] == [p - 1] * p

@@ -34,8 +34,6 @@ SOURCES = sorted((ROOT / "lessons" / "src").glob("[0-9][0-9]_*.py"))
 OVER_90_MINUTES = {"02_tensor_parallelism": 105}
 LONG_MARKDOWN_CELLS = {  # lesson -> {cell key (course.editions.cell_keys): words}
     "02_tensor_parallelism": {"3-the-megatron-mlp-column-then-row-and-the-operators-f-and-g": 261, "try-it+2": 412},
-    "05_1f1b_memory": {"5-exercise-write-1f1b-yourself": 288},
-    "07_zero_bubble": {"2-zb-v-two-stages-per-gpu-in-a-v+1": 360, "6-exercise-write-zb-h1-yourself": 399},
     "16_planner": {"1-the-search-gpt-3-175b-on-64-dgx-h100-servers+3": 384,
                    "7-does-the-planner-predict-real-step-times+1": 373, "what-to-remember": 280},
 }

@@ -65,9 +65,6 @@ TIME_UNITS = ("s", "ms", "µs", "us", "ns", "min", "h", "seconds", "second")
 # "before" (text above the answer cell) or "lesson NN" (an earlier lesson). Emptied as the lessons are
 # fixed; never added to.
 KNOWN_LEAKS: set[tuple[str, str, str]] = {
-    # ZB-V's idle share, printed in section 2, is DualPipeV's by design (the lesson then says "compare
-    # with ZB-V's above"): ask the prediction before ZB-V's run, or ask what pairing changes instead.
-    ("07", "dualpipe-v-bubble", "output"),
     # The quiz's text, printed below its widget, offers "3Ψ" among its options: goes with the quiz
     # tail that prints the quiz once.
     ("12", "zero3-traffic", "output"),
@@ -287,10 +284,6 @@ UNRECORDED_PROMPTS = {
     "02_tensor_parallelism": ["1-one-matrix-two-ways-to-cut-it",
                               "3-the-megatron-mlp-column-then-row-and-the-operators-f-and-g+1",
                               "5-attention-split-by-heads+3", "try-it+2"],
-    "03_pipeline_bubble": ["2-a-schedule-is-data+2"],
-    "05_1f1b_memory": ["1-same-work-another-order+1", "4-trading-compute-for-memory-recomputation"],
-    "06_interleaved_1f1b": ["1-where-1f1b-s-bubble-comes-from+1"],
-    "07_zero_bubble": ["1-splitting-the-backward-b-i-w+3"],
 }
 PROMPT = re.compile(r"\*\*Predict\b")
 

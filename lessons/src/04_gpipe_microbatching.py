@@ -10,8 +10,8 @@
 #
 # - split a batch into m **micro-batches** and read the GPipe schedule: every stage runs all m
 #   forwards, then all m backwards (Huang et al. 2019, *GPipe*);
-# - predict GPipe's bubble, **(p−1)/(m+p−1)**, check it with the simulator, and measure it on real
-#   ranks (FAQ 5: how micro-batching reduces the bubble);
+# - predict GPipe's bubble from p and m, derive its formula, check it with the simulator, and
+#   measure it on real ranks (FAQ 5: how micro-batching reduces the bubble);
 # - name the price: every stage keeps the activations of all m micro-batches — of the whole batch —
 #   until its backward passes begin;
 # - export a real run as a Chrome/Perfetto trace and explore it.
@@ -99,8 +99,11 @@ figures.gantt(timeline)
 #
 # The fill (p − 1 slots before the last stage starts) and the drain (p − 1 slots while the last
 # gradients travel back) do not go away; micro-batches make them *short compared with the work*.
-# Papers often quote the ratio idle / compute instead, **(p − 1)/m** (GPipe: "negligible when
-# m ≥ 4p"); both say the same thing.
+# The two forms you will meet come from two papers. GPipe (Huang et al. 2019, §2.3) states the
+# bubble against the step, as above: O((K − 1)/(M + K − 1)) with K partitions and M micro-batches,
+# "negligible when M ≥ 4 × K". Narayanan et al. 2021 (*Efficient Large-Scale Language Model Training
+# on GPU Clusters Using Megatron-LM*, §2.2.1) state it against the compute, the "bubble time
+# fraction" **(p − 1)/m**. Both count the same idle time.
 #
 # **Predict:** how many micro-batches does a 4-stage GPipe need to bring the bubble to at most
 # 10 %? (Not graded: compare, then read on.)

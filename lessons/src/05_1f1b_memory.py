@@ -6,8 +6,8 @@
 # - read the **1F1B** schedule (one forward, one backward; PipeDream-Flush, Narayanan et al. 2021,
 #   *Memory-Efficient Pipeline-Parallel DNN Training*): warm-up forwards, a steady state that
 #   alternates, a cool-down;
-# - explain why it has exactly GPipe's bubble, (p−1)/(m+p−1), although it does the work in another
-#   order;
+# - compare its step and its bubble with GPipe's, although it does the work in another order, and
+#   say what sets them;
 # - predict and measure how many micro-batches' activations each stage keeps at once, against
 #   GPipe's m;
 # - trade compute for memory with **recomputation**;
@@ -39,9 +39,24 @@ for name in ("gpipe", "1f1b"):
     print(f"{name}:\n{build(name, 4, 8).to_text()}\n")
 
 # %% [markdown]
-# **Predict:** which schedule finishes the step first, with a forward of 1 unit and a backward of 2?
+# **Predict:** which schedule finishes the step first, with a forward of 1 unit and a backward of 2:
+# `"gpipe"`, `"1f1b"` or `"the same"`? Write it below and record it (not graded).
+
+# %% tags=["answer:predict:1f1b-step"]
+my_prediction = None  # "gpipe", "1f1b" or "the same": which finishes the step first, p = 4, m = 8
+### BEGIN SOLUTION
+my_prediction = "the same"  # the fill and the drain are on the critical path of both
+### END SOLUTION
 
 # %%
+from parallel_lab.show.predict import predict
+
+step_guess = predict("1f1b-step", my_prediction, {"en": "which schedule finishes the step first, p = 4, m = 8, "
+                                                         "F = 1, B = 2",
+                                                  "zh-Hant": "哪一個排程先完成一步，p = 4、m = 8、F = 1、B = 2"},
+                     choices=("gpipe", "1f1b", {"en": "the same", "zh-Hant": "一樣快"}))
+
+# %% tags=["reveals:1f1b-step"]
 from parallel_lab.pipeline.simulate import Costs, simulate
 from parallel_lab.show import pipeline as figures
 
@@ -50,6 +65,8 @@ timelines = {name: simulate(build(name, 4, 8), costs) for name in ("gpipe", "1f1
 for name, t in timelines.items():
     print(f"{name:>5}: step {t.makespan:g} units, bubble {t.bubble_fraction:.3f}  "
           f"((p−1)/(m+p−1) = {3 / 11:.3f})")
+steps = {name: t.makespan for name, t in timelines.items()}
+step_guess.versus("the same" if steps["gpipe"] == steps["1f1b"] else min(steps, key=steps.get), "simulated")
 figures.gantt(timelines["1f1b"])
 
 # %% [markdown]
@@ -74,14 +91,12 @@ my_prediction = 4  # stage 0: p − r = 4 − 0
 ### END SOLUTION
 
 # %% tags=["check:predict:1f1b-peak-stash"]
-from parallel_lab.show.predict import predict
-
 guess = predict("1f1b-peak-stash", my_prediction)
 
 # %% [markdown]
 # The simulator follows the stash of every stage over time (`figures.memory`):
 
-# %%
+# %% tags=["reveals:1f1b-peak-stash"]
 figures.memory(timelines["1f1b"], title="1F1B, p = 4, m = 8: stashed micro-batches per stage")
 
 # %% tags=["reveals:1f1b-peak-stash"]
@@ -92,7 +107,7 @@ guess.versus(max(timelines["1f1b"].peak_activations), "simulated")
 # micro-batch for every one it starts: it never holds more than **p − r** (or m, when there are fewer
 # micro-batches). Stage 0 holds the most, p. GPipe holds m everywhere, so the saving grows with m:
 
-# %%
+# %% tags=["reveals:1f1b-peak-stash"]
 print(" m   GPipe peaks            1F1B peaks        min(m, p−r)")
 for m in (2, 4, 8, 32):
     peaks = {name: simulate(build(name, 4, m), costs).peak_activations for name in ("gpipe", "1f1b")}
@@ -152,14 +167,29 @@ figures.compare(one)
 # uses it, Megatron-LM makes it selective). The stash still counts micro-batches in flight, but each
 # one is much smaller; the price is one more forward per backward.
 #
-# **Predict:** with a backward twice as long as a forward, how much more compute does a step need?
+# **Predict:** with a backward twice as long as a forward, how many times the compute of a step
+# without recomputation does a step with it need (1.5 for half as much again)? Not graded.
+
+# %% tags=["answer:predict:recompute-compute"]
+my_prediction = None  # a step's compute with recomputation / without, B = 2F (e.g. 1.5)
+### BEGIN SOLUTION
+my_prediction = 4 / 3  # F + (F + B) = 4 units where F + B = 3
+### END SOLUTION
 
 # %%
+recompute_guess = predict("recompute-compute", my_prediction,
+                          {"en": "a step's compute with recomputation against without it, B = 2F",
+                           "zh-Hant": "重算（recomputation）時一步的計算量相對於不重算時的倍數，B = 2F"},
+                          unit={"en": "×", "zh-Hant": "倍"}, tolerance=0.05)
+
+# %% tags=["reveals:recompute-compute"]
 print("1F1B with recomputation on 4 ranks, m = 8 ...")
 rec = run_pipeline("1f1b", 4, 8, batch=32, recompute=True)
 print("gradients equal the single-process model:", rec["max_grad_diff"] < 1e-10)
 print("same micro-batches in flight:", rec["peak_activations"] == one["peak_activations"])
 print(f"stage 1 at its peak: {one['peak_bytes'][1]:,} bytes without, {rec['peak_bytes'][1]:,} bytes with recomputation")
+again = simulate(build("1f1b", 4, 8), Costs(F=1, B=2 + 1))  # the backward runs the forward again first
+recompute_guess.versus(sum(again.busy) / sum(timelines["1f1b"].busy), "simulated")
 
 # %% [markdown]
 # Stage 1 now keeps only the 32-value input rows of its micro-batches, not the intermediate results
@@ -174,31 +204,27 @@ print(f"mean backward per micro-batch and stage: {b_plain * 1e3:.2f} ms without,
 # %% [markdown]
 # ## 5. Exercise: write 1F1B yourself
 #
-# Write `my_one_f_one_b(p, m)`: it returns, for each rank r = 0 … p−1, the ordered list of actions
-# of the 1F1B schedule, as strings `"{stage}{F|B}{micro-batch}"` (rank r holds stage r; `"2F5"` is
-# stage 2's forward of micro-batch 5). For rank r:
+# Write `my_one_f_one_b(p, m)`: for each rank r = 0 … p−1, the ordered list of its 1F1B actions, as
+# strings `"{stage}{F|B}{micro-batch}"` (rank r holds stage r; `"2F5"` is stage 2's forward of
+# micro-batch 5). For rank r:
 #
 # 1. **warm-up**: the forwards of micro-batches 0, 1, … — p − r − 1 of them, but never more than m;
 # 2. **steady state**: while forwards are left, one forward (the next micro-batch) then one
 #    backward (the oldest micro-batch not yet backwarded);
 # 3. **cool-down**: the remaining backwards, in micro-batch order.
 #
-# Make sure it works when m < p too (then some ranks have no steady state). The check calls your
-# function for (p, m) = (2, 3), (4, 8) and (4, 2). For each, it
+# It must work when m < p too (then some ranks have no steady state). The check calls your function
+# for (p, m) = (2, 3), (4, 8) and (4, 2), and for each
 #
-# - validates the schedule (a broken one is rejected with its first offending action marked in the
-#   grid, like `>1B0<`, before any process starts);
+# - validates the schedule (a broken one is rejected, its first offending action marked like
+#   `>1B0<`, before any process starts);
 # - simulates it: no stage may stash more than min(m, p − r) micro-batches, and the step must be as
-#   short as 1F1B's (so GPipe's order fails, and so does running each micro-batch's F and B back to
-#   back);
-# - runs it on 2 or 4 real ranks, compares every gradient with the single-process model, and checks
-#   that the measured peak stash is the simulated one.
+#   short as 1F1B's (GPipe's order fails, and so does one micro-batch at a time);
+# - runs it on 2 or 4 real ranks against the single-process model, gradients and measured stash.
 #
 # **What the check forbids:** the library's schedules (`one_f_one_b`, `build`): write the order
-# yourself. Your function runs on a rank of its own; only the lists it returns come back.
-#
-# Keep all your code in the answer cell below: the grader reads that cell alone from your notebook and
-# runs it on fresh ranks of its own, so helpers defined in other cells are not seen.
+# yourself. Your function runs on a rank of its own; only the lists it returns come back. Keep all
+# your code in the answer cell: the grader reads that cell alone and runs it on fresh ranks.
 
 # %% tags=["answer:one-f-one-b"]
 def my_one_f_one_b(p, m):
@@ -216,16 +242,13 @@ def my_one_f_one_b(p, m):
 
 
 # %% [markdown]
-# Look at what your function returns before checking it (`as_schedule` turns the lists into a
-# schedule; its grid lists each rank's actions in order):
+# Look at what your function returns for p = 4, m = 6 before checking it, as the validator sees it
+# (its grid lists each rank's actions in order):
 
 # %%
-from parallel_lab.pipeline.actions import as_schedule
+from parallel_lab.show.schedules import your_schedule
 
-try:
-    print(as_schedule(my_one_f_one_b(4, 6), p=4, m=6, name="my_one_f_one_b"))
-except NotImplementedError:
-    print("my_one_f_one_b is not written yet: fill it in above, run its cell, then this one")
+your_schedule(my_one_f_one_b, p=4, m=6)
 
 # %% tags=["check:one-f-one-b", "points:3"]
 from parallel_lab.exercises.one_f_one_b import check_one_f_one_b

@@ -67,20 +67,37 @@ figures.gantt(one_f_one_b).update_xaxes(range=[0, 68])
 # Megatron-LM (Narayanan et al. 2021, *Efficient Large-Scale Language Model Training on GPU Clusters*)
 # cuts the model into p·v **chunks** (model stages) instead of p, and places chunk s on GPU s mod p.
 # With p = 4 and v = 2, GPU 0 holds chunks 0 and 4: the first and the fifth eighth of the layers. A
-# micro-batch goes around the GPUs v times. **Predict:** which GPU sends chunk 3's output to chunk 4?
+# micro-batch goes around the GPUs v times. **Predict:** which GPU sends chunk 3's output to chunk 4
+# (write its number; not graded)?
+
+# %% tags=["answer:predict:chunk-3-sender"]
+my_prediction = None  # the GPU that holds chunk 3 and sends its output to chunk 4, p = 4, v = 2
+### BEGIN SOLUTION
+my_prediction = 3  # chunk s lives on GPU s mod p: chunk 3 on GPU 3, chunk 4 back on GPU 0
+### END SOLUTION
 
 # %%
+from parallel_lab.show.predict import predict
+
+guess = predict("chunk-3-sender", my_prediction, {"en": "the GPU that sends chunk 3's output to chunk 4, p = 4, v = 2",
+                                                  "zh-Hant": "把區塊 3 的輸出送給區塊 4 的是哪個 GPU，p = 4、v = 2"},
+                unit="GPU", tolerance=0)
+
+# %% tags=["reveals:chunk-3-sender"]
 interleaved = build("interleaved-1f1b", p, m, virtual=2)
 print("model stage -> GPU:", dict(enumerate(interleaved.stage_to_rank)))
 print(format_grid(interleaved, rows=(0, 12)))
+guess.versus(interleaved.stage_to_rank[3], "reference")
 
 # %% [markdown]
 # GPU 3 sends chunk 3's output back to GPU 0, which holds chunk 4. The grid shows Megatron's order:
 # micro-batches move through the chunks in groups of p — `0F0 … 0F3` on chunk 0, then `4F0 … 4F3` on
-# chunk 4 — so Megatron-LM's schedule (and the course's copy of it) needs m divisible by p. That is
-# a constraint of this implementation's grouping, not of interleaving itself: later interleaved
-# schedules (PyTorch's `ScheduleInterleaved1F1B`, for one) accept other m. After a longer warm-up
-# each GPU alternates one forward and one backward, as in 1F1B.
+# chunk 4 — so Megatron-LM's default order, which the course copies, needs m divisible by p. That is
+# the grouping's constraint, not interleaving's: since late 2024 Megatron-LM takes the group size N
+# as `--microbatch-group-size-per-virtual-pipeline-stage` (default p; its `schedules.py` asks
+# p ≤ N ≤ m, and m mod N either 0 or at least p), and PyTorch's `ScheduleInterleaved1F1B` asks only
+# that m be a multiple of its rounds, max(1, ⌊m/p⌋). After a longer warm-up each GPU alternates one
+# forward and one backward, as in 1F1B.
 #
 # Each chunk has half a stage's layers, so its forward takes 1 unit and its backward 2. The total
 # work per GPU is the same 48 units; the fill and drain are now made of half-size slots:
@@ -101,7 +118,7 @@ figures.gantt(interleaved_t).update_xaxes(range=[0, 68])
 #   (`communication.messages` counts the sends of one step from the schedule);
 # - **more activation memory on the first GPUs**: GPU 0 starts 11 chunk-forwards (5.5 stages' worth)
 #   before its first backward arrives, against 4 in 1F1B;
-# - in Megatron-LM's implementation, m must be a multiple of p.
+# - with Megatron-LM's default grouping (the course's), m must be a multiple of p.
 
 # %%
 from parallel_lab.pipeline import communication
@@ -124,5 +141,5 @@ except ValueError as err:
 #   bubble of (p−1)/m of the compute time. Without raising m, you can shrink the slots (here) or fill
 #   them (lesson 07).
 # - **Interleaved 1F1B** gives each GPU v chunks (chunk s on GPU s mod p): bubble (p−1)/(v·m), for
-#   about v times more point-to-point messages, more activations on the first GPUs, and (in
-#   Megatron-LM's implementation) m divisible by p.
+#   about v times more point-to-point messages, more activations on the first GPUs, and (with
+#   Megatron-LM's default grouping of p micro-batches) m divisible by p.

@@ -121,8 +121,10 @@ my_prediction = 1 + 3 * 32 / 34  # one micro-batch whole, three waiting for thei
 ### END SOLUTION
 
 # %%
-memory_guess = predict("zb-h1-last-gpu-memory", my_prediction, "ZB-H1's peak activations on GPU 3 of 4, "
-                       "m = 8, counted until W", unit="micro-batches (M_B)", tolerance=0.1)
+memory_guess = predict("zb-h1-last-gpu-memory", my_prediction,
+                       {"en": "ZB-H1's peak activations on GPU 3 of 4, m = 8, counted until W",
+                        "zh-Hant": "ZB-H1 在 4 個 GPU 中 GPU 3 上的激活值高峰，m = 8，算到 W 為止"},
+                       unit={"en": "micro-batches (M_B)", "zh-Hant": "個微批次（M_B）"}, tolerance=0.1)
 
 # %% tags=["reveals:zb-h1-last-gpu-memory"]
 share = simulate(build("zb-h1", p, m)).w_share  # M_W / M_B: the paper's 32/34
@@ -146,11 +148,24 @@ memory_guess.versus(zb_h1.peak_rank_activations[3], "simulated")
 # ZB-V (same paper, §6) cuts the model into 2p stages like interleaving with v = 2, but places them in
 # a **V**: GPU r holds stage r on the way down and stage 2p−1−r on the way back up. GPU 0 holds the
 # first *and the last* stage; GPU p−1 holds the two middle ones, so the turn at the bottom of the V
-# needs no message. **Predict:** which stages does GPU 1 hold when p = 4?
+# needs no message. **Predict:** GPU 1 holds stage 1 on the way down; which stage does it hold on
+# the way back up when p = 4 (not graded)?
+
+# %% tags=["answer:predict:zb-v-up-stage"]
+my_prediction = None  # the stage GPU 1 holds on the way up, p = 4 (8 stages, numbered 0-7)
+### BEGIN SOLUTION
+my_prediction = 6  # 2p − 1 − r = 8 − 1 − 1
+### END SOLUTION
 
 # %%
+stage_guess = predict("zb-v-up-stage", my_prediction, {"en": "the stage GPU 1 holds on the way up of ZB-V's V, p = 4",
+                                                       "zh-Hant": "ZB-V 的 V 形上行時 GPU 1 持有的階段，p = 4"},
+                      tolerance=0)
+
+# %% tags=["reveals:zb-v-up-stage"]
 zb_v = build("zb-v", p, m)
 print("model stage -> GPU:", dict(enumerate(zb_v.stage_to_rank)))
+stage_guess.versus(max(s for s, r in enumerate(zb_v.stage_to_rank) if r == 1), "reference")
 zb_v_t = simulate(zb_v, Costs(F=1, B=2, I=1, W=1))
 print(f"ZB-V: step {zb_v_t.makespan:g} units, idle per GPU {[zb_v_t.makespan - b for b in zb_v_t.busy]}, "
       f"idle share {zb_v_t.bubble_fraction:.1%}")
@@ -161,26 +176,31 @@ figures.gantt(zb_v_t).update_xaxes(range=[0, 68])
 # %% [markdown]
 # GPU 1 holds stages 1 and 6. The V gives every GPU the same memory: each holds one early stage
 # (many micro-batches in flight) and one late stage (few), 4 stages' worth in all, counted until W —
-# 1F1B's worst GPU, but on every GPU, so no GPU is the memory bottleneck. It sends fewer messages than interleaving
-# (the turn is local) and, with half-size slots that W passes fill, has the smallest bubble of the
-# four. DeepSeek-V3's schedule, next, keeps this placement and changes the order.
+# 1F1B's worst GPU, but on every GPU, so no GPU is the memory bottleneck. It sends fewer messages
+# than interleaving (the turn is local) and, with half-size slots that W passes fill, has the
+# smallest bubble of the four. DeepSeek-V3's schedule, next, keeps this placement and changes the
+# order.
 #
 # ## 3. DualPipeV: a forward and another micro-batch's backward, side by side
 #
 # DeepSeek-V3 (DeepSeek-AI 2024, *DeepSeek-V3 Technical Report*, §3.2.1) trains with **DualPipe**, a
-# *bidirectional* pipeline: micro-batches are fed from both ends at once — half enter at GPU 0 and
-# flow towards GPU p−1, half enter at GPU p−1 and flow back — so the fill of one direction overlaps
-# the drain of the other. Each GPU therefore holds a stage of each direction: two copies of the
-# model's parameters (the report's Table 2). Cut in half, DualPipe becomes **DualPipeV** (the V form
-# in github.com/deepseek-ai/DualPipe, PyTorch's `ScheduleDualPipeV`): one copy of the model on ZB-V's
-# placement, GPU r holding stage r and stage 2p−1−r, where the two directions are the two arms of the V.
+# *bidirectional* pipeline: half the micro-batches enter at GPU 0 and flow towards GPU p−1, half
+# enter at GPU p−1 and flow back, so the fill of one direction overlaps the drain of the other. Each
+# GPU holds a stage of each direction: two copies of the model's parameters. **DualPipeV** (the
+# "cut-in-half" V form in github.com/deepseek-ai/DualPipe, PyTorch's `ScheduleDualPipeV`) keeps one
+# copy on ZB-V's placement, GPU r holding stages r and 2p−1−r: the two directions are the V's arms.
 #
-# What it adds to ZB-V is its steady state: each forward is **paired** with the backward of *another*
-# micro-batch on the GPU's *other* stage — a forward of the down stage with a backward of the up
-# stage, then the other way round. DeepSeek-V3 is a mixture-of-experts model: every chunk's forward
-# and backward contain expert-parallel all-to-alls (tokens sent to their experts' GPUs and back).
-# DeepSeek's system runs the two halves of a pair *at the same time*, so that the forward's
-# all-to-all hides behind the backward's compute and vice versa.
+# Which comparison is meant matters here. DeepSeek's README compares at the **same number of
+# stages** PP: DualPipe on PP GPUs and DualPipeV on PP/2 GPUs both hold 2× the parameters per GPU of
+# 1F1B's one stage. At the **same number of GPUs** p, as in this lesson, DualPipeV's two half-size
+# stages are what 1F1B's one stage holds (1×), and only DualPipe pays 2×.
+
+# %% [markdown]
+# What DualPipeV adds to ZB-V is its steady state: each forward is **paired** with the backward of
+# *another* micro-batch on the GPU's *other* stage. DeepSeek-V3 is a mixture-of-experts model: every
+# chunk's forward and backward contain expert-parallel all-to-alls (tokens sent to their experts'
+# GPUs and back). DeepSeek's system runs the two halves of a pair *at the same time*, so that the
+# forward's all-to-all hides behind the backward's compute and vice versa.
 #
 # The course's executor runs a pair **one after the other**: the forward, then the input and weight
 # gradients — as PyTorch's runtime does with its paired action (`OVERLAP_F_B`) unless a custom
@@ -200,40 +220,56 @@ print("GPU 0's pairs (a forward, then another micro-batch's backward on its othe
 # I and W right after it (GPU 0's `7F0 7I0 7W0 7F1 …`). Every backward is split, I then W at once,
 # until the cool-down, where the later GPUs defer some W's to fill the drain, as ZB-V does.
 #
-# **Predict** DualPipeV's bubble — the idle share of the step — for p = 4 and m = 8 at ZB-V's costs
-# (F = I = W = 1 per model stage), with each pair run one after the other. Compare with ZB-V's
-# above. (Not graded.)
+# **Predict:** at ZB-V's costs (F = I = W = 1 per model stage), with each pair run one after the
+# other, is DualPipeV's bubble for p = 4 and m = 8 `"smaller"` than ZB-V's above, `"the same"`, or
+# `"larger"`? (Not graded.)
 
 # %% tags=["answer:predict:dualpipe-v-bubble"]
-my_prediction = None  # DualPipeV's idle share of the step, p = 4, m = 8, F = I = W = 1 (a fraction)
+my_prediction = None  # "smaller", "the same" or "larger" than ZB-V's bubble, p = 4, m = 8, F = I = W = 1
 ### BEGIN SOLUTION
-my_prediction = 3 / 51  # ZB-V's: a step of 6m + p − 1 = 51 units, p − 1 = 3 of them idle per GPU
+my_prediction = "the same"  # run one after the other, a pair is ZB-V's work in another order
 ### END SOLUTION
 
 # %%
-dualpipe_guess = predict("dualpipe-v-bubble", my_prediction, "DualPipeV's bubble (idle share of the step), "
-                         "p = 4, m = 8, F = I = W = 1 per model stage", tolerance=0.1)
+dualpipe_guess = predict("dualpipe-v-bubble", my_prediction,
+                         {"en": "DualPipeV's bubble against ZB-V's, p = 4, m = 8, F = I = W = 1 per model stage",
+                          "zh-Hant": "DualPipeV 的氣泡與 ZB-V 的相比，p = 4、m = 8、每個模型階段 F = I = W = 1"},
+                         choices=({"en": "smaller", "zh-Hant": "較小"}, {"en": "the same", "zh-Hant": "一樣"},
+                                  {"en": "larger", "zh-Hant": "較大"}))
 
 # %% tags=["reveals:dualpipe-v-bubble"]
 dualpipe_t = simulate(dualpipe, Costs(F=1, B=2, I=1, W=1))
-print(f"DualPipeV: step {dualpipe_t.makespan:g} units, idle per GPU "
-      f"{[dualpipe_t.makespan - b for b in dualpipe_t.busy]}, idle share {dualpipe_t.bubble_fraction:.1%}")
-dualpipe_guess.versus(dualpipe_t.bubble_fraction, "simulated")
+idle = [dualpipe_t.makespan - b for b in dualpipe_t.busy]
+print(f"DualPipeV: step {dualpipe_t.makespan:g} units, idle per GPU {idle}, idle share {dualpipe_t.bubble_fraction:.1%}")
+difference = dualpipe_t.bubble_fraction - zb_v_t.bubble_fraction
+dualpipe_guess.versus("the same" if abs(difference) < 1e-9 else "smaller" if difference < 0 else "larger",
+                      "simulated")
+F, I, W = 1, 1, 1  # per model stage; a pair run one after the other: F&B = F + B
+print(f"DeepSeek's formula (p−1)(F&B + B − 3W) with F&B = F + I + W: {(p - 1) * ((F + I + W) + (I + W) - 3 * W)} "
+      f"units idle per GPU; simulated: {idle[0]:g}")
 print("peak stash per GPU (in stages), counted until W: DualPipeV",
       [n / 2 for n in dualpipe_t.peak_rank_activations], " ZB-V", [n / 2 for n in zb_v_t.peak_rank_activations])
 figures.gantt(dualpipe_t).update_xaxes(range=[0, 68])
 
 # %% [markdown]
 # Run one after the other, the pairs change the order, not the bubble: DualPipeV idles exactly as
-# ZB-V does at these costs. What it costs:
+# ZB-V does at these costs. DeepSeek's README gives DualPipeV's bubble as (PP/2 − 1)(F&B + B − 3W)
+# with PP = 2p stages, F&B a pair's time and B a full backward: (p − 1)(F&B + B − 3W). It counts a
+# pair as one block that starts once *both* its inputs are there and ends as one; the simulator runs
+# a pair as two actions, so the forward starts without waiting for its partner's gradient, and the
+# gradient leaves at the end of I. Hence, at these costs, p − 1 idle units per GPU against the
+# formula's 2(p − 1) with F&B = F + B.
+
+# %% [markdown]
+# What DualPipeV costs:
 #
-# - **m ≥ 2p**, PyTorch's own check (at least one micro-batch per model stage): below it, rank 0's
-#   steady state would need a negative number of pairs;
+# - **m ≥ 2p**, PyTorch's own check (at least one micro-batch per model stage): rank r's steady
+#   state has m − 2p + r + 1 pairs of pairs, so at m = 2p − 1 rank 0 would have none, and fewer below;
 # - **a little more activation memory**: counted until W, every GPU peaks at 2p + 1 half-size stashes
 #   (one micro-batch on one model stage) where ZB-V peaks at 2p — half a stage more in the printout's
 #   whole-stage units — because a pair's forward starts before its partner's backward has freed
-#   anything. The report counts the same kind of extra for DualPipe: PP + 1 against 1F1B's PP
-#   (Table 2, with 2× the parameters, which the V form does not pay);
+#   anything. DeepSeek counts the same kind of extra: PP + 1 against 1F1B's PP (the report's
+#   Table 2, the README's table);
 # - with an input gradient dearer than the weight gradient, ZB-V fills the drain better than
 #   DualPipeV's pairs do; DualPipe's gain, the hidden all-to-all, is what these timelines leave out.
 
@@ -332,36 +368,27 @@ figures.compare(runs["zb-v"])
 # %% [markdown]
 # ## 6. Exercise: write ZB-H1 yourself
 #
-# Write `my_zb_h1(p, m)`: it returns, for each rank r = 0 … p−1, the ordered list of ZB-H1's
-# actions, as strings `"{stage}{F|I|W}{micro-batch}"` (rank r holds stage r; `"2I5"` is stage 2's
-# input-gradient pass of micro-batch 5, `"2W5"` its weight-gradient pass). Start from lesson 05's
-# 1F1B with every backward split into I and W; then, on rank r:
+# Write `my_zb_h1(p, m)`: for each rank r, the ordered list of its ZB-H1 actions, as strings
+# `"{stage}{F|I|W}{micro-batch}"` (rank r holds stage r; `"2I5"`: stage 2's I of micro-batch 5).
+# Start from lesson 05's 1F1B with every backward split into I and W; then, on rank r:
 #
 # 1. **warm-up**: the forwards of micro-batches 0, 1, … — p − r − 1 of them, but never more than m;
 # 2. **one I at a time**, for k = 0, 1, …, m − 1: the next forward while forwards are left, then the
-#    I of micro-batch k (1F1B's order); and once r input gradients are ahead of it, the W of
-#    micro-batch k − r right after that I;
-# 3. **the deferred W's**: the W's still missing (those of the last min(r, m) micro-batches), in
-#    micro-batch order. They fill the cool-down, where 1F1B waits for gradients.
+#    I of micro-batch k; once r input gradients are ahead, the W of micro-batch k − r right after;
+# 3. **the deferred W's**: those still missing (of the last min(r, m) micro-batches), in order.
+
+# %% [markdown]
+# The check calls your function for (p, m) = (2, 4), (4, 8) and (4, 3), and for each
 #
-# The check calls your function for (p, m) = (2, 4), (4, 8) and (4, 3). For each, it
+# - validates it (the first offending action marked like `>1I0<`); every backward split, no B;
+# - simulates it with F = I = W = 1: no rank may idle longer than in ZB-H1 (each W right after its I
+#   fails), and, counted until W, no stage may hold more (extra warm-up forwards fail, and so do
+#   more than r deferred W's);
+# - runs it on 2 or 4 real ranks against the single-process model.
 #
-# - validates the schedule (a broken one is rejected with its first offending action marked in the
-#   grid, like `>1I0<`, before any process starts) and requires every backward split: I and W, no B;
-# - simulates it with F = I = W = 1: no rank may idle longer than in ZB-H1 (1F1B's order with each W
-#   right after its I idles 2(p−1) per rank when m ≥ p, ZB-H1 p−1, so it fails), and, with
-#   activations counted until W as the simulator does (`simulate.Timeline`: an I frees M_B − M_W, its
-#   W the last M_W), no stage may hold more than in ZB-H1 (so running extra warm-up forwards fails,
-#   and so does holding back more W's than r);
-# - runs it on 2 or 4 real ranks, compares the loss and every gradient with the single-process model,
-#   and checks that the measured stash is the simulated one.
-#
-# **What the check forbids:** the library's schedules (`zb_h1`, `build`; no import of `parallel_lab`):
-# write the order yourself. Your function runs on a rank of its own; only the lists it returns come
-# back.
-#
-# Keep all your code in the answer cell below: the grader reads that cell alone from your notebook and
-# runs it on fresh ranks of its own, so helpers defined in other cells are not seen.
+# **What the check forbids:** the library's schedules (`zb_h1`, `build`; no import of `parallel_lab`).
+# Your function runs on a rank of its own. Keep all your code in the answer cell: the grader reads
+# that cell alone.
 
 # %% tags=["answer:zb-h1-order"]
 def my_zb_h1(p, m):
@@ -383,16 +410,13 @@ def my_zb_h1(p, m):
 
 
 # %% [markdown]
-# Look at what your function returns before checking it (`as_schedule` turns the lists into a
-# schedule; its grid lists each rank's actions in order):
+# Look at what your function returns for p = 4, m = 6 before checking it, as the validator sees it
+# (its grid lists each rank's actions in order):
 
 # %%
-from parallel_lab.pipeline.actions import as_schedule
+from parallel_lab.show.schedules import your_schedule
 
-try:
-    print(as_schedule(my_zb_h1(4, 6), p=4, m=6, name="my_zb_h1"))
-except NotImplementedError:
-    print("my_zb_h1 is not written yet: fill it in above, run its cell, then this one")
+your_schedule(my_zb_h1, p=4, m=6)
 
 # %% tags=["check:zb-h1-order", "points:2"]
 from parallel_lab.exercises.zb_h1_order import check_zb_h1_order

@@ -24,6 +24,7 @@ from itertools import repeat
 from typing import Iterable, Iterator, Sequence
 
 from parallel_lab.checks import positive_int
+from parallel_lab.i18n import _
 from parallel_lab.pipeline.actions import Action, Schedule, ScheduleError
 
 MAX_STAGES = 64  # caps for `build`: keep validation and simulation interactive on a laptop
@@ -150,7 +151,7 @@ def _interleaved_order(r: int, p: int, m: int, v: int, kind: str) -> list[Action
     """
     chunks = range(v) if kind == "F" else range(v - 1, -1, -1)
     ops: list[Action] = []
-    for first in range(0, m, p):  # m % p == 0: whole groups
+    for first in range(0, m, p):  # m % p == 0: whole groups (Megatron-LM's default group size, p)
         for chunk in chunks:
             ops += _actions(chunk * p + r, kind, range(first, first + p))
     return ops
@@ -173,14 +174,21 @@ def interleaved_1f1b(p: int, m: int, v: int) -> Schedule:
     The model has p*v stages; stage s lives on rank s % p, so every rank holds v thin chunks and a
     microbatch loops through the ranks v times. Each forward/backward is 1/v of a rank's work, so
     the bubble shrinks by v: it is (p-1)/(v*m) of the ideal time m*v*(F+B) (per-chunk costs), at the
-    price of v times more point-to-point messages. Needs m % p == 0 (Megatron's constraint:
-    microbatches move through the chunks in groups of p). With v = 1 this is exactly 1F1B.
+    price of v times more point-to-point messages. With v = 1 this is exactly 1F1B.
+
+    Needs m % p == 0: the order is Megatron-LM's default, in which microbatches move through the
+    chunks in groups of p. That is the default's constraint, not interleaving's: since late 2024
+    Megatron-LM takes the group size N as ``--microbatch-group-size-per-virtual-pipeline-stage``
+    (``microbatch_group_size_per_vp_stage``, default p; its ``schedules.py`` asks p <= N <= m and
+    m % N either 0 or at least p), and PyTorch's ``ScheduleInterleaved1F1B`` asks only that m be a
+    multiple of its rounds, max(1, m // p). The course implements the default grouping only.
     """
     _check_positive("interleaved-1f1b", ranks=p, microbatches=m, virtual=v)
     if m % p != 0:
-        raise ScheduleError(
-            f"interleaved-1f1b needs microbatches % ranks == 0, got microbatches {m}, ranks {p}"
-        )
+        raise ScheduleError(_(
+            "interleaved-1f1b needs microbatches % ranks == 0, got microbatches {m}, ranks {p}: the course "
+            "implements Megatron-LM's default order, micro-batches through each chunk in groups of p (Megatron-LM "
+            "takes other m with --microbatch-group-size-per-virtual-pipeline-stage)").format(m=m, p=p))
     stage_to_rank = [s % p for s in range(p * v)]
     rows = (_interleaved_rank(r, p, m, v) for r in range(p))
     return _make("interleaved-1f1b", p, m, v, stage_to_rank, rows)
