@@ -103,6 +103,26 @@ def test_the_rubric_is_the_policys_and_translatable():
         Policy.from_dict({"rubric": {"capstone-analysis": [{"points": 0, "criterion": "x"}]}})
 
 
+def test_the_similarity_report_lists_alike_analyses_and_one_run_in_two_hand_ins():
+    from parallel_lab.course.grading import similarity
+    from parallel_lab.course.grading.runner import Row
+
+    text = ("The model put the step at a third of what the ranks took, because four ranks shared two cores "
+            "while the model gave each its own; with one replica the gap shrank as the shared bound says.")
+    record = capstone.RECORD_PREFIX + json.dumps({"version": 1, "nonce": "abc123"})
+
+    def row(student, check, answer):
+        return Row(student, "18_capstone", check, False, 0, 3, "", category="capstone", answer=answer)
+
+    rows = [row("ada", "capstone-analysis", text), row("bob", "capstone-analysis", text.replace("third", "half")),
+            row("cy", "capstone-analysis", "My own words about something else entirely, " * 3),
+            row("ada", "capstone", capstone.hand_in(PLAN, record)),
+            row("bob", "capstone", capstone.hand_in(OTHER, record)),
+            row("cy", "capstone", capstone.hand_in(PLAN, ""))]
+    pairs = {(p.check, p.student_a, p.student_b) for p in similarity.report(rows, 0.9)}
+    assert pairs == {("capstone-analysis", "ada", "bob"), ("capstone", "ada", "bob")}
+
+
 # ----------------------------------------------------------------------------------------------
 # On ranks.
 
@@ -188,6 +208,8 @@ def test_the_grader_reads_the_record_runs_the_plan_and_exports_the_analysis(corr
     assert "> " + analysis in analyses and "Locates the gap" in analyses and "### ada" in analyses
     assert "the course's model for this plan" in analyses  # the automatic verdict beside the text
     assert analysis in (out.parent / "feedback" / "ada.md").read_text(encoding="utf-8")
+    similar = (out.parent / "similarity.csv").read_text(encoding="utf-8")
+    assert "18_capstone,capstone,ada,bob,1.000" in similar and "the same run" in similar  # one run, two hand-ins
     # the instructor scores it: an override enters the summary
     overrides = tmp_path / "overrides.csv"
     overrides.write_text("student,check,points,reason\nada,capstone-analysis,2,rubric: 1 + 1 + 0\n")

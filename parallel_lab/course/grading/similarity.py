@@ -13,6 +13,11 @@ that only what the student wrote is compared; answers that are still the stub, o
 is shorter than ``MIN_OWN_TOKENS``, are left out (every right answer to a two-line exercise looks
 alike). Pairs at least ``threshold`` alike (difflib's ratio) are listed.
 
+**Written answers and runs.** An answer that is prose (the capstone's analysis, a markdown cell)
+is compared word by word (lowercased; at least ``MIN_OWN_WORDS`` words beyond the lesson's
+placeholder). A capstone hand-in is listed with another when both hold the record of one and the
+same run (its random nonce: ``exercises.capstone``), whatever their plans.
+
 **Quizzes.** Every student's graded quiz is their own variant (``course.quiz.variant``): options
 in their own order, numbers drawn for them. A sheet that scores more on another student's variant
 than on its owner's, and at least that variant's pass mark, was written for the other student's
@@ -22,6 +27,9 @@ quiz; the pair is listed with both scores.
 from __future__ import annotations
 
 import csv
+import itertools
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +39,7 @@ from parallel_lab.course import tags
 from parallel_lab.exercises.copies import similarity, tokens
 
 MIN_OWN_TOKENS = 20
+MIN_OWN_WORDS = 20
 REPORT_COLUMNS = ("lesson", "check", "student_a", "student_b", "similarity", "own_tokens_a", "own_tokens_b", "note")
 
 
@@ -127,10 +136,73 @@ def sheet_pairs(rows) -> list[Pair]:
     return pairs
 
 
+def _words(text: str) -> list:
+    return re.findall(r"\w+", text.lower())
+
+
+def _parses(source: str) -> bool:
+    try:
+        tokens(source)
+        return True
+    except (SyntaxError, ValueError, RecursionError):
+        return False
+
+
+def text_pairs(rows, threshold: float, references=None) -> list[Pair]:
+    """Near-identical prose answers (written analyses), per lesson and check."""
+    placeholders = {}
+    for ref in references or ():
+        for check, text in getattr(ref, "texts", {}).items():
+            placeholders[(ref.lesson, check)] = _words(text)
+    by_check: dict = {}
+    for r in rows:
+        if not r.answer or r.exercise.startswith(("quiz:", "predict:")) or _parses(r.answer):
+            continue
+        words = _words(r.answer)
+        if words != placeholders.get((r.lesson, r.exercise)) and len(words) >= MIN_OWN_WORDS:
+            by_check.setdefault((r.lesson, r.exercise), []).append((r.student, words))
+    pairs = []
+    for (lesson, check), answers in sorted(by_check.items()):
+        for (a, words_a), (b, words_b) in itertools.combinations(answers, 2):
+            ratio = similarity(words_a, words_b)
+            if ratio >= threshold:
+                pairs.append(Pair(lesson, check, a, b, ratio, len(words_a), len(words_b), "written answers alike, "
+                                  "word by word"))
+    return pairs
+
+
+def _run_of(answer: str) -> str | None:
+    """The nonce of the run whose record a capstone hand-in holds, or None."""
+    from parallel_lab.exercises.capstone import read_record
+
+    try:
+        hand = json.loads(answer)
+    except ValueError:
+        return None
+    record = read_record(hand.get("record", "")) if isinstance(hand, dict) else None
+    return record.get("nonce") if isinstance(record, dict) and isinstance(record.get("nonce"), str) else None
+
+
+def run_pairs(rows) -> list[Pair]:
+    """Capstone hand-ins that hold the record of the same run."""
+    by_run: dict = {}
+    for r in rows:
+        nonce = _run_of(r.answer) if r.answer.startswith("{") else None
+        if nonce:
+            by_run.setdefault((r.lesson, r.exercise, nonce), []).append(r.student)
+    pairs = []
+    for (lesson, check, _nonce), students in sorted(by_run.items()):
+        for a, b in itertools.combinations(sorted(students), 2):
+            pairs.append(Pair(lesson, check, a, b, 1.0, 0, 0, "the record of the same run (its nonce) in both "
+                              "hand-ins"))
+    return pairs
+
+
 def report(rows, threshold: float = 0.9, references=None) -> list[Pair]:
-    """Every pair the instructor should look at: near-identical exercise answers and quiz sheets
-    written for another student's quiz."""
-    return code_pairs(rows, threshold, references) + sheet_pairs(rows)
+    """Every pair the instructor should look at: near-identical exercise answers and written answers,
+    hand-ins with the record of one run, and quiz sheets written for another student's quiz."""
+    return code_pairs(rows, threshold, references) + text_pairs(rows, threshold, references) + run_pairs(rows) + \
+        sheet_pairs(rows)
 
 
 def write_report(path, pairs) -> Path:
