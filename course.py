@@ -278,7 +278,9 @@ def test(args) -> int:
 def main() -> int:
     commands = {"start": start, "test": test}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
-        print(__doc__, file=sys.stderr)
+        print(_("usage: python3 course.py start [--lang zh-Hant] (set up .venv, open the course in JupyterLab) | "
+                "python3 course.py test [pytest arguments] (set up .venv, run the whole test suite)"),
+              file=sys.stderr)
         return 2
     return commands[sys.argv[1]](sys.argv[2:])
 

@@ -34,7 +34,8 @@ def _doctor(args):
     report = doctor()
     lines = [f"{'ok ' if c['ok'] else 'NO '} {name:13} {c['why']}" for name, c in report["checks"].items()]
     failed = [name for name, c in report["checks"].items() if not c["ok"]]
-    return report, "\n".join(lines), f"doctor: failed checks: {', '.join(failed)}" if failed else ""
+    why = _("doctor: failed checks: {names}").format(names=", ".join(failed)) if failed else ""
+    return report, "\n".join(lines), why
 
 
 def _bench(args):

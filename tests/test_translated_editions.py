@@ -208,3 +208,81 @@ def test_doctor_and_the_validator_speak_the_chosen_language():
     assert str(err.value).startswith("swapped: rank 1，第 0 步：1B0 在它的輸入 1F0（階段 1，微批次 0）之前執行，"
                                      "而該輸入排在同一個 rank 的更後面（第 1 步）"), str(err.value)
     assert "\n步驟 " in str(err.value)  # the grid's header
+
+
+# ----------------------------------------------------------------------------------------------
+# Issue 28's "done when", read from the built zh-Hant editions: a figure's title and axes, a widget's
+# labels, the quiz verdict, a prediction's message and an exercise's "not yet" verdict are Chinese.
+
+VERDICT_WORDS = re.compile(r"\b(PASSED|FAILED|NOT YET|NOT PASSED|Correct\.|Not quite\.|quiz \S+ \(lesson)")
+
+
+def _checks(path: Path) -> dict:
+    """check id -> the text its check cell printed in the built edition."""
+    nb = nbformat.read(path, as_version=4)
+    return {check: "".join(o.get("text", "") for o in c.get("outputs", []))
+            for c in nb.cells for check in [tags.check(c)[0]] if check}
+
+
+@pytest.mark.parametrize("path", EDITIONS, ids=lambda p: p.name)
+def test_the_built_editions_verdicts_are_chinese(path):
+    """Every check cell of a zh-Hant edition prints Chinese: the graded quiz's check, a prediction's
+    message before it is made, an exercise's "not yet" verdict; none of the English verdict words."""
+    printed = _checks(path)
+    assert any(tags.quiz(check) for check in printed), path.name
+    for check, text in printed.items():
+        assert text.strip() and CJK.search(text), (path.name, check, text[:200])
+        assert not VERDICT_WORDS.search(text), (path.name, check, text[:200])
+        if tags.quiz(check):
+            assert text.startswith("測驗 ") and "（第 " in text, (check, text[:120])
+        elif tags.prediction(check):
+            assert text.startswith(f"預測 {tags.prediction(check)}：尚未完成"), (check, text[:120])
+        else:
+            assert "：尚未完成：" in text, (check, text[:120])
+
+
+@pytest.mark.parametrize("name", ["00_why_split_a_model", "03_pipeline_bubble", "10_schedule_search", "17_faq"])
+def test_the_built_editions_quiz_widget_speaks_chinese(name):
+    """The practice quiz's stored text form (what shows where widgets do not render) has Chinese
+    chrome: its head line, each question's kind and points, how to practise."""
+    shown = next(text for text in _outputs(editions.EDITIONS[LANG] / f"{name}.ipynb", "text/plain")
+                 if text.startswith("測驗："))
+    head = shown.splitlines()[0]
+    assert re.fullmatch(r"測驗：.+，共 \d+ 題、\d+ 分，及格 \d+ 分", head), head
+    assert "（單選，1 分）" in shown and "練習一題：answer(" in shown
+    assert not re.search(r"\b(questions|points|pass mark|one answer|Practise)\b", shown), shown[:300]
+
+
+@pytest.mark.parametrize("name", ["03_pipeline_bubble", "10_schedule_search"])
+def test_the_built_editions_figures_have_chinese_titles_and_axes(name):
+    figures = _outputs(editions.EDITIONS[LANG] / f"{name}.ipynb", PLOTLY)
+    titled = [f["layout"] for f in figures if f["layout"].get("title", {}).get("text")]
+    assert titled, name
+    for layout in titled:
+        assert CJK.search(layout["title"]["text"]), layout["title"]["text"]
+        axis = layout.get("xaxis", {}).get("title", {}).get("text", "")
+        assert not axis or CJK.search(axis) or re.fullmatch(r"[\w ,=()/·×−+*^.-]*", axis) and \
+            not re.search(r"[a-z]{4,}", axis), axis
+
+
+def test_the_quiz_verdicts_and_invalid_answers_follow_the_language():
+    """check_quiz's verdict, the practice feedback and its invalid-answer messages, the widget's
+    buttons and score line: Chinese under zh-Hant, the same English as before under en."""
+    from parallel_lab.course.quiz import check, load
+    from parallel_lab.show.quizbox import quiz
+
+    bank = load("03")
+    single = next(item for item in bank.items if item.kind == "single")
+    numeric = next(item for item in bank.items if item.kind == "numeric")
+    with i18n.using(LANG):
+        assert check.verdict(check.score(bank, {})).startswith("測驗 pipeline-line（第 03 課）：未通過：")
+        assert check.passing_verdict(bank).startswith("測驗 pipeline-line（第 03 課）：通過")
+        assert check.feedback(single, "z").message.startswith("無法讀取這個答案：'z' 不是選項；請從 a, b, c, d")
+        assert check.feedback(numeric, "many").message == "無法讀取這個答案：'many' 不是數字。"
+        wrong = next(o.key for o in single.options if o.key not in single.correct_keys())
+        assert check.feedback(single, wrong).message.startswith("不太對。\n(")
+        box = quiz("03")
+    assert [box.views[0].check_button.description, box.views[0].retry_button.description] == ["檢查", "再試一次"]
+    assert box.score_line.value.startswith("<b>得分：0 / ") and box.header_html.value.startswith("<h3>測驗：")
+    assert check.feedback(single, "z", "en").message.startswith("Cannot read this answer: 'z' is not an option")
+    assert check.verdict(check.score(bank, {})).startswith("quiz pipeline-line (lesson 03): NOT PASSED: 0 of ")

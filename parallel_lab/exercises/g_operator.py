@@ -32,7 +32,7 @@ from parallel_lab.i18n import _l
 
 WORLD_SIZES = (2, 4)
 POLICY = Policy("MyG", dist=("all_reduce", "get_rank", "get_world_size", "ReduceOp"),
-                builds="g from one all-reduce")
+                builds=_l("g from one all-reduce"))
 GRADS = ("output", "grad of x_r", "grad of W_r", "grad of bias")
 
 

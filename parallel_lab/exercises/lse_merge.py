@@ -58,7 +58,7 @@ WORLD = 4
 TOLERANCE = 1e-10  # fp64: the same sums in a different order
 SHORTCUTS = ("softmax", "log_softmax", "logsumexp", "logaddexp", "scaled_dot_product_attention")
 POLICY = Policy("my_merge", imports=("math", "torch"), dist=(), forbidden=SHORTCUTS,
-                forbidden_why="write the merge from torch.exp, torch.log, torch.maximum and torch.where")
+                forbidden_why=_l("write the merge from torch.exp, torch.log, torch.maximum and torch.where"))
 
 # (name, what the verdict calls it)
 DIRECT = (

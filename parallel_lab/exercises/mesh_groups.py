@@ -39,7 +39,7 @@ AXES = ("dp", "pp", "tp")
 WORLD = 4  # the ranks of the one launch: the meshes of this size are also checked with collectives
 CASES = ((1, 2, 2), (2, 1, 2), (2, 2, 1), (2, 2, 2), (2, 3, 4))  # (dp, pp, tp); the larger ones as lists
 POLICY = Policy("my_mesh_groups", imports=("torch", "math", "itertools"), dist=(),
-                builds="the groups as lists of ranks, by arithmetic; the check creates them on the ranks")
+                builds=_l("the groups as lists of ranks, by arithmetic; the check creates them on the ranks"))
 
 
 def shape_name(dp: int, pp: int, tp: int) -> str:

@@ -23,6 +23,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from parallel_lab.i18n import _
+
 REFLECTION = ("getattr", "setattr", "delattr", "globals", "locals", "vars", "eval", "exec", "compile",
               "__import__", "breakpoint", "open", "input", "memoryview")
 TORCH_DIST = "torch.distributed"
@@ -63,10 +65,11 @@ def review(source: str, policy: Policy) -> str | None:
     try:
         tree = ast.parse(source)
     except SyntaxError as err:
-        return f"does not compile: {err.msg} (line {err.lineno})"
+        return _("does not compile: {message} (line {line})").format(message=err.msg, line=err.lineno)
     defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
     if policy.name not in defined:
-        return f"defines no {policy.name}: keep its definition (def or class {policy.name}) in the answer cell"
+        return _("defines no {name}: keep its definition (def or class {name}) in the answer cell").format(
+            name=policy.name)
     dist_names = {"dist"}  # names bound to torch.distributed
     torch_names = {"torch"}
     modules = {"dist", "torch"}  # names bound to modules: assigning to their attributes patches them
@@ -95,13 +98,14 @@ def review(source: str, policy: Policy) -> str | None:
                     return _forbidden_reason(alias.name, policy)
     for node in ast.walk(tree) if not policy.reflection else ():
         if isinstance(node, ast.Name) and node.id in REFLECTION:
-            return (f"uses {node.id}: exercises are written with plain calls (no reflection, no files), "
-                    f"so that the check can see what the code does")
+            return _("uses {name}: exercises are written with plain calls (no reflection, no files), so that the "
+                     "check can see what the code does").format(name=node.id)
         if isinstance(node, ast.Attribute) and node.attr in policy.forbidden:
             return _forbidden_reason(node.attr, policy)
         if isinstance(node, ast.Attribute):
             if node.attr.startswith("__") and node.attr.endswith("__") and node.attr != "__init__":
-                return f"uses {node.attr}: exercises are written without dunder attributes (no reflection)"
+                return _("uses {name}: exercises are written without dunder attributes (no reflection)").format(
+                    name=node.attr)
             if (policy.dist is not None and _is_dist(node.value, dist_names, torch_names)
                     and node.attr not in policy.dist):
                 return _dist_reason(node.attr, policy)
@@ -110,8 +114,8 @@ def review(source: str, policy: Policy) -> str | None:
             for target in targets:
                 root = _root_name(target)
                 if isinstance(target, ast.Attribute) and root in modules:
-                    return (f"changes {ast.unparse(target)}: an answer computes with torch; it may not "
-                            f"change torch, torch.distributed or the library")
+                    return _("changes {target}: an answer computes with torch; it may not change torch, "
+                             "torch.distributed or the library").format(target=ast.unparse(target))
     return None
 
 
@@ -131,18 +135,18 @@ def _root_name(node) -> str | None:
 
 def _import_reason(module: str, policy: Policy) -> str:
     if module.split(".")[0] == "parallel_lab":
-        return (f"imports {module}: the library's own implementation is not an answer; "
-                f"write {policy.name} yourself")
-    allowed = ", ".join(policy.imports) or "nothing"
-    return f"imports {module}: this exercise may import only {allowed}"
+        return _("imports {module}: the library's own implementation is not an answer; write {name} "
+                 "yourself").format(module=module, name=policy.name)
+    allowed = ", ".join(policy.imports) or _("nothing")
+    return _("imports {module}: this exercise may import only {allowed}").format(module=module, allowed=allowed)
 
 
 def _dist_reason(attr: str, policy: Policy) -> str:
-    allowed = ", ".join(f"dist.{a}" for a in policy.dist) or "nothing from torch.distributed"
-    why = f"; this exercise builds {policy.builds}" if policy.builds else ""
-    return f"uses dist.{attr}{why} (allowed: {allowed})"
+    allowed = ", ".join(f"dist.{a}" for a in policy.dist) or _("nothing from torch.distributed")
+    why = _("; this exercise builds {what}").format(what=policy.builds) if policy.builds else ""
+    return _("uses dist.{name}{why} (allowed: {allowed})").format(name=attr, why=why, allowed=allowed)
 
 
 def _forbidden_reason(name: str, policy: Policy) -> str:
-    why = f": {policy.forbidden_why}" if policy.forbidden_why else ""
-    return f"uses {name}, which does this exercise's work for you{why}"
+    why = _(": {why}").format(why=policy.forbidden_why) if policy.forbidden_why else ""
+    return _("uses {name}, which does this exercise's work for you{why}").format(name=name, why=why)

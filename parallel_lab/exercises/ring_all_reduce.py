@@ -38,7 +38,7 @@ WORLD_SIZES = (2, 4)
 SEED = 1234
 P2P = ("send", "recv", "isend", "irecv")
 POLICY = Policy("my_ring_all_reduce", dist=(*P2P, "get_rank", "get_world_size"),
-                builds="it from isend/recv")
+                builds=_l("it from isend/recv"))
 
 
 def inputs(numel: int, rank: int, seed: int = SEED) -> torch.Tensor:

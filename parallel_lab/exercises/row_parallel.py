@@ -33,7 +33,7 @@ from parallel_lab.i18n import _l
 SHAPES = (((3,), 8, 5), ((2, 4), 8, 6))  # (leading dims of x, in features, out features)
 WORLD_SIZES = (2, 4)
 POLICY = Policy("my_row_parallel_forward", dist=("all_reduce", "get_rank", "get_world_size", "ReduceOp"),
-                builds="the row-parallel forward from one all-reduce")
+                builds=_l("the row-parallel forward from one all-reduce"))
 
 
 def shards(leading, n_in, n_out, index: int, r: int, tp: int):
