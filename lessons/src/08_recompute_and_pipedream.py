@@ -148,11 +148,7 @@ for name in ("gpipe", "1f1b"):
 # as much as its forward and backward together (12·b·s²·h), three times the course's count.
 
 # %%
-from parallel_lab.planning import cost
-
-print(recompute_figures.overhead_text("GPT-3 175B"))
-print()
-print(inspect.getdoc(cost.recompute_overhead))
+print(recompute_figures.overhead_text("GPT-3 175B"))  # planning.cost.recompute_overhead for each mode
 
 # %% [markdown]
 # GPT-3 175B on 8-way tensor × 8-way pipeline parallelism (1F1B, 64 micro-batches) — the busiest GPU,

@@ -41,7 +41,6 @@ NOT_YET_TRANSLATED = (
     "05_1f1b_memory",
     "06_interleaved_1f1b",
     "07_zero_bubble",
-    "08_recompute_and_pipedream",
     "09_balancing_stages",
     "11_3d_parallelism",
     "15_cost_model",
