@@ -286,3 +286,17 @@ def test_the_quiz_verdicts_and_invalid_answers_follow_the_language():
     assert box.score_line.value.startswith("<b>得分：0 / ") and box.header_html.value.startswith("<h3>測驗：")
     assert check.feedback(single, "z", "en").message.startswith("Cannot read this answer: 'z' is not an option")
     assert check.verdict(check.score(bank, {})).startswith("quiz pipeline-line (lesson 03): NOT PASSED: 0 of ")
+
+
+def test_an_exercises_verdict_and_refusal_follow_the_language():
+    """An exercise's FAILED line and its reason, and the review's refusal of an answer, in Chinese under
+    zh-Hant (the same judge and cases as in English)."""
+    from parallel_lab.exercises import bubble_share, policy, ring_all_reduce
+
+    with i18n.using(LANG):
+        assert bubble_share.judge_case({"share": 0.5}, 4, 8, 1).startswith("回傳了 0.5000，模擬器算出的閒置比例是 ")
+        refused = policy.review("import parallel_lab\ndef my_ring_all_reduce(t):\n    pass\n", ring_all_reduce.POLICY)
+        verdict = ring_all_reduce.EXERCISE.screen("import os\ndef my_ring_all_reduce(t):\n    pass\n")
+    assert refused == "匯入了 parallel_lab：函式庫自己的實作不算答案；請自己寫 my_ring_all_reduce"
+    assert verdict.lines[0].startswith("環狀 all-reduce：未通過：你的答案匯入了 os：這個練習只能匯入 ")
+    assert bubble_share.judge_case({"share": 0.5}, 4, 8, 1).startswith("returned 0.5000, the simulator's idle share")

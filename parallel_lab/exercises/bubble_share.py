@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from parallel_lab.exercises.check import Exercise, NotYet, Verdict, answer_error, compile_answer, register, run_answer
 from parallel_lab.exercises.policy import Policy
-from parallel_lab.i18n import _l
+from parallel_lab.i18n import _, _l
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import Costs, simulate
 
@@ -54,15 +54,16 @@ def judge_case(answer: dict, p: int, m: int, v: int) -> str | None:
     if "error" in answer:
         return answer["error"]
     if "share" not in answer:
-        return f"returned a {answer['type']}, not a number"
+        return _("returned a {type}, not a number").format(type=answer["type"])
     got, want = answer["share"], simulated_share(p, m, v)
     if abs(got - want) > 1e-9:
         hint = ""
         if v > 1 and abs(got - simulated_share(p, m, 1)) < 1e-9:
-            hint = ": that is the share without interleaving; with v chunks each fill slot is 1/v as long"
+            hint = _(": that is the share without interleaving; with v chunks each fill slot is 1/v as long")
         elif abs(got - (p - 1) / (v * m)) < 1e-9:
-            hint = ": that is the bubble over the ideal time; the share is of the whole step, bubble included"
-        return f"returned {got:.4f}, the simulator's idle share is {want:.4f}{hint}"
+            hint = _(": that is the bubble over the ideal time; the share is of the whole step, bubble included")
+        return _("returned {got:.4f}, the simulator's idle share is {want:.4f}{hint}").format(got=got, want=want,
+                                                                                              hint=hint)
     return None
 
 
@@ -74,8 +75,9 @@ def judge(source: str):
                 if (wrong := judge_case(answer, p, m, v))]
     cases = (len(CASES) - len(failures), len(CASES))
     if failures:
-        return False, [f"bubble share: FAILED ({cases[0]}/{cases[1]} cases)", "  " + failures[0]], cases
-    return True, [f"bubble share: PASSED ({len(CASES)}/{len(CASES)} cases equal the simulator)"], cases
+        return False, [_("bubble share: FAILED ({passed}/{tried} cases)").format(passed=cases[0], tried=cases[1]),
+                       "  " + failures[0]], cases
+    return True, [_("bubble share: PASSED ({n}/{n} cases equal the simulator)").format(n=len(CASES))], cases
 
 
 EXERCISE = register(Exercise(

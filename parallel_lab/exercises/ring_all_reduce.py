@@ -30,7 +30,7 @@ from parallel_lab.exercises.check import (
     tensor_of,
 )
 from parallel_lab.exercises.policy import Policy
-from parallel_lab.i18n import _l
+from parallel_lab.i18n import _, _l, ngettext
 from parallel_lab.runtime import commlog
 
 CASES = (1, 4, 5, 12, 1001)  # element counts: fewer than the ranks, divisible, not divisible
@@ -68,29 +68,31 @@ def judge_case(numel: int, world: int, answers: list[dict]) -> str | None:
         got = tensor_of(answer["value"])
         if got is None or got.shape != expected.shape or not torch.equal(got, expected):
             shown = answer["value"] if got is None else None
-            return (f"rank {rank}: got {short(got) if shown is None else 'a ' + shown['type']}, "
-                    f"expected {short(expected)}")
+            what = short(got) if shown is None else _("a {type}").format(type=shown["type"])
+            return _("rank {rank}: got {got}, expected {expected}").format(rank=rank, got=what,
+                                                                           expected=short(expected))
     used = sorted({op for a in answers for op in a["ops"]} - set(P2P))
     if used:
-        return f"the ranks called {', '.join(used)}; this exercise builds it from isend/recv"
+        return _("the ranks called {ops}; this exercise builds it from isend/recv").format(ops=", ".join(used))
     sent = sum(a["ops"].get(op, {"bytes": 0})["bytes"] for a in answers for op in ("send", "isend"))
     ring = 2 * (world - 1) * numel * 8
     if sent != ring:
-        return (f"the ranks sent {sent} bytes in all; a ring sends 2(p−1)·n = {ring} bytes (2(p−1)/p of "
-                f"the tensor per rank): reduce-scatter then all-gather, one chunk per step")
+        return _("the ranks sent {sent} bytes in all; a ring sends 2(p−1)·n = {ring} bytes (2(p−1)/p of the tensor "
+                 "per rank): reduce-scatter then all-gather, one chunk per step").format(sent=sent, ring=ring)
     return None
 
 
 def judge_world(world: int, per_rank: list) -> tuple[bool, str, tuple[int, int]]:
     """One world's verdict line and (cases passed, cases tried); the line names the first wrong case."""
     wrongs = [(numel, judge_case(numel, world, answers)) for numel, *answers in zip(CASES, *per_rank)]
-    cases = counted(wrong is None for _, wrong in wrongs)
+    cases = counted(wrong is None for _numel, wrong in wrongs)
     numel, wrong = next(((n, w) for n, w in wrongs if w), (None, None))
     if wrong:
-        return False, (f"ring all-reduce on {world} ranks: FAILED ({cases[0]}/{cases[1]} cases): tensor of "
-                       f"{numel} element{'s' * (numel != 1)}: {wrong}"), cases
-    return True, (f"ring all-reduce on {world} ranks: PASSED ({len(CASES)}/{len(CASES)} cases; send/recv "
-                  f"only, 2(p−1)/p of the tensor per rank)"), cases
+        size = ngettext("tensor of {n} element", "tensor of {n} elements", numel).format(n=numel)
+        return False, _("ring all-reduce on {world} ranks: FAILED ({passed}/{tried} cases): {size}: {wrong}").format(
+            world=world, passed=cases[0], tried=cases[1], size=size, wrong=wrong), cases
+    return True, _("ring all-reduce on {world} ranks: PASSED ({n}/{n} cases; send/recv only, 2(p−1)/p of the tensor "
+                   "per rank)").format(world=world, n=len(CASES)), cases
 
 
 def judge(source: str):

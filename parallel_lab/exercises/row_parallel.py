@@ -28,7 +28,7 @@ from parallel_lab.exercises.check import (
     tp_groups,
 )
 from parallel_lab.exercises.policy import Policy
-from parallel_lab.i18n import _l
+from parallel_lab.i18n import _, _l
 
 SHAPES = (((3,), 8, 5), ((2, 4), 8, 6))  # (leading dims of x, in features, out features)
 WORLD_SIZES = (2, 4)
@@ -47,10 +47,10 @@ def harness(source: str, name: str) -> list[dict]:
     """On a rank: the answer's output for every group layout and shape, in order."""
     fn = compile_answer(source, name)
     out = []
-    for _, group, tp, index in tp_groups():
+    for _label, group, tp, index in tp_groups():
         r = dist.get_rank(group)
         for leading, n_in, n_out in SHAPES:
-            _, _, bias, x_shard, w_shard = shards(leading, n_in, n_out, index, r, tp)
+            _x, _w, bias, x_shard, w_shard = shards(leading, n_in, n_out, index, r, tp)
             out.append(plain(fn(x_shard.clone(), w_shard.clone(), bias.clone(), group)))
             dist.barrier()  # keep ranks in step between cases, so a failure is pinned to its case
     return out
@@ -59,17 +59,18 @@ def harness(source: str, name: str) -> list[dict]:
 def hint(got, expected, partial, bias, tp, where) -> str:
     """What a wrong output most likely is."""
     if got.shape != expected.shape:
-        return f"shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+        return _("shape {got}, expected {expected}").format(got=tuple(got.shape), expected=tuple(expected.shape))
     if torch.equal(got, partial + bias) or torch.equal(got, partial):
-        return "this is the rank's own partial product: sum it over the group with dist.all_reduce"
+        return _("this is the rank's own partial product: sum it over the group with dist.all_reduce")
     if torch.equal(got, expected + (tp - 1) * bias):
-        return f"the bias was added {tp} times (once per rank before the sum): add it once, after the all-reduce"
+        return _("the bias was added {tp} times (once per rank before the sum): add it once, after the "
+                 "all-reduce").format(tp=tp)
     if torch.equal(got, expected - bias):
-        return "the bias is missing"
+        return _("the bias is missing")
     if "groups" in where:
-        return (f"got {short(got)}, expected {short(expected)}: pass group=group to the collective, "
-                f"or it sums over every rank")
-    return f"got {short(got)}, expected {short(expected)}"
+        return _("got {got}, expected {expected}: pass group=group to the collective, or it sums over every "
+                 "rank").format(got=short(got), expected=short(expected))
+    return _("got {got}, expected {expected}").format(got=short(got), expected=short(expected))
 
 
 def judge_case(world: int, per_rank: list, i: int, where: str, tp: int, groups: int, shape) -> str | None:
@@ -80,7 +81,8 @@ def judge_case(world: int, per_rank: list, i: int, where: str, tp: int, groups: 
         x, w, bias, x_shard, w_shard = shards(leading, n_in, n_out, index, r, tp)
         expected, got = x @ w + bias, tensor_of(per_rank[rank][i])
         if got is None:
-            detail = f"returned {per_rank[rank][i]['type']}, expected a tensor of shape {tuple(expected.shape)}"
+            detail = _("returned {type}, expected a tensor of shape {shape}").format(
+                type=per_rank[rank][i]["type"], shape=tuple(expected.shape))
         elif got.shape != expected.shape or not torch.equal(got, expected):
             detail = hint(got, expected, x_shard @ w_shard, bias, tp, where)
         else:
@@ -98,8 +100,10 @@ def judge_world(world: int, per_rank: list) -> tuple[bool, str, tuple[int, int]]
     cases = counted(wrong is None for wrong in wrongs)
     wrong = next((w for w in wrongs if w), None)
     if wrong:
-        return False, f"row-parallel forward on {world} ranks: FAILED ({cases[0]}/{cases[1]} cases): {wrong}", cases
-    return True, f"row-parallel forward on {world} ranks: PASSED ({cases[1]}/{cases[1]} cases)", cases
+        return False, _("row-parallel forward on {world} ranks: FAILED ({passed}/{tried} cases): {wrong}").format(
+            world=world, passed=cases[0], tried=cases[1], wrong=wrong), cases
+    passed = _("row-parallel forward on {world} ranks: PASSED ({n}/{n} cases)").format(world=world, n=cases[1])
+    return True, passed, cases
 
 
 def judge(source: str):
