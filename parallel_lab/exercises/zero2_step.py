@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from parallel_lab.exercises.check import Exercise, Verdict, compile_answer, counted, judge_worlds, register, short
 from parallel_lab.exercises.policy import Policy
-from parallel_lab.i18n import _l
+from parallel_lab.i18n import _, _l
 from parallel_lab.runtime import commlog
 
 CASES = ((8, 3), (1000, 3))  # (n values, Adam steps): n divisible by 2 and 4 ranks
@@ -118,11 +118,11 @@ def static_reason(source: str) -> str | None:
     """Why the source is refused before any rank runs (``torch.optim``), or None."""
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Attribute) and node.attr == "optim":
-            return "uses torch.optim: write Adam's update of your shard yourself (its formulas are above the cell)"
+            return _("uses torch.optim: write Adam's update of your shard yourself (its formulas are above the cell)")
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
             if any("optim" in n.split(".") for n in names):
-                return "imports torch.optim: write Adam's update of your shard yourself"
+                return _("imports torch.optim: write Adam's update of your shard yourself")
     return None
 
 
@@ -135,62 +135,71 @@ def judge_case(numel: int, steps: int, world: int, answers: list[dict]) -> str |
         diff = (got - expected).abs()
         if diff.max().item() > EXACT:
             wrong = sorted({int(i) // shard for i in torch.nonzero(diff > EXACT).flatten().tolist()})
-            hint = (" (only other ranks' shards differ: all-gather the updated shards into param)"
+            hint = (_(" (only other ranks' shards differ: all-gather the updated shards into param)")
                     if rank not in wrong else "")
-            return (f"rank {rank}: param after {steps} steps is {short(got)}, one process has {short(expected)}; "
-                    f"max difference {diff.max().item():.3g} in the shard(s) of rank(s) {wrong}{hint}")
+            return _("rank {rank}: param after {steps} steps is {got}, one process has {expected}; max difference "
+                     "{diff:.3g} in the shard(s) of rank(s) {wrong}{hint}").format(
+                rank=rank, steps=steps, got=short(got), expected=short(expected), diff=diff.max().item(), wrong=wrong,
+                hint=hint)
     value_bytes = 8
     for step in range(steps):
         for rank, answer in enumerate(answers):
             ops = answer["ops"][step]
             if "all_reduce" in ops:
-                return (f"rank {rank} all-reduced {ops['all_reduce']['bytes']} bytes at step {step}: an "
-                        f"all-reduce leaves every rank the whole averaged gradient, {numel} values, {world}x the "
-                        f"{shard}-value shard ZeRO-2 keeps; the gradient was not sharded. Reduce-scatter it so "
-                        f"each rank receives only its own averaged shard")
+                return _("rank {rank} all-reduced {bytes} bytes at step {step}: an all-reduce leaves every rank the "
+                         "whole averaged gradient, {numel} values, {world}x the {shard}-value shard ZeRO-2 keeps; the "
+                         "gradient was not sharded. Reduce-scatter it so each rank receives only its own averaged "
+                         "shard").format(rank=rank, bytes=ops["all_reduce"]["bytes"], step=step, numel=numel,
+                                         world=world, shard=shard)
             scatters = sum(ops[op]["count"] for op in REDUCE_SCATTER if op in ops)
             gathers = sum(ops[op]["count"] for op in ALL_GATHER if op in ops)
             other = sorted(set(ops) - set(REDUCE_SCATTER) - set(ALL_GATHER))
             if other:
-                return (f"rank {rank} called {', '.join(other)} at step {step}; ZeRO-2's step is one "
-                        f"reduce-scatter of the gradient and one all-gather of the updated shards")
+                return _("rank {rank} called {ops} at step {step}; ZeRO-2's step is one reduce-scatter of the "
+                         "gradient and one all-gather of the updated shards").format(rank=rank, ops=", ".join(other),
+                                                                                     step=step)
             if scatters != 1:
-                return (f"rank {rank} made {scatters} reduce-scatters at step {step}; ZeRO-2 reduce-scatters the "
-                        f"gradient once, so that each rank receives only its averaged shard")
+                return _("rank {rank} made {n} reduce-scatters at step {step}; ZeRO-2 reduce-scatters the gradient "
+                         "once, so that each rank receives only its averaged shard").format(rank=rank, n=scatters,
+                                                                                            step=step)
             scattered = sum(ops[op]["bytes"] for op in REDUCE_SCATTER if op in ops)
             if scattered != numel * value_bytes:
-                return (f"rank {rank} reduce-scattered {scattered} bytes at step {step}, not the whole "
-                        f"gradient ({numel * value_bytes} bytes)")
+                return _("rank {rank} reduce-scattered {bytes} bytes at step {step}, not the whole gradient ({whole} "
+                         "bytes)").format(rank=rank, bytes=scattered, step=step, whole=numel * value_bytes)
             gathered = sum(ops[op]["bytes"] for op in ALL_GATHER if op in ops)
             if gathers != 1 or gathered != shard * value_bytes:
-                return (f"rank {rank} made {gathers} all-gather(s) of {gathered} bytes at step {step}; ZeRO-2 "
-                        f"all-gathers the updated parameter shards once, {shard * value_bytes} bytes from each rank "
-                        f"(its {shard} values)")
+                return _("rank {rank} made {n} all-gather(s) of {bytes} bytes at step {step}; ZeRO-2 all-gathers the "
+                         "updated parameter shards once, {shard_bytes} bytes from each rank (its {shard} "
+                         "values)").format(rank=rank, n=gathers, bytes=gathered, step=step,
+                                           shard_bytes=shard * value_bytes, shard=shard)
     for rank, answer in enumerate(answers):
         if answer["state_values"] > 2 * shard:
-            return (f"rank {rank} keeps {answer['state_values']} values of optimizer state between steps; Adam's "
-                    f"two moments of its shard are 2n/N = {2 * shard}: keep the moments for this rank's "
-                    f"{shard}-value shard only (the optimizer state was not sharded)")
+            return _("rank {rank} keeps {values} values of optimizer state between steps; Adam's two moments of its "
+                     "shard are 2n/N = {moments}: keep the moments for this rank's {shard}-value shard only (the "
+                     "optimizer state was not sharded)").format(rank=rank, values=answer["state_values"],
+                                                                moments=2 * shard, shard=shard)
     return None
 
 
 def judge(source: str):
     reason = static_reason(source)
     if reason:
-        return False, [f"ZeRO-2 step: FAILED: your answer {reason}"], (0, 0)
+        line = _("{label}: FAILED: your answer {reason}").format(label=str(EXERCISE.label), reason=reason)
+        return False, [line], (0, 0)
     return judge_worlds(harness, source, POLICY.name, "ZeRO-2 step", WORLD_SIZES, judge_world,
                         lambda world: len(CASES))
 
 
 def judge_world(world: int, per_rank: list) -> tuple[bool, str, tuple[int, int]]:
     wrongs = [(numel, judge_case(numel, steps, world, answers)) for (numel, steps), *answers in zip(CASES, *per_rank)]
-    cases = counted(wrong is None for _, wrong in wrongs)
+    cases = counted(wrong is None for _numel, wrong in wrongs)
     numel, wrong = next(((n, w) for n, w in wrongs if w), (None, None))
     if wrong:
-        return False, f"ZeRO-2 step on {world} ranks: FAILED ({cases[0]}/{cases[1]} cases): n = {numel}: {wrong}", cases
-    return True, (f"ZeRO-2 step on {world} ranks: PASSED ({len(CASES)}/{len(CASES)} cases, "
-                  f"{CASES[0][1]} Adam steps each: equal to one process; one reduce-scatter of n and one "
-                  f"all-gather of n/N per step; optimizer state 2n/N values per rank)"), cases
+        return False, _("ZeRO-2 step on {world} ranks: FAILED ({passed}/{tried} cases): n = {numel}: {wrong}").format(
+            world=world, passed=cases[0], tried=cases[1], numel=numel, wrong=wrong), cases
+    return True, _("ZeRO-2 step on {world} ranks: PASSED ({n}/{n} cases, {steps} Adam steps each: equal to one "
+                   "process; one reduce-scatter of n and one all-gather of n/N per step; optimizer state 2n/N values "
+                   "per rank)").format(world=world, n=len(CASES), steps=CASES[0][1]), cases
 
 
 EXERCISE = register(Exercise(
