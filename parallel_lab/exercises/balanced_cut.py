@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from parallel_lab.exercises.check import Exercise, NotYet, Verdict, answer_error, compile_answer, register, run_answer
 from parallel_lab.exercises.policy import Policy
-from parallel_lab.i18n import _l
+from parallel_lab.i18n import _, _l
 from parallel_lab.pipeline import partition
 from parallel_lab.pipeline.balance import min_bottleneck
 from parallel_lab.pipeline.stages import check_parts
@@ -69,8 +69,9 @@ def judge(source: str):
                 if (wrong := judge_case(answer, weights, stages))]
     cases = (len(CASES) - len(failures), len(CASES))
     if failures:
-        return False, [f"balanced cut: FAILED ({cases[0]}/{cases[1]} cases)", "  " + failures[0]], cases
-    return True, [f"balanced cut: PASSED ({len(CASES)}/{len(CASES)} cases)"], cases
+        return False, [_("balanced cut: FAILED ({passed}/{tried} cases)").format(passed=cases[0], tried=cases[1]),
+                       "  " + failures[0]], cases
+    return True, [_("balanced cut: PASSED ({n}/{n} cases)").format(n=len(CASES))], cases
 
 
 EXERCISE = register(Exercise(

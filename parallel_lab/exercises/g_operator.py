@@ -28,7 +28,7 @@ from parallel_lab.exercises.check import (
     tp_groups,
 )
 from parallel_lab.exercises.policy import Policy
-from parallel_lab.i18n import _l
+from parallel_lab.i18n import _, _l
 
 WORLD_SIZES = (2, 4)
 POLICY = Policy("MyG", dist=("all_reduce", "get_rank", "get_world_size", "ReduceOp"),
@@ -52,7 +52,7 @@ def harness(source: str, name: str) -> list[dict]:
     """On a rank: per group layout, g's forward alone and the layer's output and three gradients."""
     cls = compile_answer(source, name)
     out = []
-    for _, group, tp, index in tp_groups():
+    for _label, group, tp, index in tp_groups():
         r = dist.get_rank(group)
         alone = plain(cls.apply(mine(index, dist.get_rank()).clone(), group))
         dist.barrier()
@@ -114,8 +114,9 @@ def judge_world(world: int, per_rank: list) -> tuple[bool, str, tuple[int, int]]
     cases = counted(wrong is None for wrong in wrongs)
     wrong = next((w for w in wrongs if w), None)
     if wrong:
-        return False, f"g operator on {world} ranks: FAILED ({cases[0]}/{cases[1]} cases): {wrong}", cases
-    return True, f"g operator on {world} ranks: PASSED ({cases[1]}/{cases[1]} cases)", cases
+        return False, _("g operator on {world} ranks: FAILED ({passed}/{tried} cases): {wrong}").format(
+            world=world, passed=cases[0], tried=cases[1], wrong=wrong), cases
+    return True, _("g operator on {world} ranks: PASSED ({n}/{n} cases)").format(world=world, n=cases[1]), cases
 
 
 def judge(source: str):

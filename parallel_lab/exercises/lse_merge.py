@@ -51,7 +51,7 @@ from parallel_lab.exercises.check import (
     tensor_of,
 )
 from parallel_lab.exercises.policy import Policy
-from parallel_lab.i18n import _l
+from parallel_lab.i18n import _, _l
 
 SEED = 15
 WORLD = 4
@@ -153,9 +153,9 @@ def harness(source: str, name: str) -> dict:
     each case's output and q, k, v gradients (this rank's zig-zag shard)."""
     fn = compile_answer(source, name)
     rank, cp = dist.get_rank(), dist.get_world_size()
-    direct = [_pair(fn(*direct_inputs(case))) for case, _ in DIRECT] if rank == 0 else []
+    direct = [_pair(fn(*direct_inputs(case))) for case, _label in DIRECT] if rank == 0 else []
     ring = []
-    for _, causal, factor in RING:
+    for _label, causal, factor in RING:
         q, k, v, grad = (zigzag_shard(x, cp, rank, dim=2) for x in ring_inputs(factor))
         q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
         out = ring_attention(q, k, v, causal, None, merge_fn=fn)
@@ -253,19 +253,20 @@ def judge(source: str):
     wrong = next((w for w in direct if w), None)
     if wrong:
         passed = False
-        lines.append(f"lse merge, direct: FAILED ({direct.count(None)}/{len(DIRECT)} cases): {wrong}")
+        lines.append(_("lse merge, direct: FAILED ({passed}/{tried} cases): {wrong}").format(
+            passed=direct.count(None), tried=len(DIRECT), wrong=wrong))
     else:
-        lines.append(f"lse merge, direct: PASSED ({len(DIRECT)}/{len(DIRECT)} cases: "
-                     + ", ".join(label for _, label in DIRECT) + ")")
+        lines.append(_("lse merge, direct: PASSED ({n}/{n} cases: {cases})").format(
+            n=len(DIRECT), cases=", ".join(label for _case, label in DIRECT)))
     wrong = next((w for w in ring if w), None)
     if wrong:
         passed = False
-        lines.append(f"lse merge in ring attention on {WORLD} ranks: FAILED ({ring.count(None)}/{len(RING)} "
-                     f"cases): {wrong}")
+        lines.append(_("lse merge in ring attention on {world} ranks: FAILED ({passed}/{tried} cases): "
+                       "{wrong}").format(world=WORLD, passed=ring.count(None), tried=len(RING), wrong=wrong))
     else:
-        lines.append(f"lse merge in ring attention on {WORLD} ranks: PASSED ({len(RING)}/{len(RING)} cases: "
-                     + ", ".join(label for label, _, _ in RING)
-                     + "; output and q, k, v gradients equal the dense attention in fp64)")
+        lines.append(_("lse merge in ring attention on {world} ranks: PASSED ({n}/{n} cases: {cases}; output and q, "
+                       "k, v gradients equal the dense attention in fp64)").format(
+            world=WORLD, n=len(RING), cases=", ".join(label for label, _causal, _factor in RING)))
     return passed, lines, cases
 
 
