@@ -71,7 +71,8 @@ def block_runs(tps=(2, 4), sequence_parallel=(False,), config=DEFAULT_CONFIG, ba
     """One transformer block (``models.Block``) on tensor-parallel groups of each size in ``tps``,
     with and without sequence parallelism: per run, the collectives of the forward and the backward
     (and of the sequence-parallel gradient sum), the shapes in and out of the block on this rank,
-    and whether output and every gradient match the dense block."""
+    the bytes autograd saved for the backward on this rank, and whether output and every gradient
+    match the dense block."""
     ref = reference("block", config, batch=batch)
     runs = []
     for tp in tps:
@@ -80,6 +81,7 @@ def block_runs(tps=(2, 4), sequence_parallel=(False,), config=DEFAULT_CONFIG, ba
             runs.append({
                 "tp": tp, "sequence_parallel": sp, "forward": r["forward"], "backward": r["backward"],
                 "grad_sync": r["grad_sync"], "output_shape": tuple(r["output"].shape),
+                "saved_bytes": r["saved_bytes"],
                 "matches": r["output_diff"] < TOLERANCE and r["grad_diff"] < TOLERANCE,
             })
     return runs

@@ -20,7 +20,12 @@ With ``p`` ranks in ``group``:
 the sequence: entries all-gather, exits reduce-scatter. Parameters used on a sequence shard (the
 row bias, LayerNorms, position embeddings) then get only part of their gradient on each rank; they
 carry ``param.sequence_parallel = True`` and ``allreduce_sequence_parallel_grads`` sums them after
-backward (Megatron does the same when it finalises gradients).
+backward (Megatron does the same when it finalises gradients). A column-parallel layer keeps only its
+``(B, T/p, in)`` shard of the input for the backward and all-gathers it again there (Korthikanti et
+al. 2022, section 4.2.2; Megatron-LM's ``LinearWithGradAccumulationAndAsyncCommunication``), so that
+every activation between the split layers is stored ``1/p`` times: ``34/t`` in the paper's
+``sbh(34/t + 5as/(ht))``, which ``parallel_lab.planning.memory_model`` counts. The price is one extra
+all-gather per column-parallel layer in the backward.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ from torch import nn
 from parallel_lab import models
 from parallel_lab.runtime import transport
 from parallel_lab.tensor.mappings import (
+    _all_gather,
+    _reduce_scatter,
     copy_to_tensor_parallel_region,
-    gather_from_sequence_parallel_region,
     gather_from_tensor_parallel_region,
     reduce_from_tensor_parallel_region,
     reduce_scatter_to_sequence_parallel_region,
@@ -59,10 +65,36 @@ def _param(tensor, sequence_parallel=False):
     return p
 
 
+class _SequenceParallelColumnLinear(torch.autograd.Function):
+    """``Y = all_gather(X_shard) · Wᵀ + b`` that saves only ``X_shard`` (this rank's ``(B, T/p, in)``).
+
+    Forward: all-gather the input along the sequence, multiply. Backward: all-gather the input again
+    (the extra all-gather of Korthikanti et al. 2022, section 4.2.2) for the weight gradient, and
+    reduce-scatter the input gradient, each rank's partial ``dL/dX``, back to the sequence shards (SP's
+    f backward). Keeping the gathered input instead would store it ``p`` times over.
+    """
+
+    @staticmethod
+    def forward(ctx, x_shard, weight, bias, group, dim):
+        ctx.save_for_backward(x_shard, weight)
+        ctx.group, ctx.dim, ctx.has_bias = group, dim, bias is not None
+        return F.linear(_all_gather(x_shard, dim, group), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x_shard, weight = ctx.saved_tensors
+        x = _all_gather(x_shard, ctx.dim, ctx.group)  # the input again, (B, T, in)
+        grad_input = _reduce_scatter(grad.matmul(weight), ctx.dim, ctx.group)  # (B, T/p, in), summed
+        grad_weight = grad.reshape(-1, grad.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
+        grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.has_bias else None
+        return grad_input, grad_weight, grad_bias, None, None
+
+
 class ColumnParallelLinear(nn.Module):
     """``(..., in) -> (..., out/p)`` this rank's columns, or ``(..., out)`` with ``gather_output``.
 
-    With ``sequence_parallel`` the input is this rank's ``(B, T/p, in)`` and is all-gathered first.
+    With ``sequence_parallel`` the input is this rank's ``(B, T/p, in)`` and is all-gathered first;
+    only the shard is kept for the backward, which gathers it again (``_SequenceParallelColumnLinear``).
     ``weight``: ``(out/p, in)``, ``bias``: ``(out/p,)``.
     """
 
@@ -79,11 +111,11 @@ class ColumnParallelLinear(nn.Module):
         return cls(_shard(linear.weight, 0, group, what), bias, group, gather_output, sequence_parallel)
 
     def forward(self, x):
-        if self.sequence_parallel:
-            x = gather_from_sequence_parallel_region(x, self.group)  # (B, T/p, in) -> (B, T, in)
+        if self.sequence_parallel:  # (B, T/p, in) -> all-gathered (B, T, in), times W: (B, T, out/p)
+            y = _SequenceParallelColumnLinear.apply(x, self.weight, self.bias, self.group, 1)
         else:
             x = copy_to_tensor_parallel_region(x, self.group)  # f
-        y = F.linear(x, self.weight, self.bias)  # (..., out/p)
+            y = F.linear(x, self.weight, self.bias)  # (..., out/p)
         return gather_from_tensor_parallel_region(y, self.group) if self.gather_output else y
 
 

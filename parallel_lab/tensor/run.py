@@ -19,6 +19,7 @@ Layouts: ``replicated`` (every rank has it all), ``hidden`` (split along the las
 from __future__ import annotations
 
 import dataclasses
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -160,6 +161,33 @@ def reference(case: str, config=DEFAULT_CONFIG, dtype=torch.float64, seed: int =
     }
 
 
+class SavedBytes:
+    """Bytes of the tensors autograd saves for the backward inside ``with counter.saved():``, the
+    parameters left out: each storage once, from the lowest to the highest byte any saved tensor
+    reaches (the rule of ``parallel_lab.pipeline.activation_bytes``, which this layer may not import)."""
+
+    def __init__(self, exclude=()):
+        self.skip = {t.untyped_storage().data_ptr() for t in exclude}
+        self.extents: dict[int, tuple[int, int]] = {}
+
+    def add(self, t):
+        if isinstance(t, torch.Tensor) and t.numel() and t.untyped_storage().data_ptr() not in self.skip:
+            size, first = t.element_size(), t.storage_offset()
+            last = first + sum((n - 1) * stride for n, stride in zip(t.shape, t.stride()))
+            lo, hi = self.extents.get(t.untyped_storage().data_ptr(), (first * size, (last + 1) * size))
+            self.extents[t.untyped_storage().data_ptr()] = (min(lo, first * size), max(hi, (last + 1) * size))
+        return t
+
+    @property
+    def total(self) -> int:
+        return sum(hi - lo for lo, hi in self.extents.values())
+
+    @contextmanager
+    def saved(self):
+        with torch.autograd.graph.saved_tensors_hooks(self.add, lambda t: t):
+            yield self
+
+
 def max_diff(a, b) -> float:
     return (a - b).abs().max().item() if a.numel() else 0.0
 
@@ -169,8 +197,9 @@ def check_case(case: str, config=DEFAULT_CONFIG, sequence_parallel: bool = False
     """Rank function: run ``case`` tensor-parallel over ``group`` and compare with ``ref``.
 
     Returns this rank's ``output_diff``, ``grad_diff`` (max over every parameter and the input),
-    ``grad_diffs`` by name, ``loss_diff`` (gpt), its ``output`` and the collectives it made in
-    ``forward``, ``backward`` and the sequence-parallel gradient sum ``grad_sync``.
+    ``grad_diffs`` by name, ``loss_diff`` (gpt), its ``output``, the collectives it made in
+    ``forward``, ``backward`` and the sequence-parallel gradient sum ``grad_sync``, and
+    ``saved_bytes``: what autograd kept for the backward on this rank (``SavedBytes``).
     """
     c = CASES[case]
     rank, tp = dist.get_rank(group), dist.get_world_size(group)
@@ -180,7 +209,7 @@ def check_case(case: str, config=DEFAULT_CONFIG, sequence_parallel: bool = False
     x = shard(ref["inputs"][0], in_layout, rank, tp).clone()
     x.requires_grad_(x.is_floating_point())
 
-    with commlog.recording() as forward:
+    with commlog.recording() as forward, SavedBytes(exclude=model.parameters()).saved() as saved:
         out = model(x, *ref["inputs"][1:])
         if ref["targets"] is not None:
             loss = layers.vocab_parallel_cross_entropy(out, ref["targets"], group).mean()
@@ -206,7 +235,7 @@ def check_case(case: str, config=DEFAULT_CONFIG, sequence_parallel: bool = False
         "output_diff": max_diff(out.detach(), shard(ref["output"], out_layout, rank, tp)),
         "grad_diff": max(grad_diffs.values(), default=0.0), "grad_diffs": grad_diffs,
         "output": out.detach(), "forward": forward.as_dict(), "backward": backward.as_dict(),
-        "grad_sync": grad_sync.as_dict(),
+        "grad_sync": grad_sync.as_dict(), "saved_bytes": saved.total,
     }
     if ref["targets"] is not None:
         result["loss_diff"] = abs(loss.item() - ref["loss"].item())
