@@ -77,10 +77,20 @@ LINKS = {
     # NVIDIA DGX H100 / DGX B200 datasheets: one ConnectX-7 port per GPU, InfiniBand NDR 400 Gb/s
     # (50 GB/s); also the GPU's scale-out port in GB200 NVL72.
     "ndr": Link("InfiniBand NDR (400 Gb/s per GPU, between nodes)", 50e9, 10e-6),
+    # NVIDIA GB300 NVL72 (Blackwell Ultra, shipping since the second half of 2025) and DGX B300: one
+    # ConnectX-8 SuperNIC per GPU at 800 Gb/s (100 GB/s); "NVIDIA GB300 NVL72 Enterprise Reference
+    # Architecture", System Hardware & Components: 4 ConnectX-8 per compute tray of 4 GPUs.
+    "xdr": Link("ConnectX-8 (800 Gb/s per GPU, between NVLink domains)", 100e9, 10e-6),
 }
-# The share of the datasheet's dense BF16 peak a large training run achieves (model FLOPs
-# utilisation): 38-43 % for Llama 3 405B on 16K H100s (Dubey et al. 2024, "The Llama 3 Herd of
-# Models", Table 4); Megatron-LM reported 52 % on A100s for GPT 1T (Narayanan et al. 2021).
+# The share of the datasheet's dense BF16 peak a large training run achieves, as model FLOPs
+# utilisation (MFU: the model's own FLOPs per second over the peak): 38-43 % for Llama 3 405B on 16K
+# H100s (Dubey et al. 2024, "The Llama 3 Herd of Models", Table 4). Megatron-LM's often quoted 52 % on
+# A100s for GPT 1T (Narayanan et al. 2021) is not an MFU: its FLOP count (the paper's appendix,
+# 96·B·s·l·h²·(1 + s/6h + V/16lh) per iteration) includes the extra forward pass of full activation
+# recomputation, four passes where the model needs three, so it is hardware FLOPs utilisation (HFU).
+# Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", section 6
+# and abstract) separate the two: MFU 54.2 % with selective recomputation against 42.1 % with full
+# recomputation for the 530B model.
 ACHIEVED_SHARE = 0.40
 
 
@@ -121,7 +131,14 @@ SYSTEMS = {s.name: s for s in (
            "NVIDIA DGX B200 datasheet: 8 B200, 1440 GB HBM3e; 2.25 PFLOPS BF16 dense per GPU"),
     System("GB200 NVL72", 186, 2500, LINKS["nvlink5"], 72, LINKS["ndr"],
            "NVIDIA GB200 NVL72 datasheet: 72 GPUs in one NVLink domain, 13.4 TB HBM3e, 360 PFLOPS "
-           "FP16/BF16 with sparsity (2.5 PFLOPS dense per GPU)"),
+           "FP16/BF16 with sparsity (2.5 PFLOPS dense per GPU; a B200 in a DGX B200: 2.25)"),
+    System("DGX B300", 288, 2250, LINKS["nvlink5"], 8, LINKS["xdr"],
+           "NVIDIA DGX B300 / HGX B300 datasheets: 8 Blackwell Ultra GPUs of 288 GB HBM3e, 36 PFLOPS FP16/BF16 "
+           "with sparsity per 8 GPUs (2.25 PFLOPS dense per GPU), one ConnectX-8 (800 Gb/s) per GPU"),
+    System("GB300 NVL72", 288, 2500, LINKS["nvlink5"], 72, LINKS["xdr"],
+           "NVIDIA GB300 NVL72 datasheet (shipping since the second half of 2025): 72 Blackwell Ultra GPUs of "
+           "288 GB HBM3e in one NVLink domain, 360 PFLOPS FP16/BF16 with sparsity (2.5 PFLOPS dense per GPU), "
+           "one ConnectX-8 SuperNIC (800 Gb/s) per GPU"),
 )}
 
 

@@ -6,6 +6,7 @@ The pure tests start no process; the ``ranks`` tests run real gloo ranks (2 and 
 
 import inspect
 import linecache
+import re
 
 import pytest
 import torch
@@ -113,6 +114,12 @@ def test_presets_are_2026_hardware_with_sources():
     assert SYSTEMS["GB200 NVL72"].domain == 72 and SYSTEMS["DGX H100"].domain == 8
     assert all(system.source for system in SYSTEMS.values())
     assert widgets.PRESETS["nvlink4"] == (LINKS["nvlink4"], SYSTEMS["DGX H100"].tflops * 1e12)
+    # GB200's dense BF16 peak is 2500 TFLOP/s (B200's 2250): 1000 at the course's 40 %; GB300 (shipping since
+    # 2H2025) has 288 GB per GPU and one 800 Gb/s ConnectX-8 per GPU
+    assert SYSTEMS["GB200 NVL72"].tflops == 1000 and SYSTEMS["DGX B200"].tflops == 900
+    assert widgets.PRESETS["nvlink5"] == (LINKS["nvlink5"], 1000e12)
+    assert SYSTEMS["GB300 NVL72"].gpu_mem_gb == SYSTEMS["DGX B300"].gpu_mem_gb == 288
+    assert SYSTEMS["GB300 NVL72"].network == LINKS["xdr"] and LINKS["xdr"].bandwidth == 100e9
 
 
 def test_default_summary_is_the_lessons_text():
@@ -122,8 +129,10 @@ def test_default_summary_is_the_lessons_text():
         "communication 951 µs per layer (forward + backward) -> comm/compute = 0.14",
         "InfiniBand NDR (400 Gb/s per GPU, between nodes), 50 GB/s, α 10 µs, 396 TFLOP/s: compute 7.04 ms, "
         "communication 7.61 ms per layer (forward + backward) -> comm/compute = 1.1",
-        "NVLink 5 (B200/GB200), 900 GB/s, α 3 µs, 900 TFLOP/s: compute 3.09 ms, communication 559 µs per "
-        "layer (forward + backward) -> comm/compute = 0.18",
+        "NVLink 5 (B200/GB200), 900 GB/s, α 3 µs, 1000 TFLOP/s: compute 2.78 ms, communication 559 µs per "
+        "layer (forward + backward) -> comm/compute = 0.2",
+        "ConnectX-8 (800 Gb/s per GPU, between NVLink domains), 100 GB/s, α 10 µs, 1000 TFLOP/s: compute 2.78 ms, "
+        "communication 4.08 ms per layer (forward + backward) -> comm/compute = 1.5",
     ]
 
 
@@ -235,18 +244,23 @@ def test_row_parallel_correct_solution_passes_on_2_and_4_ranks():
                              "row-parallel forward on 4 ranks: PASSED (4/4 cases)"]
 
 
+def failed(line: str) -> str:
+    """A verdict line without its count of passed cases ("FAILED (1/2 cases): ..." -> "FAILED: ...")."""
+    return re.sub(r"FAILED \(\d+/\d+ cases\)", "FAILED", line)
+
+
 @pytest.mark.ranks
 @pytest.mark.timeout(300)
 def test_row_parallel_wrong_solutions_fail_with_a_hint():
     bias = ROW.check(as_answer(row_bias_on_every_rank, "my_row_parallel_forward"))
     assert not bias.passed
-    assert bias.lines[0] == ("row-parallel forward on 2 ranks: FAILED: x (3, 8), W (8, 5), the whole world (tp=2): "
-                             "rank 0: the bias was added 2 times (once per rank before the sum): add it once, "
-                             "after the all-reduce")
+    assert failed(bias.lines[0]) == ("row-parallel forward on 2 ranks: FAILED: x (3, 8), W (8, 5), the whole world "
+                                     "(tp=2): rank 0: the bias was added 2 times (once per rank before the sum): "
+                                     "add it once, after the all-reduce")
     local = ROW.check(as_answer(row_without_all_reduce, "my_row_parallel_forward"))
-    assert local.lines[0] == ("row-parallel forward on 2 ranks: FAILED: x (3, 8), W (8, 5), the whole world (tp=2): "
-                              "rank 0: this is the rank's own partial product: sum it over the group with "
-                              "dist.all_reduce")
+    assert failed(local.lines[0]) == ("row-parallel forward on 2 ranks: FAILED: x (3, 8), W (8, 5), the whole world "
+                                      "(tp=2): rank 0: this is the rank's own partial product: sum it over the "
+                                      "group with dist.all_reduce")
 
 
 @pytest.mark.ranks
@@ -255,7 +269,7 @@ def test_row_parallel_collective_without_group_fails_in_groups_of_2():
     verdict = ROW.check(as_answer(row_ignores_group, "my_row_parallel_forward"))
     assert not verdict.passed
     assert verdict.lines[0] == "row-parallel forward on 2 ranks: PASSED (2/2 cases)"  # one group: no difference
-    assert verdict.lines[1].startswith("row-parallel forward on 4 ranks: FAILED: x (3, 8), W (8, 5), "
+    assert failed(verdict.lines[1]).startswith("row-parallel forward on 4 ranks: FAILED: x (3, 8), W (8, 5), "
                                        "groups {0,1} and {2,3} (tp=2): rank 0: got [")
     assert verdict.lines[1].endswith("pass group=group to the collective, or it sums over every rank")
 
@@ -325,13 +339,13 @@ def test_g_correct_solution_passes_on_2_and_4_ranks():
 def test_g_wrong_solutions_fail_with_the_first_wrong_case():
     summed = G.check(as_answer(GSumsTheGradient, "MyG"))
     assert not summed.passed
-    line = summed.lines[0]
+    line = failed(summed.lines[0])
     assert line.startswith("g operator on 2 ranks: FAILED: row-parallel layer with g, forward and backward, "
                            "the whole world (tp=2): rank 0: grad of x_r: got [")
     assert line.endswith("(2x too large: the gradient of g's output is already the same on every rank, "
                          "so its backward must pass it on unchanged, not sum it)")
     identity = G.check(as_answer(GIdentity, "MyG"))
-    assert identity.lines[0].startswith("g operator on 2 ranks: FAILED: forward sums over the whole world "
+    assert failed(identity.lines[0]).startswith("g operator on 2 ranks: FAILED: forward sums over the whole world "
                                         "(tp=2): rank 0: got [")
 
 

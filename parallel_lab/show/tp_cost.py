@@ -25,12 +25,13 @@ from parallel_lab.hardware import LINKS, SYSTEMS, Link
 from parallel_lab.i18n import _
 from parallel_lab.planning.cost import tp_layer_step
 
-H100, B200 = SYSTEMS["DGX H100"], SYSTEMS["DGX B200"]
+H100, GB200, GB300 = SYSTEMS["DGX H100"], SYSTEMS["GB200 NVL72"], SYSTEMS["GB300 NVL72"]
 # (link, achieved FLOP/s of the GPUs at its ends): the fast domain and the network of each generation
 PRESETS = {
     "nvlink4": (LINKS["nvlink4"], H100.tflops * 1e12),
     "ndr": (LINKS["ndr"], H100.tflops * 1e12),
-    "nvlink5": (LINKS["nvlink5"], B200.tflops * 1e12),
+    "nvlink5": (LINKS["nvlink5"], GB200.tflops * 1e12),
+    "xdr": (LINKS["xdr"], GB300.tflops * 1e12),
 }
 DEVICE_FLOPS = H100.tflops * 1e12
 DEFAULTS = dict(hidden=12288, tp=8, tokens=2048, bytes_per_value=2)  # GPT-3 175B's width, one 2048-token sequence
@@ -105,7 +106,7 @@ def cost_figure(link: Link, hidden: int, tp: int, tokens: int, flops: float, byt
 
 def cost_widget(machine: dict | None = None):
     """Sliders for h, t and b·s; a preset (``PRESETS``: H100 over NVLink 4 and over InfiniBand NDR,
-    B200 over NVLink 5, and "this machine" when ``machine`` from
+    GB200 over NVLink 5, GB300 over ConnectX-8 between NVLink domains, and "this machine" when ``machine`` from
     ``planning.calibration.measure_machine()`` is given) whose bandwidth, α and device FLOP/s stay
     editable; below, ``cost_figure`` and ``summary`` redrawn in place.
 
