@@ -280,11 +280,7 @@ def test_every_recorded_prediction_is_compared_after_its_run(path):
 # THE LIST of markdown-only "**Predict**" prompts still to be recorded with predict() (lesson ->
 # the keys of their cells, course.editions.cell_keys). Emptied as the lessons are converted; never
 # added to: a new prompt comes with its answer cell.
-UNRECORDED_PROMPTS = {
-    "02_tensor_parallelism": ["1-one-matrix-two-ways-to-cut-it",
-                              "3-the-megatron-mlp-column-then-row-and-the-operators-f-and-g+1",
-                              "5-attention-split-by-heads+3", "try-it+2"],
-}
+UNRECORDED_PROMPTS: dict[str, list[str]] = {}
 PROMPT = re.compile(r"\*\*Predict\b")
 
 

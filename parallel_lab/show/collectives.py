@@ -44,3 +44,34 @@ def alpha_beta_figure(sizes, measured: dict, fit: dict, world_size: int) -> go.F
     fig.update_yaxes(type="log", title=_("all-reduce time (ms)"))
     fig.update_layout(title=_("all-reduce on {p} ranks of this machine").format(p=world_size), height=420, width=720)
     return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# What lessons 00 and 01 print from their runs, in the lesson's language.
+
+
+def hello_text(results: list[dict]) -> str:
+    """``demos.hello`` on every rank: one line per rank with its all-reduced sum."""
+    return "\n".join(_("rank {rank} of {world}: all-reduced sum = {total:g}").format(
+        rank=r["rank"], world=r["world_size"], total=r["sum"]) for r in results)
+
+
+def hung_text(err) -> str:
+    """A ``launcher.RanksHung``: its first line, then the operation each rank was blocked in."""
+    return "\n".join([str(err).splitlines()[0]] + ["  " + _("rank {rank} was blocked in {operation}").format(
+        rank=rank, operation=operation) for rank, operation in err.blocked.items()])
+
+
+def fit_text(fit: dict) -> str:
+    """The α–β fit (``calibration.fit_alpha_beta``): α, β as the inverse bandwidth, and the bandwidth."""
+    bandwidth = fit["bandwidth_bytes_per_s"]
+    return _("α ≈ {alpha:.0f} µs per step, β ≈ {beta:.2f} ns per byte (bandwidth 1/β ≈ {bandwidth:.2f} GB/s)").format(
+        alpha=fit["alpha_s"] * 1e6, beta=1e9 / bandwidth, bandwidth=bandwidth / 1e9)
+
+
+def ring_versus_text(n_bytes: int, world_size: int, gloo_s: float, ring_s: float, model_s: float) -> str:
+    """gloo's all-reduce against the Python ring on the same message, and the α–β model's time."""
+    return "\n".join([
+        _("{mb:g} MB on {world} ranks: gloo {gloo:.1f} ms, our ring {ring:.1f} ms, ratio {ratio:.2f}").format(
+            mb=n_bytes / 2**20, world=world_size, gloo=gloo_s * 1e3, ring=ring_s * 1e3, ratio=ring_s / gloo_s),
+        _("the α–β model with your fit: {model:.1f} ms").format(model=model_s * 1e3)])

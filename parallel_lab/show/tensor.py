@@ -145,3 +145,61 @@ def heads_figure(heads: int = 24, tp: int = 4, head_dim: int = 8) -> go.Figure:
                    font=dict(size=14)),
         width=760, height=320, plot_bgcolor="white", margin=dict(l=110, r=20, t=100, b=20))
     return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# What lesson 02's runs print, in the lesson's language (the rank functions are parallel_lab.tensor.demos').
+
+
+def _shape(dims) -> str:
+    return "×".join(map(str, dims))
+
+
+def collectives_text(report: dict) -> str:
+    """One line per phase (``forward``, ``backward``): each collective, how often, its bytes."""
+    lines = []
+    for phase, name in (("forward", _("forward")), ("backward", _("backward"))):
+        ops = ", ".join(_("{op} x{count} ({bytes:,} bytes)").format(op=op, count=row["count"], bytes=row["bytes"])
+                        for op, row in report[phase].items())
+        lines.append(f"  {name}: {ops or _('none')}")
+    return "\n".join(lines)
+
+
+def splits_text(per_rank: list, tolerance: float) -> str:
+    """``demos.column_and_row`` on every rank: per split, the shapes on rank 0, its collectives and
+    whether every rank matches the dense layer."""
+    names = {"column": _("column split"), "column + all-gather": _("column split + all-gather"),
+             "row": _("row split")}
+    lines = [_("on {n} ranks:").format(n=len(per_rank))]
+    for split, mine in per_rank[0].items():
+        ops = ", ".join(f"{op} x{row['count']}" for op, row in mine["collectives"].items()) or _("none")
+        same = all(r[split]["max_diff"] < tolerance for r in per_rank)
+        lines.append("  " + _("{split}: W {w}, rank 0 holds W_r {w_r} and computes {y_r}; collectives: {ops}; "
+                              "matches the dense layer: {same}").format(
+            split=names.get(split, split), w=_shape(mine["W"]), w_r=_shape(mine["W_r"]), y_r=_shape(mine["Y_r"]),
+            ops=ops, same=same))
+    return "\n".join(lines)
+
+
+def check_text(name: str, tp: int, matches: bool, report: dict) -> str:
+    """A parallel module against the dense one: whether output and every gradient match, then its
+    collectives."""
+    head = _("{name} on {tp} ranks: output and every gradient match the dense module (< 1e-12): "
+             "{matches}").format(name=name, tp=tp, matches=matches)
+    return head + "\n" + collectives_text(report)
+
+
+def sequence_parallel_text(run: dict, tp: int, sent: dict, model_bytes: float) -> str:
+    """One block with or without sequence parallelism (``demos.block_runs``): output shape, whether it
+    matches, the collectives, the bytes a ring sends per rank (``sent``: forward, backward), and what
+    autograd kept for the backward against the memory model's count."""
+    name = _("sequence parallel") if run["sequence_parallel"] else _("tensor parallel")
+    return "\n".join([
+        _("{name}, t = {tp}: block output on a rank {shape}, matches the dense block: {matches}").format(
+            name=name, tp=tp, shape=tuple(run["output_shape"]), matches=run["matches"]),
+        collectives_text(run),
+        "  " + _("a ring sends {forward:,.0f} bytes per rank forward and {backward:,.0f} backward").format(**sent),
+        "  " + _("kept for the backward on a rank: {kept:,} bytes; the memory model: {model:,.0f} bytes + "
+                 "{rest:,.0f} of per-token statistics").format(kept=run["saved_bytes"], model=model_bytes,
+                                                              rest=run["saved_bytes"] - model_bytes),
+    ])
