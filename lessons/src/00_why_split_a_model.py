@@ -233,14 +233,14 @@ my_prediction = 10  # 1 + 2 + 3 + 4
 
 # %%
 sum_guess = predict("hello-sum", my_prediction, {"en": "the all-reduced sum on each of 4 ranks",
-                                                  "zh-Hant": "4 個行程各自得到的 all-reduce 總和"}, tolerance=0)
+                                                  "zh-Hant": "4 個 rank 各自得到的 all-reduce 總和"}, tolerance=0)
 
 # %% tags=["reveals:hello-sum"]
 from parallel_lab.runtime import demos, launcher
+from parallel_lab.show.collectives import hello_text
 
 results = launcher.run(demos.hello, 4)
-for r in results:  # each rank also reports its process id; it changes every run, so it is not printed
-    print(f"rank {r['rank']} of {r['world_size']}: all-reduced sum = {r['sum']:g}")
+print(hello_text(results))  # each rank also reports its process id; it changes every run, so it is not printed
 sum_guess.versus(results[0]["sum"])
 
 # %% [markdown]

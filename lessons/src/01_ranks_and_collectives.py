@@ -28,11 +28,11 @@ setup()
 import inspect
 
 from parallel_lab.runtime import demos, launcher
+from parallel_lab.show import collectives as collective_figures
 
 print(inspect.getsource(demos.hello))
 results = launcher.run(demos.hello, world_size=4)
-for r in results:
-    print(f"rank {r['rank']} of {r['world_size']}: all-reduced sum = {r['sum']:g}")
+print(collective_figures.hello_text(results))
 
 # %% [markdown]
 # The ranks stay up between calls (a *pool*), so the next call costs a message, not a process start.
@@ -52,9 +52,7 @@ print(inspect.getsource(demos.unmatched_send))
 try:
     launcher.run(demos.unmatched_send, world_size=2, timeout=2)
 except launcher.RanksHung as err:
-    print(str(err).splitlines()[0])
-    for rank, blocked_in in err.blocked.items():
-        print(f"  rank {rank} was blocked in {blocked_in}")
+    print(collective_figures.hung_text(err))
 
 # %% [markdown]
 # ### Your own code on ranks
@@ -117,7 +115,6 @@ except cells.RankError as err:
 # %%
 from parallel_lab.planning import calibration
 from parallel_lab.runtime import collectives
-from parallel_lab.show import collectives as collective_figures
 
 for name in collectives.COLLECTIVES:
     per_rank = launcher.run(collectives.holdings, world_size=4, args=(name,))
@@ -146,8 +143,7 @@ for name in collectives.COLLECTIVES:
 sizes = [2**k for k in range(10, 23, 2)]  # 1 KB .. 4 MB
 measured = launcher.run(calibration.time_all_reduce, world_size=4, args=(sizes,))[0]
 fit = calibration.fit_alpha_beta(sizes, measured, world_size=4)
-print(f"α ≈ {fit['alpha_s'] * 1e6:.0f} µs per step, β ≈ {1e9 / fit['bandwidth_bytes_per_s']:.2f} ns per byte "
-      f"(bandwidth 1/β ≈ {fit['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s)")
+print(collective_figures.fit_text(fit))
 collective_figures.alpha_beta_figure(sizes, {"gloo all_reduce": measured}, fit, world_size=4).show()
 
 # %% [markdown]
@@ -248,7 +244,7 @@ from parallel_lab.show.predict import predict
 
 guess = predict("all-reduce-4mb", my_prediction,
                 {"en": "gloo's all-reduce of 4 MB on 4 ranks, from your α–β fit",
-                 "zh-Hant": "由你的 α–β 擬合推算：gloo 在 4 個行程上 all-reduce 4 MB 的時間"},
+                 "zh-Hant": "由你的 α–β 擬合推算：gloo 在 4 個 rank 上 all-reduce 4 MB 的時間"},
                 unit="ms", tolerance=0.5)
 
 # %% tags=["reveals:all-reduce-4mb", "nbval-ignore-output"]
@@ -257,9 +253,8 @@ from parallel_lab.hardware import ring_all_reduce_time
 size = [4 * 2**20]
 gloo_s = launcher.run(calibration.time_all_reduce, world_size=4, args=(size,), kwargs={"algorithm": "gloo"})[0][0]
 ring_s = launcher.run(calibration.time_all_reduce, world_size=4, args=(size,), kwargs={"algorithm": "ring"})[0][0]
-print(f"4 MB on 4 ranks: gloo {gloo_s * 1e3:.1f} ms, our ring {ring_s * 1e3:.1f} ms, ratio {ring_s / gloo_s:.2f}")
 model_s = ring_all_reduce_time(size[0], 4, fit["alpha_s"], fit["bandwidth_bytes_per_s"])
-print(f"the α–β model with your fit: {model_s * 1e3:.1f} ms")
+print(collective_figures.ring_versus_text(size[0], 4, gloo_s, ring_s, model_s))
 guess.versus(gloo_s * 1e3)
 
 # %% [markdown]
