@@ -67,11 +67,12 @@ guess = predict("gpipe-bubble", my_prediction)
 
 # %% tags=["reveals:gpipe-bubble"]
 from parallel_lab.pipeline.simulate import Costs, simulate, unit_grid
+from parallel_lab.show import runs as runs_text
 
 costs = Costs(F=1, B=2)
 timeline = simulate(gpipe, costs)
 print(format_grid(unit_grid(timeline)))
-print(f"\nstep {timeline.makespan:g} units, each rank busy {timeline.busy[0]:g}, bubble {timeline.bubble_fraction:.3f}")
+runs_text.step_summary(timeline)
 guess.versus(timeline.bubble_fraction, "simulated")
 
 # %% [markdown]
@@ -115,15 +116,14 @@ my_prediction = 27  # (p−1)/(m+p−1) <= 0.1  <=>  m >= 9 (p−1) = 27
 ### END SOLUTION
 
 # %%
-guess = predict("gpipe-microbatches", my_prediction, "the fewest micro-batches that bring a 4-stage GPipe's "
-                "bubble to at most 10 %", unit="micro-batches", tolerance=0.02)
+guess = predict("gpipe-microbatches", my_prediction,
+                {"en": "the fewest micro-batches that bring a 4-stage GPipe's bubble to at most 10 %",
+                 "zh-Hant": "讓 4 個階段的 GPipe 氣泡降到 10 % 以下所需的最少微批次數"},
+                unit={"en": "micro-batches", "zh-Hant": "個微批次"}, tolerance=0.02)
 
 # %% tags=["reveals:gpipe-microbatches"]
 p = 4
-print(" m   bubble (simulated)   (p−1)/(m+p−1)   idle/compute (p−1)/m")
-for m in (1, 2, 4, 8, 16, 32):
-    t = simulate(build("gpipe", p, m), costs)
-    print(f"{m:>2}   {t.bubble_fraction:>18.3f}   {(p - 1) / (m + p - 1):>13.3f}   {(p - 1) / m:>20.3f}")
+runs_text.gpipe_bubble_table(p, (1, 2, 4, 8, 16, 32), costs)
 fewest = next(m for m in range(1, 100) if simulate(build("gpipe", p, m), costs).bubble_fraction <= 0.1 + 1e-9)
 guess.versus(fewest, "simulated")
 
@@ -133,14 +133,7 @@ guess.versus(fewest, "simulated")
 # and 8 stages — the more stages, the more micro-batches it takes (every point is a simulation):
 
 # %%
-import plotly.graph_objects as go
-
-ms = list(range(1, 33))
-curves = [go.Scatter(x=ms, y=[round(simulate(build("gpipe", p, m), costs).bubble_fraction, 4) for m in ms],
-                     mode="lines+markers", marker_size=4, name=f"p = {p} stages") for p in (2, 4, 8)]
-go.Figure(curves).update_layout(
-    template="none", height=330, margin=dict(l=60, r=20, t=50, b=50), title="GPipe: bubble (p−1)/(m+p−1), simulated",
-    xaxis_title="micro-batches m", yaxis_title="bubble (idle share of the step)", yaxis_range=[0, 1])
+runs_text.gpipe_curves((2, 4, 8), range(1, 33), costs)
 
 # %% [markdown]
 # ## 2. GPipe on real ranks
@@ -154,11 +147,9 @@ from parallel_lab.pipeline.run import run_pipeline
 
 runs = {}
 for m in (1, 2, 4, 8):
-    print(f"GPipe, 4 ranks, m = {m} ...", end=" ")
+    runs_text.running("GPipe", 4, m, end=" ")
     runs[m] = run_pipeline("gpipe", 4, m, batch=32)
-    r = runs[m]
-    print(f"gradients equal the single-process model: {r['max_grad_diff'] < 1e-10}; "
-          f"stashed at once per stage: {r['peak_activations']}")
+    runs_text.ran(runs[m])
 
 # %% [markdown]
 # The bubbles, measured on the **virtual clock** (each action lasts the CPU time its rank spent on
@@ -170,11 +161,7 @@ for m in (1, 2, 4, 8):
 # %% tags=["reveals:gpipe-bubble", "nbval-ignore-output"]
 import os
 
-print(" m   (p−1)/(m+p−1)   predicted (measured costs)   measured (virtual clock)   "
-      f"wall clock ({os.cpu_count()} cores)")
-for m, r in runs.items():
-    print(f"{m:>2}   {3 / (m + 3):>13.3f}   {r['bubble_predicted']:>26.3f}   {r['bubble_measured']:>24.3f}"
-          f"   {r['bubble_wall']:>17.3f}")
+runs_text.bubble_runs_table(runs, 4, os.cpu_count())
 figures.compare(runs[8])
 
 # %% [markdown]
@@ -192,7 +179,7 @@ figures.compare(runs[8])
 # turn each stage holds **all m micro-batches** (the simulated stash over time, per stage):
 
 # %%
-figures.memory(simulate(build("gpipe", 4, 8), costs), title="GPipe, p = 4, m = 8: stashed micro-batches per stage")
+runs_text.stash_figure(simulate(build("gpipe", 4, 8), costs), "GPipe", 4, 8)
 
 # %% [markdown]
 # The real runs agree: the executor counts the micro-batches whose activations are held, after
@@ -201,9 +188,7 @@ figures.memory(simulate(build("gpipe", 4, 8), costs), title="GPipe, p = 4, m = 8
 # B/m rows are the whole batch.
 
 # %%
-for m, r in runs.items():
-    print(f"m = {m}: peak stash is m on every stage: {r['peak_activations'] == [m] * 4}; "
-          f"stage 1 keeps {r['peak_bytes'][1]:,} bytes of activations")
+runs_text.peaks_are_m(runs)
 
 # %% [markdown]
 # So micro-batching fixes the bubble but not the memory: GPipe needs as much activation memory as
@@ -231,10 +216,7 @@ folder = Path(tempfile.mkdtemp())
 traced = run_pipeline("gpipe", 4, 8, batch=32, trace=folder / "gpipe.json")
 events = json.loads(Path(traced["trace"]).read_text())["traceEvents"]
 kinds = collections.Counter(e["ph"] for e in events)
-print(f"{Path(traced['trace']).name}: {len(events)} events")
-print(f"  {kinds['X']} action slices: 4 ranks × 16 actions × 3 clocks")
-print(f"  {kinds['C']} activation-counter samples, {kinds['M']} names of processes and tracks")
-print("gradients equal the single-process model:", traced["max_grad_diff"] < 1e-10)
+runs_text.trace_summary(Path(traced["trace"]), events, kinds, traced)
 
 # %% [markdown]
 # ## What to remember

@@ -59,12 +59,11 @@ step_guess = predict("1f1b-step", my_prediction, {"en": "which schedule finishes
 # %% tags=["reveals:1f1b-step"]
 from parallel_lab.pipeline.simulate import Costs, simulate
 from parallel_lab.show import pipeline as figures
+from parallel_lab.show import runs as runs_text
 
 costs = Costs(F=1, B=2)
 timelines = {name: simulate(build(name, 4, 8), costs) for name in ("gpipe", "1f1b")}
-for name, t in timelines.items():
-    print(f"{name:>5}: step {t.makespan:g} units, bubble {t.bubble_fraction:.3f}  "
-          f"((p−1)/(m+p−1) = {3 / 11:.3f})")
+runs_text.steps_and_bubbles(timelines, 4, 8)
 steps = {name: t.makespan for name, t in timelines.items()}
 step_guess.versus("the same" if steps["gpipe"] == steps["1f1b"] else min(steps, key=steps.get), "simulated")
 figures.gantt(timelines["1f1b"])
@@ -97,7 +96,7 @@ guess = predict("1f1b-peak-stash", my_prediction)
 # The simulator follows the stash of every stage over time (`figures.memory`):
 
 # %% tags=["reveals:1f1b-peak-stash"]
-figures.memory(timelines["1f1b"], title="1F1B, p = 4, m = 8: stashed micro-batches per stage")
+runs_text.stash_figure(timelines["1f1b"], "1F1B", 4, 8)
 
 # %% tags=["reveals:1f1b-peak-stash"]
 guess.versus(max(timelines["1f1b"].peak_activations), "simulated")
@@ -108,10 +107,7 @@ guess.versus(max(timelines["1f1b"].peak_activations), "simulated")
 # micro-batches). Stage 0 holds the most, p. GPipe holds m everywhere, so the saving grows with m:
 
 # %% tags=["reveals:1f1b-peak-stash"]
-print(" m   GPipe peaks            1F1B peaks        min(m, p−r)")
-for m in (2, 4, 8, 32):
-    peaks = {name: simulate(build(name, 4, m), costs).peak_activations for name in ("gpipe", "1f1b")}
-    print(f"{m:>2}   {str(peaks['gpipe']):<20}   {str(peaks['1f1b']):<15}   {[min(m, 4 - r) for r in range(4)]}")
+runs_text.peaks_table(4, (2, 4, 8, 32), costs)
 
 # %% [markdown]
 # With 1F1B the activation memory no longer grows with m, so the bubble can be made small by using
@@ -131,15 +127,10 @@ from parallel_lab.pipeline.run import run_pipeline
 predicted = [min(8, 4 - r) for r in range(4)]
 runs = {}
 for name in ("gpipe", "1f1b"):
-    print(f"{name} on 4 ranks, m = 8 ...")
+    runs_text.running(name, 4, 8)
     runs[name] = run_pipeline(name, 4, 8, batch=32)
 one = runs["1f1b"]
-print("1F1B gradients equal the single-process model:", one["max_grad_diff"] < 1e-10)
-print("1F1B measured peak stash == predicted min(m, p−r):", one["peak_activations"] == predicted,
-      one["peak_activations"])
-print("GPipe measured peak stash == m on every stage:", runs["gpipe"]["peak_activations"] == [8] * 4)
-print(f"stage 1 (a middle stage: all it keeps is activations) at its peak: GPipe {runs['gpipe']['peak_bytes'][1]:,} "
-      f"bytes, 1F1B {one['peak_bytes'][1]:,} bytes")
+runs_text.gpipe_against_1f1b(runs, predicted, 8)
 
 # %% [markdown]
 # Stage 1 keeps 3 micro-batches of 4 rows instead of 8: 3/8 of the bytes. The measured stash over
@@ -147,16 +138,14 @@ print(f"stage 1 (a middle stage: all it keeps is activations) at its peak: GPipe
 # heights will not):
 
 # %% tags=["nbval-ignore-output"]
-figures.memory(one, title="1F1B on 4 real ranks, m = 8: stashed micro-batches (virtual clock)")
+runs_text.stash_figure(one, "1F1B", 4, 8)
 
 # %% [markdown]
 # And the bubbles, measured on the virtual clock and on this machine's wall clock (lesson 03):
 # equal for the two schedules, up to the noise of a real run.
 
 # %% tags=["nbval-ignore-output"]
-for name, r in runs.items():
-    print(f"{name:>5}: bubble {r['bubble_measured']:.3f} virtual clock (predicted {r['bubble_predicted']:.3f}), "
-          f"{r['bubble_wall']:.3f} wall clock")
+runs_text.measured_bubbles(runs)
 figures.compare(one)
 
 # %% [markdown]
@@ -179,15 +168,13 @@ my_prediction = 4 / 3  # F + (F + B) = 4 units where F + B = 3
 # %%
 recompute_guess = predict("recompute-compute", my_prediction,
                           {"en": "a step's compute with recomputation against without it, B = 2F",
-                           "zh-Hant": "重算（recomputation）時一步的計算量相對於不重算時的倍數，B = 2F"},
+                           "zh-Hant": "有重新計算時一步的計算量是沒有時的幾倍，B = 2F"},
                           unit={"en": "×", "zh-Hant": "倍"}, tolerance=0.05)
 
 # %% tags=["reveals:recompute-compute"]
-print("1F1B with recomputation on 4 ranks, m = 8 ...")
+runs_text.running("1F1B + recomputation", 4, 8)
 rec = run_pipeline("1f1b", 4, 8, batch=32, recompute=True)
-print("gradients equal the single-process model:", rec["max_grad_diff"] < 1e-10)
-print("same micro-batches in flight:", rec["peak_activations"] == one["peak_activations"])
-print(f"stage 1 at its peak: {one['peak_bytes'][1]:,} bytes without, {rec['peak_bytes'][1]:,} bytes with recomputation")
+runs_text.recompute_summary(one, rec)
 again = simulate(build("1f1b", 4, 8), Costs(F=1, B=2 + 1))  # the backward runs the forward again first
 recompute_guess.versus(sum(again.busy) / sum(timelines["1f1b"].busy), "simulated")
 
@@ -197,9 +184,7 @@ recompute_guess.versus(sum(again.busy) / sum(timelines["1f1b"].busy), "simulated
 # differ; on a GPU the forward is about a third of F + B, so the step costs about 4/3 as much):
 
 # %% tags=["nbval-ignore-output"]
-b_plain, b_rec = (sum(r["costs"]["B"]) / 4 for r in (one, rec))
-print(f"mean backward per micro-batch and stage: {b_plain * 1e3:.2f} ms without, {b_rec * 1e3:.2f} ms with "
-      f"recomputation ({b_rec / b_plain:.2f}×)")
+runs_text.backward_times(one, rec)
 
 # %% [markdown]
 # ## 5. Exercise: write 1F1B yourself

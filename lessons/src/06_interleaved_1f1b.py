@@ -38,17 +38,12 @@ from parallel_lab.pipeline.actions import format_grid
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import Costs, simulate
 from parallel_lab.show import pipeline as figures
+from parallel_lab.show.schedules import idle_report, stage_map, stash_and_messages
 
 p, m = 4, 8
 ideal = m * (2 + 4)  # m·(F+B): the work of one GPU
 one_f_one_b = simulate(build("1f1b", p, m), Costs(F=2, B=4))
-idle = [one_f_one_b.makespan - busy for busy in one_f_one_b.busy]
-print(f"1F1B, p={p}, m={m}: step {one_f_one_b.makespan:g} units, ideal m·(F+B) = {ideal}, idle per GPU {idle}")
-for r, timed in enumerate(one_f_one_b.ranks):
-    start, end = timed[0][1], one_f_one_b.makespan - timed[-1][2]
-    print(f"  GPU {r}: idle {start:g} at the start (r·F), {idle[r] - start - end:g} in between "
-          f"((p−1−r)·(F+B)), {end:g} at the end (r·B)")
-print(f"idle / compute = {idle[0] / ideal:.3f} = (p−1)/m; idle share of the step = {one_f_one_b.bubble_fraction:.1%}")
+idle_report("1F1B, p = 4, m = 8", one_f_one_b, "(p−1)/m", ideal, where=True)
 figures.gantt(one_f_one_b).update_xaxes(range=[0, 68])
 
 # %% [markdown]
@@ -60,7 +55,7 @@ figures.gantt(one_f_one_b).update_xaxes(range=[0, 68])
 # 1. **make every slot shorter**: give each GPU several thin pieces of the model instead of one thick
 #    one (interleaving, section 2);
 # 2. **fill the slots**: part of the backward pass is work that no other GPU waits for; do it in the
-#    gaps (zero bubble, sections 3 and 4).
+#    gaps (zero bubble, lesson 07).
 #
 # ## 2. Interleaved 1F1B: v thin chunks per GPU
 #
@@ -85,7 +80,7 @@ guess = predict("chunk-3-sender", my_prediction, {"en": "the GPU that sends chun
 
 # %% tags=["reveals:chunk-3-sender"]
 interleaved = build("interleaved-1f1b", p, m, virtual=2)
-print("model stage -> GPU:", dict(enumerate(interleaved.stage_to_rank)))
+stage_map(interleaved)
 print(format_grid(interleaved, rows=(0, 12)))
 guess.versus(interleaved.stage_to_rank[3], "reference")
 
@@ -104,9 +99,7 @@ guess.versus(interleaved.stage_to_rank[3], "reference")
 
 # %%
 interleaved_t = simulate(interleaved, Costs(F=1, B=2))
-idle = [interleaved_t.makespan - busy for busy in interleaved_t.busy]
-print(f"interleaved 1F1B, v=2: step {interleaved_t.makespan:g} units, idle per GPU {idle}")
-print(f"idle / compute = {idle[0] / ideal:.4f} = (p−1)/(v·m) = 3/16; idle share {interleaved_t.bubble_fraction:.1%}")
+idle_report("interleaved 1F1B, v = 2", interleaved_t, "(p−1)/(v·m) = 3/16", ideal, digits=4)
 figures.gantt(interleaved_t).update_xaxes(range=[0, 68])
 
 # %% [markdown]
@@ -121,13 +114,7 @@ figures.gantt(interleaved_t).update_xaxes(range=[0, 68])
 # - with Megatron-LM's default grouping (the course's), m must be a multiple of p.
 
 # %%
-from parallel_lab.pipeline import communication
-
-for name, schedule, timeline in (("1f1b", build("1f1b", p, m), one_f_one_b),
-                                 ("interleaved v=2", interleaved, interleaved_t)):
-    stash = [n / schedule.virtual for n in timeline.peak_rank_activations]
-    print(f"{name:<16} messages per step: {communication.messages(schedule):>4}   "
-          f"peak stash per GPU (in stages): {stash}")
+stash_and_messages([("1f1b", build("1f1b", p, m), one_f_one_b), ("interleaved v=2", interleaved, interleaved_t)])
 
 try:
     build("interleaved-1f1b", 4, 6, virtual=2)

@@ -30,18 +30,17 @@ setup()
 # (p−1)·(F+B) = 18 units of a step of 66.
 
 # %%
-from parallel_lab.pipeline import communication
 from parallel_lab.pipeline.actions import format_grid
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import Costs, simulate
 from parallel_lab.show import pipeline as figures
 from parallel_lab.show import schedules as schedule_figures
+from parallel_lab.show.schedules import idle_report, stage_map
 
 p, m = 4, 8
 ideal = m * (2 + 4)  # m·(F+B): the work of one GPU
 one_f_one_b = simulate(build("1f1b", p, m), Costs(F=2, B=4))
-print(f"1F1B, p={p}, m={m}: step {one_f_one_b.makespan:g} units, idle per GPU "
-      f"{[one_f_one_b.makespan - b for b in one_f_one_b.busy]}, idle share {one_f_one_b.bubble_fraction:.1%}")
+idle_report("1F1B, p = 4, m = 8", one_f_one_b)
 
 # %% [markdown]
 # ## 1. Splitting the backward: B = I + W
@@ -97,9 +96,7 @@ guess = predict("zb-h1-bubble", my_prediction)
 
 # %% tags=["reveals:zb-h1-bubble"]
 zb_h1 = simulate(build("zb-h1", p, m), Costs(F=2, B=4, I=2, W=2))
-idle = [zb_h1.makespan - busy for busy in zb_h1.busy]
-print(f"ZB-H1: step {zb_h1.makespan:g} units, idle per GPU {idle}")
-print(f"idle / compute = {idle[0] / ideal:.3f} = (p−1)/(3m); idle share {zb_h1.bubble_fraction:.1%}")
+idle_report("ZB-H1", zb_h1, "(p−1)/(3m)", ideal)
 guess.versus(zb_h1.bubble_fraction, "simulated")
 figures.gantt(zb_h1).update_xaxes(range=[0, 68])
 
@@ -128,11 +125,7 @@ memory_guess = predict("zb-h1-last-gpu-memory", my_prediction,
 
 # %% tags=["reveals:zb-h1-last-gpu-memory"]
 share = simulate(build("zb-h1", p, m)).w_share  # M_W / M_B: the paper's 32/34
-print(f"M_W / M_B = {share:.3f}")
-print(f"{'GPU':>4} {'1F1B: (p−r)':>12} {'ZB-H1 counted until W':>22} {'= (p−r) + r·M_W/M_B':>21}")
-for r in range(p):
-    print(f"{r:>4} {one_f_one_b.peak_rank_activations[r]:>12} {zb_h1.peak_rank_activations[r]:>22.3f} "
-          f"{(p - r) + r * share:>21.3f}")
+schedule_figures.zb_h1_stash_table(one_f_one_b, zb_h1, share)
 memory_guess.versus(zb_h1.peak_rank_activations[3], "simulated")
 
 # %% [markdown]
@@ -164,13 +157,11 @@ stage_guess = predict("zb-v-up-stage", my_prediction, {"en": "the stage GPU 1 ho
 
 # %% tags=["reveals:zb-v-up-stage"]
 zb_v = build("zb-v", p, m)
-print("model stage -> GPU:", dict(enumerate(zb_v.stage_to_rank)))
+stage_map(zb_v)
 stage_guess.versus(max(s for s, r in enumerate(zb_v.stage_to_rank) if r == 1), "reference")
 zb_v_t = simulate(zb_v, Costs(F=1, B=2, I=1, W=1))
-print(f"ZB-V: step {zb_v_t.makespan:g} units, idle per GPU {[zb_v_t.makespan - b for b in zb_v_t.busy]}, "
-      f"idle share {zb_v_t.bubble_fraction:.1%}")
-print("peak stash per GPU (in stages):", [n / 2 for n in zb_v_t.peak_rank_activations],
-      "  messages per step:", communication.messages(zb_v))
+idle_report("ZB-V", zb_v_t)
+schedule_figures.stash_and_messages([("ZB-V", zb_v, zb_v_t)])
 figures.gantt(zb_v_t).update_xaxes(range=[0, 68])
 
 # %% [markdown]
@@ -209,11 +200,9 @@ figures.gantt(zb_v_t).update_xaxes(range=[0, 68])
 
 # %%
 dualpipe = build("dualpipe-v", p, m)
-print("model stage -> GPU:", dict(enumerate(dualpipe.stage_to_rank)))
+stage_map(dualpipe)
 print(format_grid(dualpipe, rows=(0, 29)))
-row = dualpipe.ranks[0]
-pairs = [f"{f}+{b}" for f, b in zip(row, row[1:]) if f.kind == "F" and b.kind == "I" and f.stage != b.stage]
-print("GPU 0's pairs (a forward, then another micro-batch's backward on its other stage):", " ".join(pairs))
+schedule_figures.pairs(dualpipe, rank=0)
 
 # %% [markdown]
 # The warm-up runs forwards of the down stage, then the up stage's first micro-batches, each one's
@@ -239,16 +228,12 @@ dualpipe_guess = predict("dualpipe-v-bubble", my_prediction,
 
 # %% tags=["reveals:dualpipe-v-bubble"]
 dualpipe_t = simulate(dualpipe, Costs(F=1, B=2, I=1, W=1))
-idle = [dualpipe_t.makespan - b for b in dualpipe_t.busy]
-print(f"DualPipeV: step {dualpipe_t.makespan:g} units, idle per GPU {idle}, idle share {dualpipe_t.bubble_fraction:.1%}")
+idle_report("DualPipeV", dualpipe_t)
 difference = dualpipe_t.bubble_fraction - zb_v_t.bubble_fraction
 dualpipe_guess.versus("the same" if abs(difference) < 1e-9 else "smaller" if difference < 0 else "larger",
                       "simulated")
-F, I, W = 1, 1, 1  # per model stage; a pair run one after the other: F&B = F + B
-print(f"DeepSeek's formula (p−1)(F&B + B − 3W) with F&B = F + I + W: {(p - 1) * ((F + I + W) + (I + W) - 3 * W)} "
-      f"units idle per GPU; simulated: {idle[0]:g}")
-print("peak stash per GPU (in stages), counted until W: DualPipeV",
-      [n / 2 for n in dualpipe_t.peak_rank_activations], " ZB-V", [n / 2 for n in zb_v_t.peak_rank_activations])
+schedule_figures.deepseek_bubble(p, F=1, I=1, W=1, simulated=dualpipe_t.makespan - dualpipe_t.busy[0])
+schedule_figures.peaks_in_stages({"DualPipeV": dualpipe_t, "ZB-V": zb_v_t})
 figures.gantt(dualpipe_t).update_xaxes(range=[0, 68])
 
 # %% [markdown]
@@ -279,10 +264,7 @@ try:
 except ValueError as err:
     print(err)
 slow_i = Costs(F=1, B=3, I=2, W=1)  # an input gradient twice the weight gradient
-for name in ("zb-v", "dualpipe-v"):
-    timeline = simulate(build(name, p, m), slow_i)
-    print(f"{name:<11} with I = 2W: idle share {timeline.bubble_fraction:.1%}, "
-          f"peak stash per GPU (in stages) {[n / 2 for n in timeline.peak_rank_activations]}")
+schedule_figures.with_costs(("zb-v", "dualpipe-v"), p, m, slow_i, "I = 2W")
 
 # %% [markdown]
 # ## 4. Side by side
@@ -331,16 +313,9 @@ figures.schedule_panel("zb-v", ranks=4, microbatches=8)
 from parallel_lab.pipeline.run import run_pipeline
 
 runs = {}
-print("running 5 schedules on 4 ranks ...")
 for name, v in five:
-    runs[name] = result = run_pipeline(name, 4, 8, virtual=v)
-    messages = sum(result["bytes_sent"]) // result["link"]["message_bytes"]
-    print(f"{schedule_figures.label(name, v)}:\n"
-          f"  loss and gradients match one process (< 1e-10): "
-          f"{result['max_grad_diff'] < 1e-10 and result['loss_diff'] < 1e-10}\n"
-          f"  peak activations per stage measured == predicted: "
-          f"{result['peak_activations'] == result['peak_activations_predicted']} {result['peak_activations']}\n"
-          f"  bytes sent per rank {result['bytes_sent']}: {messages} messages")
+    runs[name] = run_pipeline(name, 4, 8, virtual=v)
+    schedule_figures.run_report(name, v, runs[name])
 
 # %% [markdown]
 # Every schedule computes exactly the gradients of one process — a schedule changes *when* work
@@ -359,10 +334,7 @@ for name, v in five:
 # which uses the measured costs, says the same.
 
 # %% tags=["nbval-ignore-output"]
-for name, result in runs.items():
-    costs = {k: round(1e6 * sum(c) / len(c)) for k, c in result["costs"].items() if c}
-    print(f"{schedule_figures.label(name, result['virtual']):<21} bubble measured {result['bubble_measured']:.1%}, "
-          f"predicted {result['bubble_predicted']:.1%}; mean cost per action (µs of CPU): {costs}")
+schedule_figures.measured_bubbles(runs)
 figures.compare(runs["zb-v"])
 
 # %% [markdown]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from parallel_lab.exercises.check import Exercise, NotYet, Verdict, answer_error, compile_answer, register, run_answer
 from parallel_lab.exercises.policy import Policy
-from parallel_lab.i18n import _l
+from parallel_lab.i18n import _, _l
 from parallel_lab.pipeline.actions import ScheduleError, as_schedule
 from parallel_lab.pipeline.run import run_pipeline
 from parallel_lab.pipeline.schedules import one_f_one_b
@@ -83,12 +83,14 @@ def validated_order(answer: dict, p: int, m: int, name: str, label: str, show_gr
     if answer.get("not_yet"):
         raise NotYet()
     if "error" in answer:
-        return None, [f"{label}: FAILED: {name}({p}, {m}) raised {answer['error']}"]
+        return None, [_("{label}: FAILED: {name}({p}, {m}) raised {error}").format(
+            label=label, name=name, p=p, m=m, error=answer["error"])]
     try:
         return validate(as_schedule(answer["ranks"], p, m, name)), None
     except ScheduleError as err:
         first, *grid = str(err).splitlines()
-        return None, [f"{label}: FAILED: {first}"] + (_indent("\n".join(grid)) if show_grid else [])
+        return None, [_("{label}: FAILED: {reason}").format(label=label, reason=first)] + \
+            (_indent("\n".join(grid)) if show_grid else [])
 
 
 def one_f_one_b_case(answer: dict, p: int, m: int, name: str, show_grid: bool = True) -> tuple[bool, list[str]]:
@@ -96,7 +98,7 @@ def one_f_one_b_case(answer: dict, p: int, m: int, name: str, show_grid: bool = 
     readable; it validates; simulated (F=1, B=2, free links) no stage stashes more than min(m, p−r)
     micro-batches and the step is as short as 1F1B's; on p real ranks the gradients equal the
     single-process model's and the measured stash peaks equal the simulated ones."""
-    label = f"1F1B p={p}, m={m}"
+    label = _("1F1B p={p}, m={m}").format(p=p, m=m)
     sched, failed = validated_order(answer, p, m, name, label, show_grid)
     if failed:
         return False, failed
@@ -107,31 +109,37 @@ def one_f_one_b_case(answer: dict, p: int, m: int, name: str, show_grid: bool = 
     over = [r for r in range(p) if mine.peak_activations[r] > limit[r]]
     if over:
         r = over[0]
-        shape = " (GPipe's shape: all forwards before any backward)" if mine.peak_activations == [m] * p else ""
-        return False, [f"{label}: FAILED: stage {r} stashes up to {mine.peak_activations[r]} micro-batches at "
-                       f"once, 1F1B at most min(m, p−r) = {limit[r]}{shape}; start each backward as soon as "
-                       f"its gradient can arrive (stash per stage {mine.peak_activations}, 1F1B {limit})"]
+        shape = _(" (GPipe's shape: all forwards before any backward)") if mine.peak_activations == [m] * p else ""
+        return False, [_("{label}: FAILED: stage {stage} stashes up to {held} micro-batches at once, 1F1B at most "
+                         "min(m, p−r) = {limit}{shape}; start each backward as soon as its gradient can arrive "
+                         "(stash per stage {stash}, 1F1B {limits})").format(
+            label=label, stage=r, held=mine.peak_activations[r], limit=limit[r], shape=shape,
+            stash=mine.peak_activations, limits=limit)]
     if mine.makespan > ref.makespan + 1e-9:
-        return False, [f"{label}: FAILED: the step takes {mine.makespan:g} time units (F=1, B=2), 1F1B takes "
-                       f"{ref.makespan:g}: bubble {mine.bubble_fraction:.1%} instead of {ref.bubble_fraction:.1%}; "
-                       f"run the p−r−1 warm-up forwards first, then alternate"]
-    shape = f"valid; stash per stage {mine.peak_activations} = min(m, p−r); bubble {mine.bubble_fraction:.1%} as 1F1B"
+        return False, [_("{label}: FAILED: the step takes {step:g} time units (F=1, B=2), 1F1B takes {ref:g}: "
+                         "bubble {bubble:.1%} instead of {ref_bubble:.1%}; run the p−r−1 warm-up forwards first, "
+                         "then alternate").format(label=label, step=mine.makespan, ref=ref.makespan,
+                                                  bubble=mine.bubble_fraction, ref_bubble=ref.bubble_fraction)]
+    shape = _("valid; stash per stage {stash} = min(m, p−r); bubble {bubble:.1%} as 1F1B").format(
+        stash=mine.peak_activations, bubble=mine.bubble_fraction)
 
     try:
         result = run_pipeline(sched, timeout=RUN_TIMEOUT)
     except (launcher.RankError, launcher.RanksHung, launcher.RankDied) as err:
-        return False, [f"{label}: FAILED on {p} real ranks: {str(err).splitlines()[0]}"]
+        return False, [_("{label}: FAILED on {p} real ranks: {reason}").format(
+            label=label, p=p, reason=str(err).splitlines()[0])]
     equal = result["max_grad_diff"] < EXACT and result["loss_diff"] < EXACT
     peaks_ok = result["peak_activations"] == mine.peak_activations
     if not equal:
         worst = max(result["grad_diffs"], key=result["grad_diffs"].get)
-        return False, [f"{label}: FAILED on {p} real ranks: gradients differ from the single-process model "
-                       f"(first at parameter {worst})"]
+        return False, [_("{label}: FAILED on {p} real ranks: gradients differ from the single-process model "
+                         "(first at parameter {parameter})").format(label=label, p=p, parameter=worst)]
     if not peaks_ok:
-        return False, [f"{label}: FAILED on {p} real ranks: measured stash {result['peak_activations']}, "
-                       f"simulated {mine.peak_activations}"]
-    return True, [f"{label}: PASSED: {shape}; on {p} real ranks: gradients equal the single-process model, "
-                  f"measured stash {result['peak_activations']}"]
+        return False, [_("{label}: FAILED on {p} real ranks: measured stash {measured}, simulated {simulated}").format(
+            label=label, p=p, measured=result["peak_activations"], simulated=mine.peak_activations)]
+    return True, [_("{label}: PASSED: {shape}; on {p} real ranks: gradients equal the single-process model, "
+                    "measured stash {measured}").format(label=label, shape=shape, p=p,
+                                                         measured=result["peak_activations"])]
 
 
 def judge_orders(source: str, name: str, label: str, cases, judge_case):

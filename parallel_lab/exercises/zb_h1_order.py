@@ -31,7 +31,7 @@ from __future__ import annotations
 from parallel_lab.exercises.check import Exercise, Verdict, register
 from parallel_lab.exercises.one_f_one_b import judge_orders, validated_order
 from parallel_lab.exercises.policy import Policy
-from parallel_lab.i18n import _l
+from parallel_lab.i18n import _, _l
 from parallel_lab.pipeline.run import run_pipeline
 from parallel_lab.pipeline.schedules import Action, Schedule, one_f_one_b, zb_h1
 from parallel_lab.pipeline.simulate import Costs, simulate
@@ -92,18 +92,18 @@ def _bubble_hint(mine: Schedule, ref: Schedule) -> str:
     got, want = _order_counts(mine), _order_counts(ref)
     for r, (g, w) in enumerate(zip(got, want)):
         if g["after"] < w["after"]:
-            return (f"W passes not deferred to fill the cool-down: rank {r} runs {g['after']} W after its last I, "
-                    f"ZB-H1 {w['after']} (rank r holds back its first r W's)")
+            return _("W passes not deferred to fill the cool-down: rank {rank} runs {got} W after its last I, "
+                     "ZB-H1 {want} (rank r holds back its first r W's)").format(rank=r, got=g["after"], want=w["after"])
     for r, (g, w) in enumerate(zip(got, want)):
         if g["after"] > w["after"]:
-            return (f"W passes deferred too long: rank {r} runs {g['after']} W after its last I, ZB-H1 "
-                    f"{w['after']}; its W's then run after the last gradient arrives instead of in the "
-                    f"gaps (rank r holds back only its first r W's)")
+            return _("W passes deferred too long: rank {rank} runs {got} W after its last I, ZB-H1 {want}; its W's "
+                     "then run after the last gradient arrives instead of in the gaps (rank r holds back only its "
+                     "first r W's)").format(rank=r, got=g["after"], want=w["after"])
     for r, (g, w) in enumerate(zip(got, want)):
         if g["ahead"] < w["ahead"]:
-            return (f"rank {r} runs at most {g['ahead']} forwards ahead of their I, ZB-H1 (as 1F1B) "
-                    f"min(m, p−r) = {w['ahead']}: run the p−r−1 warm-up forwards first")
-    return "keep 1F1B's order of F and I, and let rank r run the W of micro-batch k after its I of k + r"
+            return _("rank {rank} runs at most {got} forwards ahead of their I, ZB-H1 (as 1F1B) min(m, p−r) = "
+                     "{want}: run the p−r−1 warm-up forwards first").format(rank=r, got=g["ahead"], want=w["ahead"])
+    return _("keep 1F1B's order of F and I, and let rank r run the W of micro-batch k after its I of k + r")
 
 
 def _memory_hint(mine: Schedule, ref: Schedule) -> str:
@@ -111,28 +111,29 @@ def _memory_hint(mine: Schedule, ref: Schedule) -> str:
     got, want = _order_counts(mine), _order_counts(ref)
     for r, (g, w) in enumerate(zip(got, want)):
         if g["waiting"] > w["waiting"]:
-            return (f"rank {r} keeps up to {g['waiting']} micro-batches waiting for their W, ZB-H1 at most "
-                    f"{w['waiting']}: rank r holds back only its first r W's")
+            return _("rank {rank} keeps up to {got} micro-batches waiting for their W, ZB-H1 at most {want}: rank r "
+                     "holds back only its first r W's").format(rank=r, got=g["waiting"], want=w["waiting"])
     for r, (g, w) in enumerate(zip(got, want)):
         if g["ahead"] > w["ahead"]:
-            return (f"rank {r} runs up to {g['ahead']} forwards ahead of their I, ZB-H1 (as 1F1B) at most "
-                    f"min(m, p−r) = {w['ahead']}: p−r−1 warm-up forwards, not more")
-    return "run each I as soon as its gradient can arrive, and each W r I's after its own on rank r"
+            return _("rank {rank} runs up to {got} forwards ahead of their I, ZB-H1 (as 1F1B) at most min(m, p−r) = "
+                     "{want}: p−r−1 warm-up forwards, not more").format(rank=r, got=g["ahead"], want=w["ahead"])
+    return _("run each I as soon as its gradient can arrive, and each W r I's after its own on rank r")
 
 
 def zb_h1_case(answer: dict, p: int, m: int, name: str, show_grid: bool = True) -> tuple[bool, list[str]]:
     """Judge the answer's schedule for one case against ``schedules.zb_h1(p, m)``; ``(passed, lines)``
     (see the module doc for the four conditions, checked in that order)."""
-    label = f"ZB-H1 p={p}, m={m}"
+    label = _("ZB-H1 p={p}, m={m}").format(p=p, m=m)
     sched, failed = validated_order(answer, p, m, name, label, show_grid)
     if failed:
         return False, failed
-    full = next(((r, a) for r, _, a in sched.actions() if a.kind == "B"), None)
+    full = next(((r, a) for r, _step, a in sched.actions() if a.kind == "B"), None)
     if full is not None:
         r, a = full
-        return False, [f"{label}: FAILED: rank {r} runs the full backward {a}: ZB-H1 splits every backward "
-                       f"into I (input gradient, '{a.stage}I{a.microbatch}') and W (weight gradient, "
-                       f"'{a.stage}W{a.microbatch}'), so that the W's can fill the bubble"]
+        return False, [_("{label}: FAILED: rank {rank} runs the full backward {action}: ZB-H1 splits every backward "
+                         "into I (input gradient, '{i}') and W (weight gradient, '{w}'), so that the W's can fill the "
+                         "bubble").format(label=label, rank=r, action=a, i=f"{a.stage}I{a.microbatch}",
+                                          w=f"{a.stage}W{a.microbatch}")]
 
     ref_sched = zb_h1(p, m)
     mine, ref = simulate(sched, SPLIT), simulate(ref_sched, SPLIT)
@@ -140,35 +141,40 @@ def zb_h1_case(answer: dict, p: int, m: int, name: str, show_grid: bool = True) 
     idle, ref_idle = _idle(mine), _idle(ref)
     if mine.makespan > ref.makespan + 1e-9:
         if abs(mine.makespan - simulate(one_f_one_b_split(p, m), SPLIT).makespan) < 1e-9:
-            what = ", 1F1B's bubble (1F1B's order with each W right after its I idles as long)"
+            what = _(", 1F1B's bubble (1F1B's order with each W right after its I idles as long)")
         elif abs(mine.makespan - plain.makespan) < 1e-9:
-            what = ", 1F1B's bubble (1F1B with full backwards B = I + W idles as long)"
+            what = _(", 1F1B's bubble (1F1B with full backwards B = I + W idles as long)")
         else:
             what = ""
-        return False, [f"{label}: FAILED: with F = I = W = 1 each rank idles {_numbers(idle)} time units{what}; "
-                       f"ZB-H1 idles {_numbers(ref_idle)}; {_bubble_hint(sched, ref_sched)}"]
+        return False, [_("{label}: FAILED: with F = I = W = 1 each rank idles {idle} time units{what}; ZB-H1 idles "
+                         "{ref_idle}; {hint}").format(label=label, idle=_numbers(idle), what=what,
+                                                     ref_idle=_numbers(ref_idle), hint=_bubble_hint(sched, ref_sched))]
     over = [s for s in range(p) if mine.peak_activations[s] > ref.peak_activations[s] + 1e-9]
     if over:
         s = over[0]
-        return False, [f"{label}: FAILED: stage {s} holds up to {mine.peak_activations[s]} micro-batches of "
-                       f"activations at once (counted until W: I frees M_B − M_W, W the rest), ZB-H1 "
-                       f"{ref.peak_activations[s]}; {_memory_hint(sched, ref_sched)}"]
-    shape = (f"valid, every backward split into I and W; idle per rank {_numbers(idle)} with F = I = W = 1 as "
-             f"ZB-H1 (1F1B idles {_numbers(_idle(plain))}); peak stash {mine.peak_activations} M_B, within ZB-H1's")
+        return False, [_("{label}: FAILED: stage {stage} holds up to {held} micro-batches of activations at once "
+                         "(counted until W: I frees M_B − M_W, W the rest), ZB-H1 {ref}; {hint}").format(
+            label=label, stage=s, held=mine.peak_activations[s], ref=ref.peak_activations[s],
+            hint=_memory_hint(sched, ref_sched))]
+    shape = _("valid, every backward split into I and W; idle per rank {idle} with F = I = W = 1 as ZB-H1 (1F1B "
+              "idles {plain}); peak stash {peaks} M_B, within ZB-H1's").format(
+        idle=_numbers(idle), plain=_numbers(_idle(plain)), peaks=mine.peak_activations)
 
     try:
         result = run_pipeline(sched, timeout=RUN_TIMEOUT)
     except (launcher.RankError, launcher.RanksHung, launcher.RankDied) as err:
-        return False, [f"{label}: FAILED on {p} real ranks: {str(err).splitlines()[0]}"]
+        return False, [_("{label}: FAILED on {p} real ranks: {reason}").format(
+            label=label, p=p, reason=str(err).splitlines()[0])]
     if not (result["max_grad_diff"] < EXACT and result["loss_diff"] < EXACT):
         worst = max(result["grad_diffs"], key=result["grad_diffs"].get)
-        return False, [f"{label}: FAILED on {p} real ranks: the loss or the gradients differ from the "
-                       f"single-process model (first at parameter {worst})"]
+        return False, [_("{label}: FAILED on {p} real ranks: the loss or the gradients differ from the single-process "
+                         "model (first at parameter {parameter})").format(label=label, p=p, parameter=worst)]
     if result["peak_activations"] != result["peak_activations_predicted"]:
-        return False, [f"{label}: FAILED on {p} real ranks: measured stash {result['peak_activations']}, "
-                       f"simulated {result['peak_activations_predicted']}"]
-    return True, [f"{label}: PASSED: {shape}; on {p} real ranks: loss and gradients equal the single-process "
-                  f"model, measured stash {result['peak_activations']} as simulated"]
+        return False, [_("{label}: FAILED on {p} real ranks: measured stash {measured}, simulated {simulated}").format(
+            label=label, p=p, measured=result["peak_activations"], simulated=result["peak_activations_predicted"])]
+    return True, [_("{label}: PASSED: {shape}; on {p} real ranks: loss and gradients equal the single-process model, "
+                    "measured stash {measured} as simulated").format(label=label, shape=shape, p=p,
+                                                                     measured=result["peak_activations"])]
 
 
 def judge(source: str):

@@ -327,10 +327,9 @@ def dualpipe_v(p: int, m: int) -> Schedule:
     """
     _check_positive("dualpipe-v", ranks=p, microbatches=m)
     if m < 2 * p:
-        raise ScheduleError(
-            f"dualpipe-v needs microbatches >= 2 * ranks (at least one micro-batch per model stage, as "
-            f"PyTorch's ScheduleDualPipeV), got microbatches {m}, ranks {p} (2 * ranks = {2 * p})"
-        )
+        raise ScheduleError(_(
+            "dualpipe-v needs microbatches >= 2 * ranks (at least one micro-batch per model stage, as PyTorch's "
+            "ScheduleDualPipeV), got microbatches {m}, ranks {p} (2 * ranks = {two_p})").format(m=m, p=p, two_p=2 * p))
     return _make("dualpipe-v", p, m, 2, v_placement(p), (_dualpipe_v_rank(r, p, m) for r in range(p)))
 
 

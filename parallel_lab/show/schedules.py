@@ -111,3 +111,120 @@ def your_schedule(fn, p: int, m: int, name: str | None = None) -> None:
         print(_("{name} is not written yet: fill it in above, run its cell, then this one").format(name=name))
     except ScheduleError as err:
         print(err)
+
+
+# ----------------------------------------------------------------------------------------------
+# What lessons 06 and 07 print about a simulated timeline, in the lesson's language.
+
+
+def _yes(value: bool) -> str:
+    return _("yes") if value else _("no")
+
+
+def _list(values) -> str:
+    return "[" + ", ".join(f"{v:g}" for v in values) + "]"
+
+
+def idle_report(name: str, timeline, formula: str = "", ideal: float | None = None, digits: int = 3,
+                where: bool = False) -> None:
+    """Print a timeline's step, idle time per GPU and idle share (``name``: the schedule as the lesson
+    names it); with ``formula`` also the idle / compute ratio (idle of GPU 0 against ``ideal``, the
+    work of one GPU) and the closed form it follows; with ``where`` where each GPU idles: at the start
+    (r·F), in between and at the end (r·B)."""
+    idle = [timeline.makespan - busy for busy in timeline.busy]
+    print(_("{name}: step {step:g} units, idle per GPU {idle}, idle share {share:.1%}").format(
+        name=name, step=timeline.makespan, idle=_list(idle), share=timeline.bubble_fraction))
+    if where:
+        for r, timed in enumerate(timeline.ranks):
+            start, end = timed[0][1], timeline.makespan - timed[-1][2]
+            print("  " + _("GPU {rank}: idle {start:g} at the start (r·F), {between:g} in between ((p−1−r)·(F+B)), "
+                           "{end:g} at the end (r·B)").format(rank=r, start=start, between=idle[r] - start - end,
+                                                               end=end))
+    if formula and ideal:
+        print(_("idle / compute = {ratio} = {formula}").format(ratio=f"{idle[0] / ideal:.{digits}f}", formula=formula))
+
+
+def stage_map(schedule) -> None:
+    """Print which GPU (rank) holds each model stage of ``schedule``."""
+    print(_("model stage → GPU: {map}").format(map=dict(enumerate(schedule.stage_to_rank))))
+
+
+def stash_and_messages(rows) -> None:
+    """Print, for each ``(name, schedule, timeline)``, the messages one step sends and the peak
+    activations per GPU in whole-stage units (chunks / v)."""
+    names = [name for name, _schedule, _timeline in rows]
+    wide = max(width(name) for name in names)
+    for name, schedule, timeline in rows:
+        stash = [n / schedule.virtual for n in timeline.peak_rank_activations]
+        print(_("{name}  messages per step: {messages:>4}   peak stash per GPU (in stages): {stash}").format(
+            name=pad(name, wide), messages=messages(schedule), stash=_list(stash)))
+
+
+def zb_h1_stash_table(one_f_one_b, zb_h1, share: float) -> None:
+    """Per GPU, 1F1B's peak (p − r micro-batches) beside ZB-H1's counted until W and its closed form
+    (p − r) + r·M_W/M_B (``share`` = M_W / M_B)."""
+    p = len(zb_h1.peak_rank_activations)
+    print(_("M_W / M_B = {share:.3f}").format(share=share))
+    heads = [_("GPU"), _("1F1B: (p−r)"), _("ZB-H1 counted until W"), _("= (p−r) + r·M_W/M_B")]
+    print(" ".join(pad(h, w, ">") for h, w in zip(heads, (4, 12, 22, 21))))
+    for r in range(p):
+        print(f"{r:>4} {one_f_one_b.peak_rank_activations[r]:>12g} {zb_h1.peak_rank_activations[r]:>22.3f} "
+              f"{(p - r) + r * share:>21.3f}")
+
+
+def pairs(schedule, rank: int = 0) -> None:
+    """A rank's pairs in a DualPipeV order: a forward followed by another micro-batch's input gradient
+    on the rank's other stage."""
+    row = [a for a in schedule.ranks[rank] if a is not None]
+    found = [f"{f}+{b}" for f, b in zip(row, row[1:]) if f.kind == "F" and b.kind == "I" and f.stage != b.stage]
+    print(_("GPU {rank}'s pairs (a forward, then another micro-batch's backward on its other stage): {pairs}").format(
+        rank=rank, pairs=" ".join(found)))
+
+
+def deepseek_bubble(p: int, F: float, I: float, W: float, simulated: float) -> None:
+    """DeepSeek's DualPipeV bubble (its README, per device: (PP/2 − 1)(F&B + B − 3W) with PP = 2p
+    stages), with a pair run one after the other (F&B = F + I + W, B = I + W), beside the idle time
+    per GPU the simulator gives."""
+    formula = (p - 1) * ((F + I + W) + (I + W) - 3 * W)
+    print(_("DeepSeek's formula (p−1)(F&B + B − 3W) with F&B = F + I + W: {formula:g} units idle per GPU; "
+            "simulated: {simulated:g}").format(formula=formula, simulated=simulated))
+
+
+def peaks_in_stages(timelines: Mapping[str, object], virtual: int = 2) -> None:
+    """Each timeline's peak stash per GPU in whole-stage units (chunks / ``virtual``), counted until W."""
+    shown = "  ".join(f"{name} {_list([n / virtual for n in t.peak_rank_activations])}"
+                      for name, t in timelines.items())
+    print(_("peak stash per GPU (in stages), counted until W: {peaks}").format(peaks=shown))
+
+
+def with_costs(names: Sequence[str], p: int, m: int, costs: Costs, what: str) -> None:
+    """Each schedule's idle share and peak stash per GPU (in stages) at ``costs`` (``what`` says which)."""
+    for name in names:
+        schedule = build(name, p, m)
+        timeline = simulate(schedule, costs)
+        print(_("{name} with {what}: idle share {share:.1%}, peak stash per GPU (in stages) {stash}").format(
+            name=pad(name, 11), what=what, share=timeline.bubble_fraction,
+            stash=_list([n / schedule.virtual for n in timeline.peak_rank_activations])))
+
+
+def run_report(name: str, virtual: int, result: Mapping) -> None:
+    """A schedule run on real ranks: its loss and gradients against one process, the activations each
+    stage held against the simulator's, and what each rank sent."""
+    sent = sum(result["bytes_sent"]) // result["link"]["message_bytes"]
+    equal = result["max_grad_diff"] < 1e-10 and result["loss_diff"] < 1e-10
+    same = result["peak_activations"] == result["peak_activations_predicted"]
+    print(label(name, virtual) + ":")
+    print("  " + _("loss and gradients match one process (< 1e-10): {equal}").format(equal=_yes(equal)))
+    print("  " + _("peak activations per stage measured == predicted: {same} {peaks}").format(
+        same=_yes(same), peaks=result["peak_activations"]))
+    print("  " + _("bytes sent per rank {sent}: {messages} messages").format(sent=result["bytes_sent"], messages=sent))
+
+
+def measured_bubbles(runs: Mapping[str, Mapping]) -> None:
+    """Each run's bubble on the virtual clock against the prediction from its measured costs, and the
+    mean cost of each kind of action. Measured: for a cell nbval does not compare."""
+    for name, result in runs.items():
+        costs = {k: round(1e6 * sum(c) / len(c)) for k, c in result["costs"].items() if c}
+        print(_("{name} bubble measured {measured:.1%}, predicted {predicted:.1%}; mean cost per action (µs of CPU): "
+                "{costs}").format(name=pad(label(name, result["virtual"]), 21), measured=result["bubble_measured"],
+                                  predicted=result["bubble_predicted"], costs=costs))
