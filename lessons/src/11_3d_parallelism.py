@@ -59,13 +59,13 @@ crossing_guess = predict("mesh-crossing", my_prediction,
 
 # %% tags=["reveals:mesh-crossing"]
 from parallel_lab.runtime.mesh import ParallelDims
+from parallel_lab.show import mesh as mesh_figures
 from parallel_lab.show.mesh import mesh_figure
 
 dims = ParallelDims(dp=2, pp=2, tp=2, nodes=2)  # 2 nodes x 4 devices
 print(dims)
 print(dims.grid())
-for dim in ("tp", "pp", "dp"):
-    print(f"{dim} groups: {dims.groups(dim)}   cross nodes: {dims.crosses_nodes(dim)}")
+print(mesh_figures.groups_text(dims))
 crossing_guess.versus(next(dim for dim in ("tp", "pp", "dp") if dims.crosses_nodes(dim)))
 
 # %% tags=["reveals:mesh-crossing"]
@@ -78,12 +78,7 @@ mesh_figure(dims)
 # that cross the network. Reading one rank's coordinate is a `divmod`:
 
 # %%
-for rank in (0, 5, 6):
-    c = dims.coords(rank)
-    prev, nxt = dims.pp_neighbours(rank)
-    print(f"rank {rank}: dp {c.dp}, pp {c.pp}, tp {c.tp} on node {dims.node_of(rank)}; "
-          f"tp group {dims.group_of('tp', rank)}, pipeline prev {prev} next {nxt}, "
-          f"dp group {dims.group_of('dp', rank)}")
+print(mesh_figures.coords_text(dims, ranks=(0, 5, 6)))
 
 # %% [markdown]
 # Putting the tensor dimension anywhere else would stretch its groups over nodes. The mesh refuses a
@@ -186,7 +181,6 @@ reveal("mesh-groups", ParallelDims.groups)
 
 # %%
 from parallel_lab.hardware import SYSTEMS
-from parallel_lab.show import mesh as mesh_figures
 
 print(mesh_figures.layer_traffic_table(SYSTEMS["DGX H100"], b=1, s=2048, h=12288, t=8))
 
@@ -209,25 +203,10 @@ print(mesh_figures.layer_traffic_table(SYSTEMS["DGX H100"], b=1, s=2048, h=12288
 
 # %%
 from parallel_lab.parallel3d import train3d
-from parallel_lab.pipeline.schedules import ScheduleError
 from parallel_lab.show import train3d as train3d_figures
 
 base = train3d.Config(dp=1, pp=2, tp=2, layers=4, hidden=16, heads=4, vocab=32, seq=8, batch=8, microbatches=2)
-bad_plans = [
-    ("a mesh that is not the machine", dict(dp=3), 8),
-    ("more pipeline stages than layers", dict(pp=4, tp=1, layers=2, microbatches=4), None),
-    ("micro-batches that do not divide the batch", dict(microbatches=3), None),
-    ("heads not divisible by tp", dict(tp=4, pp=1, heads=6, hidden=24), None),
-    ("vocabulary not divisible by tp", dict(vocab=33), None),
-    ("interleaving needs m % pp == 0", dict(schedule="interleaved-1f1b", virtual=2, microbatches=1, batch=4), None),
-    ("does not fit in memory", dict(hidden=64, batch=64), None),
-]
-for what, changes, world in bad_plans:
-    try:
-        train3d.check(base.replace(**changes), world_size=world, memory_limit_gb=0.001)
-        print(f"{what}: accepted")
-    except (ValueError, ScheduleError) as err:
-        print(f"{what}:\n    {type(err).__name__}: {err}")
+print(train3d_figures.check_plans(base))  # train3d.check(base.replace(**changes), world_size=world) for each
 
 # %% [markdown]
 # The memory check is `memory_model.max_device_memory` (lesson 00's arithmetic on a mesh) with this
@@ -261,10 +240,7 @@ print(inspect.getsource(train3d._train).split("    losses, ")[0])  # then per st
 print(inspect.getsource(apply.apply_dp))
 
 # %%
-for group in dims.pp_groups():
-    c = dims.coords(group[0])
-    print(f"pipeline of replica {c.dp}, tensor shard {c.tp}: "
-          + ", ".join(f"stage {stage} on rank {rank}" for stage, rank in enumerate(group)))
+print(mesh_figures.pipelines_text(dims))
 
 # %% [markdown]
 # Why should this give *exactly* the numbers of one process? Tensor parallelism computes the same
@@ -297,7 +273,7 @@ for r in runs:
     print(train3d_figures.format_result(r))
 
 # %%
-train3d_figures.loss_figure(runs, title="tiny GPT, Adam, fp64: three meshes of 4 ranks on the one-process curve")
+train3d_figures.loss_figure(runs)
 
 # %% [markdown]
 # Every marker sits on the single-process line; the checks above compare every step's loss and every

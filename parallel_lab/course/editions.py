@@ -41,7 +41,6 @@ NOT_YET_TRANSLATED = (
     "06_interleaved_1f1b",
     "07_zero_bubble",
     "09_balancing_stages",
-    "11_3d_parallelism",
     "15_cost_model",
     "16_planner",
 )

@@ -83,3 +83,33 @@ def layer_traffic_table(system, b: int, s: int, h: int, t: int, model: str = "GP
     lines.append(_("(PP pays its message once per stage boundary, not per layer: a stage of 12 layers sends it "
                    "once)"))
     return "\n".join(lines)
+
+
+def groups_text(dims: ParallelDims) -> str:
+    """Each family of groups of ``dims`` and whether it crosses nodes."""
+    return "\n".join(_("{dim} groups: {groups}   cross nodes: {cross}").format(
+        dim=dim, groups=dims.groups(dim), cross=dims.crosses_nodes(dim)) for dim in ("tp", "pp", "dp"))
+
+
+def coords_text(dims: ParallelDims, ranks) -> str:
+    """For each of ``ranks``: its coordinate, its node, its TP group, pipeline neighbours and DP group."""
+    lines = []
+    for rank in ranks:
+        c = dims.coords(rank)
+        prev, nxt = dims.pp_neighbours(rank)
+        lines.append(_("rank {rank}: dp {dp}, pp {pp}, tp {tp} on node {node}; tp group {tp_group}, pipeline prev "
+                       "{prev} next {next}, dp group {dp_group}").format(
+            rank=rank, dp=c.dp, pp=c.pp, tp=c.tp, node=dims.node_of(rank), tp_group=dims.group_of("tp", rank),
+            prev=prev, next=nxt, dp_group=dims.group_of("dp", rank)))
+    return "\n".join(lines)
+
+
+def pipelines_text(dims: ParallelDims) -> str:
+    """Each pipeline of the mesh (one per replica and tensor shard): which rank holds which stage."""
+    lines = []
+    for group in dims.pp_groups():
+        c = dims.coords(group[0])
+        stages = _(", ").join(_("stage {stage} on rank {rank}").format(stage=stage, rank=rank)
+                              for stage, rank in enumerate(group))
+        lines.append(_("pipeline of replica {dp}, tensor shard {tp}: {stages}").format(dp=c.dp, tp=c.tp, stages=stages))
+    return "\n".join(lines)
