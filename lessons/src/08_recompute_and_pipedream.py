@@ -160,9 +160,10 @@ recompute_figures.recompute_tradeoff("GPT-3 175B", micro_batches=(1, 2, 4), pp=8
 
 # %% [markdown]
 # Without recomputation even one sequence per micro-batch overflows an 80 GB GPU. Selective
-# recomputation fits it for under 1 % more compute by the course's count (under 3 % by the paper's); full recomputation fits micro-batches of 4 for
-# a third more compute. Systems pick the cheapest option that fits (and combine it with sequence
-# parallelism, lesson 02, which splits the remaining activations across the tensor-parallel GPUs).
+# recomputation fits it for under 1 % more compute by the course's count (under 3 % by the paper's);
+# full recomputation fits micro-batches of 4 for a third more compute. Systems pick the cheapest
+# option that fits (and combine it with sequence parallelism, lesson 02, which splits the remaining
+# activations across the tensor-parallel GPUs).
 #
 # ## 4. PipeDream: never flush
 #

@@ -191,9 +191,9 @@ print(mesh_figures.layer_traffic_table(SYSTEMS["DGX H100"], b=1, s=2048, h=12288
 # activation forward and one gradient back per stage boundary: 2.03 ms over InfiniBand for the whole
 # tensor, and 1/t of it, 0.27 ms, with Megatron-LM's scatter/gather (Narayanan et al. 2021, §4.1: each
 # TP rank sends its slice and the next stage all-gathers them over NVLink). Data parallelism
-# all-reduces the gradients once per step and can overlap that with the backward pass. So: **TP inside the NVLink domain (8
-# GPUs in a DGX node, 72 in a GB200 NVL72 rack), PP and DP across it** — exactly the order of the
-# mesh's coordinates.
+# all-reduces the gradients once per step and can overlap that with the backward pass. So: **TP
+# inside the NVLink domain (8 GPUs in a DGX node, 72 in a GB200 NVL72 rack), PP and DP across it** —
+# exactly the order of the mesh's coordinates.
 #
 # ## 3. Shapes that cannot work — caught before any process starts
 #

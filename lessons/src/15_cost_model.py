@@ -135,10 +135,11 @@ guess.versus(memory_model.max_device_memory(**dict(layout, schedule="1f1b"))["to
 # - **bubble**: the schedule's idle time, closed forms of the simulator (tested equal to it):
 # - **PP send/recv**: one activation forward and one gradient back per micro-batch and stage;
 # - **DP all-reduce**: this GPU's gradients over its replicas, once per step (ZeRO: a reduce-scatter
-#   and an all-gather, the same 2Ψ; ZeRO-3 3Ψ: Rajbhandari et al. 2020, §7; lesson 12). It travels while the backward computes
-#   (DDP's buckets, Li et al. 2020): only `max(0, comm − 0.9 × backward)` is **exposed** and counted
-#   in the step; the rest is printed as **hidden** (`cost.dp_communication`; 0.9 is an assumption,
-#   checked against real ZeRO runs by `validate_plans.validate_overlap`). TP and PP stay exposed.
+#   and an all-gather, the same 2Ψ; ZeRO-3 3Ψ: Rajbhandari et al. 2020, §7; lesson 12). It travels
+#   while the backward computes (DDP's buckets, Li et al. 2020): only `max(0, comm − 0.9 × backward)`
+#   is **exposed** and counted in the step; the rest is printed as **hidden** (`cost.dp_communication`;
+#   0.9 is an assumption, checked against real ZeRO runs by `validate_plans.validate_overlap`). TP and
+#   PP stay exposed.
 
 # %%
 import inspect
@@ -149,10 +150,11 @@ print(inspect.getsource(cost.pipeline_makespan))
 # ## 3. Exercise: the activations of one GPU
 #
 # The cell below holds the model state of section 1's table (`params` to `optimizer`). Write the
-# rest: the bytes of activations one GPU of the **first** stage keeps under 1F1B. Korthikanti et al. 2022 (§4, Table 2) give one layer and one micro-batch,
-# with 2-byte values and dropout, as sbh(10 + 24/t + 5as/(ht)) under tensor parallelism t, and
-# sbh(34/t + 5as/(ht)) with sequence parallelism as well. Your function must also handle v =
-# `value_bytes` and `dropout`, so derive the general form from what those terms count:
+# rest: the bytes of activations one GPU of the **first** stage keeps under 1F1B. Korthikanti et al.
+# 2022 (§4, Table 2) give one layer and one micro-batch, with 2-byte values and dropout, as
+# sbh(10 + 24/t + 5as/(ht)) under tensor parallelism t, and sbh(34/t + 5as/(ht)) with sequence
+# parallelism as well. Your function must also handle v = `value_bytes` and `dropout`, so derive the
+# general form from what those terms count:
 #
 # - **10 sbh** stay whole under plain TP: two LayerNorm inputs, the QKV and MLP inputs (v bytes per
 #   value), and two dropout masks (1 byte);
