@@ -69,9 +69,9 @@ names = ["embed", *(f"block {i}" for i in range(5)), "head"]
 even = [0, 3, 4, 5, 7]  # what stages.cut does: embed + 2 blocks | 1 block | 1 block | 1 block + head
 print(partition.describe(even, names, layer_f))
 costs = balance.stage_costs(layer_f, even)
-print("per-stage costs for the simulator: F =", costs.F, " B =", costs.B)
+print(balance_figures.costs_text(costs))
 unbalanced = simulate(build("1f1b", 4, 8), costs)
-figures.gantt(unbalanced, title=f"1F1B, even blocks: stage loads {costs.F}, bubble {unbalanced.bubble_fraction:.1%}")
+figures.gantt(unbalanced, title=balance_figures.gantt_title("even blocks", unbalanced))
 
 # %% tags=["reveals:uneven-cut-step"]
 guess.versus(unbalanced.makespan, "simulated")
@@ -89,10 +89,8 @@ guess.versus(unbalanced.makespan, "simulated")
 best = partition.balanced(layer_f, 4)
 print(partition.describe(best, names, layer_f))
 balanced = simulate(build("1f1b", 4, 8), balance.stage_costs(layer_f, best))
-print(f"step time: even blocks {unbalanced.makespan:g}, balanced {balanced.makespan:g} "
-      f"({unbalanced.makespan / balanced.makespan:.2f}x faster); "
-      f"bubble {unbalanced.bubble_fraction:.1%} -> {balanced.bubble_fraction:.1%}")
-figures.gantt(balanced, title=f"1F1B, balanced: stage loads {balanced.costs.F}, bubble {balanced.bubble_fraction:.1%}")
+print(balance_figures.step_compare_text(unbalanced, balanced))
+figures.gantt(balanced, title=balance_figures.gantt_title("balanced", balanced))
 
 # %% [markdown]
 # ## 2. More micro-batches do not fix it
@@ -113,10 +111,8 @@ ms = [1, 2, 4, 8, 16, 32, 64, 128]
 cuts = {"even blocks": even, "balanced": best}
 curves = balance.bubble_curves(layer_f, cuts, ms, schedule="1f1b")
 limits = {name: balance.limit_bubble(partition.stage_loads(layer_f, parts)) for name, parts in cuts.items()}
-print("m:          " + " ".join(f"{m:>6}" for m in ms))
-for name, ys in curves.items():
-    print(f"{name:<12}" + " ".join(f"{y:>6.1%}" for y in ys) + f"   limit {limits[name]:.1%}")
-balance_figures.bubble_figure(ms, curves, limits, title="1F1B on 4 stages: bubble against micro-batches")
+print(balance_figures.curves_text(ms, curves, limits))
+balance_figures.bubble_figure(ms, curves, limits)
 
 # %% [markdown]
 # Better schedules (interleaving, zero bubble: lessons 06 and 07) attack the fill-and-drain part; none of
@@ -144,9 +140,7 @@ from parallel_lab.pipeline import profile
 
 print(balance.LESSON_GPT)
 records = profile.profile_course_model("gpt", batch=2, **balance.LESSON_GPT)
-print(f"{'layer':<8} {'type':<11} {'parameters':>10} {'activation bytes':>17}")
-for r, name in zip(records, names):
-    print(f"{name:<8} {r.type:<11} {r.params:>10,} {r.activation_bytes:>17,}")
+print(balance_figures.facts_table(records, names))
 
 # %% [markdown]
 # The embedding and the head hold 5.3 blocks' worth of parameters each; the head saves only its
@@ -154,9 +148,7 @@ for r, name in zip(records, names):
 # not):
 
 # %% tags=["nbval-ignore-output"]
-print(f"{'layer':<8} {'forward ms':>10} {'backward ms':>11} {'backward/forward':>16}")
-for r, name in zip(records, names):
-    print(f"{name:<8} {r.fwd_s * 1e3:>10.2f} {r.bwd_s * 1e3:>11.2f} {r.bwd_s / r.fwd_s:>16.1f}")
+print(balance_figures.times_table(records, names))
 
 # %% [markdown]
 # One thing is missing: the **loss**. The last stage also computes the cross-entropy, a softmax over
@@ -314,7 +306,6 @@ cuts = {"even blocks": balance.default_parts(spec, 4),
         "time-balanced": time_cut}
 runs = {}
 for name, parts in cuts.items():
-    print(f"running 1F1B on 4 ranks with the {name} cut ...")
     runs[name] = balance.run_cut(spec, parts, "1f1b", microbatches=8, steps=3)
 
 # %% [markdown]
@@ -322,15 +313,13 @@ for name, parts in cuts.items():
 # running the whole batch (fp64, so only rounding differs).
 
 # %%
-for name, r in runs.items():
-    ok = r["loss_diff"] < 1e-12 and r["max_grad_diff"] < 1e-12
-    print(f"{name:<21} loss and all {len(r['grad_diffs'])} gradients match one process: {ok}")
+print(balance_figures.match_text(runs))
 
 # %% [markdown]
 # Now the times. The per-stage costs are medians of measured thread CPU time; the bubble and the
 # step time are on the **virtual clock** (each action lasts its CPU time, messages carry the
 # sender's clock: what 4 dedicated devices would show; see lesson 03). `(pred.)` is the simulator fed
-# the same measured costs. Your numbers will differ; the order should not.
+# the same measured costs. Your numbers will differ.
 
 # %% tags=["nbval-ignore-output", "reveals:cut-order"]
 print(balance_figures.measured_table(runs))
@@ -346,8 +335,7 @@ order_guess.versus(sorted(runs, key=lambda name: runs[name]["makespan_measured"]
 end = max(r["makespan_measured"] for r in runs.values()) * 1e3
 for name in ("even blocks", "time-balanced"):
     r = runs[name]
-    title = f"{name} {r['parts']}: bubble {r['bubble_measured']:.1%} (virtual clock)"
-    fig = figures.gantt(r, clock="virtual", title=title)
+    fig = figures.gantt(r, clock="virtual", title=balance_figures.run_title(name, r))
     fig.update_xaxes(range=[0, end * 1.02])
     fig.show()
 
@@ -380,7 +368,7 @@ from parallel_lab.runtime import launcher
 print(inspect.getsource(data_parallel.allreduce_gradients))
 small = models.GPT(data_parallel.SMALL_GPT).double()  # fp64, as in the check below
 plan = data_parallel.buckets(small.parameters(), bucket_bytes=4096)
-print(f"{len(list(small.parameters()))} parameter tensors -> {len(plan)} buckets of at most 4096 bytes")
+print(balance_figures.buckets_text(len(list(small.parameters())), len(plan), 4096))
 
 # %% [markdown]
 # On the same 4 ranks, now 4 replicas of a small GPT (fp64): each trains on one of the batch's 4
@@ -389,9 +377,7 @@ print(f"{len(list(small.parameters()))} parameter tensors -> {len(plan)} buckets
 
 # %%
 dp_ranks = launcher.run(data_parallel.check_against_reference, 4, args=(4,))
-for r in dp_ranks:
-    print(f"rank {r['rank']}: {r['buckets']} buckets = {r['all_reduce_calls']} all-reduces; "
-          f"gradients equal the whole-batch reference: {r['max_grad_diff'] < 1e-12}")
+print(balance_figures.replicas_text(dp_ranks))
 launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 
 # %% [markdown]

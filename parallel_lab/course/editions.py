@@ -40,7 +40,6 @@ NOT_YET_TRANSLATED = (
     "05_1f1b_memory",
     "06_interleaved_1f1b",
     "07_zero_bubble",
-    "09_balancing_stages",
     "15_cost_model",
     "16_planner",
 )

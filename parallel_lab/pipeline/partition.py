@@ -196,8 +196,11 @@ def partition(layers, stages: int, method: str = "uniform", profile=None) -> lis
 
 def describe(parts: Sequence[int], names: Sequence[str], weights: Sequence[float] | None = None) -> str:
     """One line per stage: its layers by name (and its load when ``weights`` are given)."""
+    from parallel_lab.i18n import _
+
     lines = []
     for s, (a, b) in enumerate(zip(parts[:-1], parts[1:])):
-        load = f"  load {sum(weights[a:b]):.4g}" if weights is not None else ""
-        lines.append(f"stage {s}: layers {a}..{b - 1} ({', '.join(names[a:b])}){load}")
+        load = "  " + _("load {load:.4g}").format(load=sum(weights[a:b])) if weights is not None else ""
+        lines.append(_("stage {s}: layers {a}..{b} ({names}){load}").format(
+            s=s, a=a, b=b - 1, names=", ".join(names[a:b]), load=load))
     return "\n".join(lines)

@@ -108,3 +108,64 @@ def profile_text(records, names: Sequence[str], block_s: float) -> str:
     """Each piece's measured forward + backward time, in ms and in blocks (``block_s``: a block's time)."""
     return "\n".join(_("{name} forward + backward {ms:6.2f} ms = {blocks:4.2f} blocks").format(
         name=pad(name, 8), ms=r.time_s * 1e3, blocks=r.time_s / block_s) for r, name in zip(records, names))
+
+
+def costs_text(costs) -> str:
+    return _("per-stage costs for the simulator: F = {F}  B = {B}").format(F=costs.F, B=costs.B)
+
+
+def gantt_title(name: str, timeline) -> str:
+    return _("1F1B, {name}: stage loads {loads}, bubble {bubble:.1%}").format(
+        name=name, loads=timeline.costs.F, bubble=timeline.bubble_fraction)
+
+
+def step_compare_text(unbalanced, balanced) -> str:
+    return _("step time: even blocks {a:g}, balanced {b:g} ({x:.2f}x faster); bubble {u:.1%} -> {v:.1%}").format(
+        a=unbalanced.makespan, b=balanced.makespan, x=unbalanced.makespan / balanced.makespan,
+        u=unbalanced.bubble_fraction, v=balanced.bubble_fraction)
+
+
+def curves_text(microbatches, curves, limits) -> str:
+    lines = ["m:          " + " ".join(f"{m:>6}" for m in microbatches)]
+    for name, ys in curves.items():
+        lines.append(f"{name:<12}" + " ".join(f"{y:>6.1%}" for y in ys)
+                     + "   " + _("limit {limit:.1%}").format(limit=limits[name]))
+    return "\n".join(lines)
+
+
+def facts_table(records, names) -> str:
+    lines = [pad(_("layer"), 8) + " " + pad(_("type"), 11) + " " + pad(_("parameters"), 10, ">") + " "
+             + pad(_("activation bytes"), 17, ">")]
+    lines += [f"{pad(name, 8)} {r.type:<11} {r.params:>10,} {r.activation_bytes:>17,}"
+              for r, name in zip(records, names)]
+    return "\n".join(lines)
+
+
+def times_table(records, names) -> str:
+    lines = [pad(_("layer"), 8) + " " + pad(_("forward ms"), 10, ">") + " " + pad(_("backward ms"), 11, ">") + " "
+             + pad(_("backward/forward"), 16, ">")]
+    lines += [f"{pad(name, 8)} {r.fwd_s * 1e3:>10.2f} {r.bwd_s * 1e3:>11.2f} {r.bwd_s / r.fwd_s:>16.1f}"
+              for r, name in zip(records, names)]
+    return "\n".join(lines)
+
+
+def match_text(runs: Mapping[str, dict]) -> str:
+    return "\n".join(_("{name}: loss and all {n} gradients match one process: {ok}").format(
+        name=pad(name, 20), n=len(r["grad_diffs"]), ok=r["loss_diff"] < 1e-12 and r["max_grad_diff"] < 1e-12)
+        for name, r in runs.items())
+
+
+def run_title(name: str, run: dict) -> str:
+    return _("{name} {parts}: bubble {bubble:.1%} (virtual clock)").format(
+        name=name, parts=run["parts"], bubble=run["bubble_measured"])
+
+
+def buckets_text(tensors: int, buckets: int, bucket_bytes: int) -> str:
+    return _("{tensors} parameter tensors -> {buckets} buckets of at most {size} bytes").format(
+        tensors=tensors, buckets=buckets, size=bucket_bytes)
+
+
+def replicas_text(ranks) -> str:
+    return "\n".join(_("rank {rank}: {buckets} buckets = {calls} all-reduces; gradients equal the whole-batch "
+                       "reference: {ok}").format(rank=r["rank"], buckets=r["buckets"], calls=r["all_reduce_calls"],
+                                                 ok=r["max_grad_diff"] < 1e-12) for r in ranks)
