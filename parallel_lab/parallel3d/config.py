@@ -18,6 +18,7 @@ import torch
 
 from parallel_lab import models
 from parallel_lab.checks import positive_int
+from parallel_lab.i18n import _
 from parallel_lab.parallel3d import data_parallel
 from parallel_lab.pipeline.schedules import Schedule, build, stages_per_rank
 from parallel_lab.pipeline.stages import DTYPES, check_blocks
@@ -89,9 +90,11 @@ class Config:
         return dataclasses.replace(self, **changes)
 
     def describe(self) -> str:
-        return (f"dp {self.dp} x pp {self.pp} x tp {self.tp} = {self.world_size} ranks, {self.schedule}"
-                f"{f' (v={self.virtual})' if self.virtual > 1 else ''}, {self.microbatches} micro-batches "
-                f"of {self.batch // self.dp // self.microbatches} x {self.seq} tokens per replica")
+        return _("dp {dp} x pp {pp} x tp {tp} = {world} ranks, {schedule}{virtual}, {m} micro-batches of "
+                 "{rows} x {seq} tokens per replica").format(
+            dp=self.dp, pp=self.pp, tp=self.tp, world=self.world_size, schedule=self.schedule,
+            virtual=f" (v={self.virtual})" if self.virtual > 1 else "", m=self.microbatches,
+            rows=self.batch // self.dp // self.microbatches, seq=self.seq)
 
 
 # ----------------------------------------------------------------------------------------------

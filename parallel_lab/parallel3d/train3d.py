@@ -51,6 +51,7 @@ import torch.distributed as dist
 from torch import nn
 
 from parallel_lab import models
+from parallel_lab.i18n import _
 from parallel_lab.parallel3d import data_parallel
 from parallel_lab.parallel3d.apply import ReplicaSpec, apply_dp, apply_pp, apply_tp, tp_sharded
 from parallel_lab.parallel3d.config import Config, check, make_optimizer
@@ -198,13 +199,14 @@ def train(cfg: Config | None = None, *, progress=print, memory_limit_gb: float |
     schedule = check(cfg, memory_limit_gb=memory_limit_gb)
     say = progress or (lambda line: None)
     ref = reference(cfg)
-    say(f"training the tiny GPT ({cfg.layers} layers, hidden {cfg.hidden}) on {cfg.describe()}, "
-        f"{cfg.steps} steps of {cfg.optimizer} ...")
+    say(_("training the tiny GPT ({layers} layers, hidden {hidden}) on {plan}, {steps} steps of {optimizer} ...")
+        .format(layers=cfg.layers, hidden=cfg.hidden, plan=cfg.describe(), steps=cfg.steps, optimizer=cfg.optimizer))
     ranks = launcher.start(launch, kwargs=dict(cfg=cfg, reference_state=ref["state"], timed=timed,
                                                schedule=schedule))
     result = summarize(cfg, ranks, ref)
     for k, loss in enumerate(result["losses"]):
-        say(f"step {k + 1}/{cfg.steps} loss {loss:.6f} (one process: {result['reference_losses'][k]:.6f})")
+        say(_("step {step}/{steps} loss {loss:.6f} (one process: {reference:.6f})").format(
+            step=k + 1, steps=cfg.steps, loss=loss, reference=result["reference_losses"][k]))
     return result
 
 

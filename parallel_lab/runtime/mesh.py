@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from parallel_lab.checks import positive_int
+from parallel_lab.i18n import _, ngettext
 
 DIMS = ("dp", "pp", "tp")
 
@@ -171,8 +172,10 @@ class ParallelDims:
         return [{"rank": r, "node": self.node_of(r), **self.coords(r)._asdict()} for r in range(self.world_size)]
 
     def __str__(self) -> str:
-        return (f"dp {self.dp} x pp {self.pp} x tp {self.tp} = {self.world_size} ranks on "
-                f"{self.nodes} node{'s' * (self.nodes > 1)} x {self.devices_per_node} devices")
+        return _("dp {dp} x pp {pp} x tp {tp} = {world} ranks on {nodes_devices}").format(
+            dp=self.dp, pp=self.pp, tp=self.tp, world=self.world_size,
+            nodes_devices=ngettext("{nodes} node x {devices} devices", "{nodes} nodes x {devices} devices",
+                                   self.nodes).format(nodes=self.nodes, devices=self.devices_per_node))
 
 
 # ----------------------------------------------------------------------------------------------
