@@ -66,9 +66,9 @@ guess = predict("mixed-precision-saving", my_prediction,
 
 # %% tags=["reveals:mixed-precision-saving"]
 from parallel_lab.planning import memory
+from parallel_lab.show import memory as memory_figures
 
-for key, p in memory.PRECISIONS.items():
-    print(f"{p.name:<42} {p.weights} + {p.gradients} + {p.optimizer:>2} = {p.per_param} bytes per parameter")
+print(memory_figures.precisions_text())
 mixed, fp32 = memory.PRECISIONS["mixed"], memory.PRECISIONS["fp32"]
 guess.versus(fp32.per_param - mixed.per_param)
 
@@ -83,8 +83,7 @@ guess.versus(fp32.per_param - mixed.per_param)
 
 # %%
 gpt3 = memory.MODELS["GPT-3 175B"]
-print(gpt3)
-print(f"parameters: 12·L·h² + (V+s)·h = {gpt3.params:,}  (≈ {gpt3.params / 1e9:.1f} billion)")
+print(memory_figures.params_text(gpt3))
 
 # %% [markdown]
 # The table counts everything on **one** device, for one micro-batch of one 2048-token sequence, and
@@ -102,8 +101,6 @@ print(memory.table(gpu="H100 80GB"))
 # models fit under the 80 GB line.
 
 # %%
-from parallel_lab.show import memory as memory_figures
-
 memory_figures.models_figure()
 
 # %% [markdown]
@@ -211,11 +208,7 @@ print(memory.summary("GPT-3 175B", micro_batch=1, seq=2048, precision="mixed", r
 # data). For GPT-3 175B, 8-way tensor × 8-way pipeline parallelism puts the model state on 64 GPUs:
 
 # %%
-tp, pp = 8, 8
-state = sum(memory.model_state(gpt3.params).values())
-print(f"GPT-3 175B model state: {state / 1e12:.2f} TB")
-print(f"TP {tp} x PP {pp} = {tp * pp} GPUs: {state / (tp * pp) / memory.GB:.1f} GB each, "
-      f"leaving {80 - state / (tp * pp) / memory.GB:.1f} GB of an 80 GB GPU for activations and buffers")
+print(memory_figures.split_state_text(gpt3, tp=8, pp=8))
 
 # %% [markdown]
 # ## 3. A first run on simulated GPUs

@@ -118,3 +118,30 @@ def memory_widget(model="GPT-3 175B", micro_batch=1, seq=2048, precision="mixed"
     update()
     boxes = list(controls.values())
     return w.VBox([w.HBox([w.VBox(boxes[:3]), w.VBox(boxes[3:])]), chart, text])
+
+
+# ----------------------------------------------------------------------------------------------
+# What lesson 00's cells print, in the lesson's language.
+
+
+def precisions_text() -> str:
+    """Each precision's bytes per parameter: weights + gradients + optimizer state."""
+    return "\n".join(_("{name}: {weights} + {gradients} + {optimizer} = {total} bytes per parameter").format(
+        name=p.name, weights=p.weights, gradients=p.gradients, optimizer=p.optimizer, total=p.per_param)
+        for p in PRECISIONS.values())
+
+
+def params_text(model) -> str:
+    """A model preset and its parameter count by ``12·L·h² + (V + s)·h``."""
+    return str(model) + "\n" + _("parameters: 12·L·h² + (V+s)·h = {n:,} (≈ {billions:.1f} billion)").format(
+        n=model.params, billions=model.params / 1e9)
+
+
+def split_state_text(model, tp: int, pp: int, gpu_gb: float = 80) -> str:
+    """The model state of ``model`` and what tp × pp GPUs each hold of it, against a GPU of ``gpu_gb``."""
+    state = sum(memory.model_state(model.params).values())
+    each = state / (tp * pp) / GB
+    return "\n".join([
+        _("{model} model state: {tb:.2f} TB").format(model=model.name, tb=state / 1e12),
+        _("TP {tp} x PP {pp} = {n} GPUs: {each:.1f} GB each, leaving {left:.1f} GB of an {gpu:g} GB GPU for "
+          "activations and buffers").format(tp=tp, pp=pp, n=tp * pp, each=each, left=gpu_gb - each, gpu=gpu_gb)])
