@@ -172,7 +172,7 @@ recompute_guess = predict("recompute-compute", my_prediction,
                           unit={"en": "×", "zh-Hant": "倍"}, tolerance=0.05)
 
 # %% tags=["reveals:recompute-compute"]
-runs_text.running("1F1B + recomputation", 4, 8)
+runs_text.running("1F1B", 4, 8, recompute=True)
 rec = run_pipeline("1f1b", 4, 8, batch=32, recompute=True)
 runs_text.recompute_summary(one, rec)
 again = simulate(build("1f1b", 4, 8), Costs(F=1, B=2 + 1))  # the backward runs the forward again first

@@ -57,9 +57,11 @@ def gpipe_curves(stages: Sequence[int] = (2, 4, 8), microbatches: Sequence[int] 
     return fig
 
 
-def running(name: str, p: int, m: int, end: str = "\n") -> None:
-    """The line printed before a run starts."""
-    print(_("{name} on {p} ranks, m = {m} ...").format(name=name, p=p, m=m), end=end)
+def running(name: str, p: int, m: int, end: str = "\n", recompute: bool = False) -> None:
+    """The line printed before a run starts (``recompute``: the run recomputes its activations)."""
+    line = (_("{name} with recomputation on {p} ranks, m = {m} ...") if recompute
+            else _("{name} on {p} ranks, m = {m} ..."))
+    print(line.format(name=name, p=p, m=m), end=end)
 
 
 def ran(result: Mapping) -> None:
