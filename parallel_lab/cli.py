@@ -52,7 +52,7 @@ def _bench_arguments(parser):
 
 
 SCHEDULE_NAMES = tuple(SCHEDULES)  # the parser needs them before any handler runs
-PLAN_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")  # planning.planner.SCHEDULES, without its import
+PLAN_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipe-v")  # planner.SCHEDULES, unimported
 
 
 def _ranks_argument(parser) -> None:
@@ -413,10 +413,10 @@ def _plan_arguments(parser):
                         help="share of a backward that DP/ZeRO communication can hide behind (0: none; "
                              "default: the planner's, planning.cost.OVERLAP_SHARE)")
     parser.add_argument("--schedules", nargs="+", default=list(PLAN_SCHEDULES), metavar="NAME",
-                        help=f"schedules to search (default: {' '.join(PLAN_SCHEDULES)}; also zb-v dualpipe-v)")
-    parser.add_argument("--ends", action="store_true",
-                        help="the embedding on the first rank, the LM head on its own (not spread), and lighter "
-                             "end ranks where pp does not divide the layers")
+                        help=f"schedules to search (default: all, {' '.join(PLAN_SCHEDULES)})")
+    parser.add_argument("--ends", action=argparse.BooleanOptionalAction, default=True,
+                        help="the embedding on the first rank, the LM head on its own, and lighter end ranks where "
+                             "pp does not divide the layers (default); --no-ends spreads their work over every rank")
     parser.add_argument("--experts", type=int, default=0,
                         help="experts E per block (a mixture of experts in every block; 0: dense)")
     parser.add_argument("--top-k", type=int, default=2, help="experts each token is routed to")

@@ -33,8 +33,6 @@ SOURCES = sorted((ROOT / "lessons" / "src").glob("[0-9][0-9]_*.py"))
 # The numbers are what the rule said when the entry was made (for the reader; the tests compare keys).
 OVER_90_MINUTES = {}
 LONG_MARKDOWN_CELLS = {  # lesson -> {cell key (course.editions.cell_keys): words}
-    "16_planner": {"1-the-search-gpt-3-175b-on-64-dgx-h100-servers+3": 384,
-                   "7-does-the-planner-predict-real-step-times+1": 373, "what-to-remember": 280},
 }
 
 

@@ -4,8 +4,8 @@
 # **Learning goals.** By the end of this lesson you can
 #
 # - read what the planner (`parallel_lab.planning.planner`) picks for GPT-3 175B on 64 DGX H100
-#   servers of 8 GPUs, with lesson 15's memory and time models, and why it rejects each of the other
-#   300 candidates;
+#   servers of 8 GPUs, with lesson 15's memory and time models, and why it rejects the other
+#   candidates;
 # - explain why tensor parallelism stays inside the NVLink domain (≤ 8 GPUs on a DGX node), and why
 #   on H100s TP 4 edges out TP 8 — a shallower pipeline's all-reduces against a deeper one's bubble —
 #   where on Megatron-LM's A100s TP 8 won;
@@ -32,13 +32,18 @@ gpt3 = pw.GPT3
 # %% [markdown]
 # ## 1. The search: GPT-3 175B on 64 DGX H100 servers
 #
-# `planner.plan` tries every (dp, pp, tp) whose product is the number of GPUs, every schedule
-# (GPipe, 1F1B, interleaved 1F1B with 2–4 chunks, ZB-H1), recomputation (none, selective, full) and
-# ZeRO stage (0–3, column `Z`), and for each the number of micro-batches (a divisor of the batch
-# per replica) that is fastest and fits. GPT-3's batch: 1536 sequences of 2048 tokens. (ZB-V and
-# DualPipeV have closed forms too, above; `schedules=planner.ALL_SCHEDULES` adds them, and
-# `ends=True` puts the embedding and the LM head on their own ranks instead of spreading their work
-# over all of them. This lesson's plans use neither.)
+# `planner.plan` tries every (dp, pp, tp) whose product is the number of GPUs, every schedule whose
+# closed form lesson 15's time model holds equal to the simulator (GPipe, 1F1B, interleaved 1F1B
+# with 2–4 chunks, ZB-H1, and the V schedules ZB-V and DualPipeV of lesson 07), recomputation (none,
+# selective, full) and ZeRO stage (0–3, column `Z`), and for each the number of micro-batches (a
+# divisor of the batch per replica) that is fastest and fits. GPT-3's batch: 1536 sequences of 2048
+# tokens.
+#
+# It prices the ends where they run: the embedding on the first rank, the LM head and its loss on
+# the last (rank 0 in a V), as `pipeline.stages.cut` and Megatron-LM place them, and a pp that does
+# not divide the layers gets lighter end ranks. Spreading their work evenly over all ranks
+# (`ends=False`) would crown a plan that a real pipeline cannot run at its predicted speed; section 2
+# shows one.
 
 # %%
 print("planning 512 GPUs (a few seconds) ...")
@@ -47,25 +52,25 @@ print(f"{result['feasible']} plans fit; the ten fastest (seconds per step, GB on
 print(pw.plans_table(result["plans"][:10]))
 
 # %% [markdown]
-# Every plan keeps tensor parallelism inside a node (TP ≤ 8) and uses a deep pipeline. The ten
-# fastest are within 2 % of each other, about the model's own accuracy: a planner narrows hundreds
-# of layouts to a handful, and a short measured run decides between those. Most use **ZeRO-1**: it
-# shards Adam's state over the 8 replicas, which frees 29 GB per GPU for free in this model (its
-# all-gather replaces half of the all-reduce), and that memory lets TP 2 × PP 32 fit — the first
-# plan, with a third of TP 4's all-reduces.
+# Every plan keeps tensor parallelism inside a node (TP ≤ 8). The ten fastest are within 1 % of
+# each other, well inside the model's own accuracy: a planner narrows hundreds of layouts to a
+# handful, and a short measured run decides between those. They share TP 4 and a shallow pipeline
+# (PP 4 or 8), which leaves a wide data-parallel group (dp 32 or 16) and so makes **ZeRO** cheap
+# memory: sharding Adam's state (ZeRO-1) or the gradients too (ZeRO-2) over 32 replicas. Every
+# schedule appears, the V schedules included, within a few tenths of a second.
 #
-# To see the trade between tensor and pipeline parallelism on its own, search once more without
-# ZeRO (`zero=(0,)`):
+# To see the trade between tensor and pipeline parallelism on its own, keep only the plans without
+# ZeRO (the same search's rows with `Z` = 0):
 
 # %%
-no_zero = planner.plan(gpt3, pw.CLUSTER, pw.BATCH, zero=(0,))
+no_zero = {"plans": [p for p in result["plans"] if p["zero"] == 0]}
 print(pw.plans_table(no_zero["plans"][:3]))
 
 # %% [markdown]
 # **An honest surprise.** Megatron-LM's paper (Narayanan et al. 2021) ran GPT-3 175B on DGX A100s
 # with TP 8 — a whole node — and 1F1B-family schedules. Here, on H100s without ZeRO, the best plan
-# is **TP 4 × PP 16 × DP 8 with ZB-H1**, 6 % ahead of the best TP 8 plan, and TP 4 comes first with
-# 1F1B too. Given the A100 cluster and 1F1B, the same planner puts TP 8 first, as in the paper
+# is **TP 4 × PP 16 × DP 8 with ZB-H1**, ahead of every TP 8 plan, and TP 4 comes first with 1F1B
+# too. Given the A100 cluster and 1F1B, the same planner puts TP 8 first, as in the paper
 # (`tests/test_planner.py::test_gpt3_with_1f1b_puts_tp8_first_on_a100s_and_tp4_on_h100s`). Why?
 #
 # **Predict** before reading on: both best plans have dp 8 and 192 micro-batches. How many times
@@ -82,9 +87,9 @@ ratio_guess = predict("tp8-over-tp4", my_prediction, "TP 8 × PP 8's all-reduce 
                       "PP 16's, dp 8, 192 micro-batches", tolerance=0.25)
 
 # %% tags=["reveals:tp8-over-tp4"]
-only_1f1b = planner.plan(gpt3, pw.CLUSTER, pw.BATCH, schedules=("1f1b",), zero=(0,))
+only_1f1b = [p for p in no_zero["plans"] if p["schedule"] == "1f1b"]
 print("DGX H100, 1F1B only, the five fastest:")
-print(pw.plans_table(only_1f1b["plans"][:5]))
+print(pw.plans_table(only_1f1b[:5]))
 a100 = planner.plan(gpt3, SYSTEMS["DGX A100"].cluster(64), pw.BATCH, schedules=("1f1b",), zero=(0,))
 print("DGX A100 (312 TFLOP/s peak, NVLink 3 at 300 GB/s, HDR at 25 GB/s), 1F1B only, the three fastest:")
 print(pw.plans_table(a100["plans"][:3]))
@@ -95,36 +100,37 @@ compare = {
     "TP 4, 1F1B": pw.best_plan(no_zero["plans"], tp=4, schedule="1f1b", **same),
     "TP 8, 1F1B (Megatron-style)": pw.best_plan(no_zero["plans"], tp=8, schedule="1f1b", **same),
 }
-print("compute per step, s:", ", ".join(f"{name} {p['breakdown']['compute_s']:.2f}" for name, p in compare.items()))
+print(f"{'seconds per step':<28} {'compute':>8} {'TP':>6} {'bubble':>7} {'step':>7}")
+for name, p in compare.items():
+    parts = p["breakdown"]
+    print(f"{name:<28} {parts['compute_s']:>8.2f} {parts['tp_comm_s']:>6.2f} {parts['bubble_s']:>7.2f} {p['step_s']:>7.2f}")
 tp_comm = {name: p["breakdown"]["tp_comm_s"] for name, p in compare.items()}
 ratio_guess.versus(tp_comm["TP 8, ZB-H1"] / tp_comm["TP 4, ZB-H1 (best)"], "the planner's model")
 pw.breakdown_figure(compare, title="GPT-3 175B on 512 GPUs: the step beyond compute (seconds)",
                     parts=("tp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s"))
 
 # %% [markdown]
-# The four plans compared have the same data parallelism (dp 8) and the same 192 micro-batches of
-# one sequence; what differs is how the other 64 GPUs of a replica are split: pp × tp = 64.
+# The four plans have the same dp 8 and the same 192 micro-batches of one sequence; they differ in
+# how the other 64 GPUs of a replica split, pp × tp = 64.
 #
-# - **Compute is (almost) the same in every plan**: the same FLOPs over the same 512 GPUs. TP 4
-#   adds 0.15 s of selective recomputation: with half the tensor parallelism it needs the memory.
-# - **TP all-reduces**: TP 8 halves the pipeline (pp 8 instead of 16), so each GPU holds 12 layers
-#   instead of 6 — twice the all-reduces per micro-batch, each of the same (b, s, h) activation — and
-#   each ring sends 2·7/8 instead of 2·3/4 of the message: (8 − 1)/(4 − 1) = 7/3 ≈ 2.3× the bytes
-#   (`cost.tp_per_device_ratio(4, 8)`), plus 14 ring steps of latency instead of 6: 2.54 s against
-#   0.97 s.
-# - **The bubble**: a stage's work per micro-batch is the same in both (6 layers on 4 GPUs, or 12 on
-#   8), but TP 4's pipeline is twice as deep: p − 1 = 15 slots of fill and drain against 7. With 1F1B
-#   that costs (p − 1)(F + B): 1.36 s against 0.69 s. ZB-H1 fills the drain with weight-gradient
-#   work and leaves about a third of it: 0.46 s against 0.24 s.
-# - **On H100s** TP 4 saves 1.57 s of all-reduces and pays 0.67 s (1F1B) or 0.22 s (ZB-H1) more
-#   bubble: it wins with either schedule. **On A100s** (above) the GPU computes 3.2× slower and
-#   NVLink is only 1.5× slower, so the all-reduces weigh half as much against the compute while the
-#   bubble, which is compute, weighs more: TP 4 saves 2.1 s of all-reduces and pays 2.2 s of bubble
-#   with 1F1B, and TP 8 wins by 1 %, as Megatron-LM chose.
+# - **Compute is almost the same**: the same FLOPs over the same 512 GPUs (TP 4 adds selective
+#   recomputation: it needs the memory).
+# - **TP all-reduces**: TP 8 halves the pipeline, so each GPU holds 12 layers instead of 6 — twice
+#   the all-reduces per micro-batch — and each ring sends
+#   2·7/8 instead of 2·3/4 of the message: 7/3 ≈ 2.3× the bytes (`cost.tp_per_device_ratio(4, 8)`),
+#   plus 14 ring steps of latency instead of 6.
+# - **The bubble**: TP 4's pipeline is twice as deep, 15 slots of fill and drain instead of 7, and
+#   its last rank (6 layers and the LM head) is relatively heavier than TP 8's (12 layers and the
+#   head), which paces the steady state. ZB-H1 fills most of the drain with weight-gradient work.
+# - **On H100s** the all-reduces TP 4 saves outweigh the bubble it adds, with either schedule.
+#   **On A100s** (above) the GPU computes 3.2× slower and NVLink is only 1.5× slower, so the
+#   all-reduces weigh less against the compute while the bubble, which is compute, weighs as much:
+#   with 1F1B, TP 8 comes first, as Megatron-LM chose.
 #
-# GPUs that outrun their links, and cheap deep pipelines (lesson 07's zero-bubble schedules), change
+# GPUs that outrun their links, and cheap deep pipelines (lesson 07), change
 # the best tensor-parallel degree. Neither answer is "TP 8 because a node has 8 GPUs".
-#
+
+# %% [markdown]
 # ## 2. Why the others fail
 #
 # The planner says why it rejects a candidate, before anything starts — the course's habit of
@@ -139,8 +145,26 @@ print(pw.rejections_table(result))
 #   without ZeRO needs the whole 2.8 TB of model state per GPU; TP 8 × PP 1 still 350 GB. The nearest
 #   miss is TP 2 × PP 16 with ZeRO-2, 0.5 GB over: ZeRO-2 shards the gradients but keeps one layer's
 #   full gradient in flight, and TP 2 splits the activations only by 2.
-# - **Layers** must split into equal stages (96 layers: pp 64 does not divide them).
+# - **Layers** must split into stages: pp 64 does not divide 96 layers, so its end ranks get one
+#   block and the middle ones two (the lighter ends carry the embedding and the head); pp 128 has
+#   no such split.
 # - **TP groups may not cross nodes**, which brings us to the FAQ's sixth question.
+#
+# A plan can also fail by being priced wrong. Spread the embedding's and the LM head's work evenly
+# over all ranks (`ends=False`, searching the four one-stage-per-rank schedules) and the planner's
+# best is TP 2 × PP 32 × DP 8 with ZB-H1 and ZeRO-1 (`tests/test_planner.py` holds it). Its last
+# rank holds 3 blocks and the head, a third of a block more:
+
+# %%
+even = dict(dp=8, pp=32, tp=2, microbatches=192, schedule="zb-h1", recompute="selective", zero=1)
+for ends in (False, True):
+    step = cost.step_time(gpt3, pw.CLUSTER, pw.BATCH, **even, ends=ends)["step_s"]
+    print(f"TP 2 x PP 32 x DP 8, ZB-H1, ZeRO-1, ends={ends!s:<5}: step {step:.2f} s")
+print(f"result['plans'][0] (section 1)       : step {result['plans'][0]['step_s']:.2f} s")
+
+# %% [markdown]
+# Priced where the head runs, that plan falls behind the best of section 1: which is why the planner
+# prices the ends by default.
 #
 # ## 3. Why tensor parallelism stays inside the NVLink domain
 #
@@ -200,7 +224,7 @@ print(f"the best TP 8 + 1F1B plan would cost ${extra:,.0f} more ({megatron['step
 # Change the cluster and press *Plan* (a second or two). Things to find:
 #
 # 1. How few 8-GPU servers of 80 GB can train GPT-3 175B at this batch at all?
-# 2. With 141 GB GPUs (H200), does the best plan still use a pipeline of 16 stages?
+# 2. With 141 GB GPUs (H200), which of its memory savings does the best plan give up?
 # 3. Cut the network to 12.5 GB/s per GPU: which part of the step grows, and does the best layout change?
 # 4. Raise the NVLink bandwidth to 900 GB/s (NVLink 5, keeping the H100's compute): does TP 8 take
 #    the lead again? Then a B200's 900 TFLOP/s as well?
@@ -225,8 +249,9 @@ for nodes, system in ((16, SYSTEMS["DGX H100"]), (64, SYSTEMS["DGX H200"])):
 # ## 5. The same search from the command line
 #
 # Instructors and scripts use `parallel-lab plan`; with `--json` it prints one JSON object (plans
-# with their breakdown, memory and, given `--price`, cost; rejections with their reasons). In a
-# terminal:
+# with their breakdown, memory and, given `--price`, cost; rejections with their reasons). It
+# searches what `planner.plan` searches, every schedule with the ends priced on their ranks;
+# `--schedules` narrows the schedules and `--no-ends` spreads the ends, to compare. In a terminal:
 #
 # ```bash
 # parallel-lab plan --layers 96 --hidden 12288 --heads 96 --vocab 50257 \
@@ -275,25 +300,27 @@ print(pw.plans_table(small["plans"][:4]))
 
 # %% [markdown]
 # **Where it loses**: bandwidth across nodes. Megatron-LM's paper compared its PTD-P (tensor +
-# pipeline + data parallelism) with ZeRO-3 for GPT-3 175B and 530B (Narayanan et al. 2021, section
-# 5.3 and its figure comparing with ZeRO-3) and found PTD-P up to 70 % faster as the GPU count grew:
-# ZeRO-3's data-parallel group spans every node, so its 3Ψ cross the network. The planner, on our
+# pipeline + data parallelism) with ZeRO-3 for GPT-3 175B and 530B at a fixed batch (Narayanan et
+# al. 2021, §5.2, Table 2 and Figure 10): for 175B, PTD-P led by 6 % on 384 A100s, by 70 % once both
+# doubled their GPUs, and by 3.2× on 1536, because ZeRO-3's data-parallel group spans every node and
+# its 3Ψ cross the network, with ever fewer sequences per GPU to hide them behind. The planner, on our
 # 64 DGX H100, and the same ZeRO-3 plan on a (hypothetical) network as fast as NVLink:
 
 # %%
 zero3 = pw.best_plan(result["plans"], tp=1, pp=1, zero=3)
 flat = planner.plan(gpt3, Cluster(64, 8, 80, inter_gbps=450), pw.BATCH, zero=(3,))
-print(pw.zero_table({"best plan (3D + ZeRO-1)": result["plans"][0], "pure DP + ZeRO-3": zero3,
+print(pw.zero_table({"best plan (3D + ZeRO)": result["plans"][0], "pure DP + ZeRO-3": zero3,
                      "pure DP + ZeRO-3, 450 GB/s network": pw.best_plan(flat["plans"], tp=1, pp=1)}))
 print(f"ZeRO-3 is {zero3['step_s'] / result['plans'][0]['step_s'] - 1:.0%} slower than the best plan")
-pw.breakdown_figure({"best plan (3D + ZeRO-1)": result["plans"][0], "pure DP + ZeRO-3": zero3},
+pw.breakdown_figure({"best plan (3D + ZeRO)": result["plans"][0], "pure DP + ZeRO-3": zero3},
                     title="GPT-3 175B on 512 H100s: 3D parallelism against ZeRO-3 (seconds)")
 
 # %% [markdown]
 # ZeRO-3 moves 21 s of traffic per step over InfiniBand; the backward hides part of it, and 9 s stay
-# exposed, with 5 s more of full recomputation that its activations need — 70 % slower, the gap the
-# paper measured. The 3D plan sends only its 1/64 share of the gradients over the network and keeps
-# everything else on NVLink. On a network as fast as NVLink, most of ZeRO-3's exposed time goes. The
+# exposed, with 5 s more of full recomputation that its activations need: 67 % slower in this model,
+# between the paper's 6 % and 3.2×. The 3D plan's data-parallel traffic carries only its 1/16 share
+# of the model (pp 4 × tp 4), the backward hides nearly all of it, and its TP all-reduces stay on
+# NVLink. On a network as fast as NVLink, most of ZeRO-3's exposed time goes. The
 # rule of thumb: **shard (ZeRO/FSDP) to fit, inside a fast domain or on top of TP and PP; split (TP
 # inside the node, PP across nodes) to scale.**
 
@@ -325,22 +352,24 @@ print(validate_plans.format_table(grid))
 # The ranks of this machine send two ways: tensor parallelism's all-reduces and the pipeline's
 # activations through shared memory (`runtime.shared_memory`, microseconds), data-parallel gradient
 # buckets through gloo (about a millisecond per step of its ring), so `calibrate` measures both and
-# each communication is priced by the way it goes. Runs of the full grid on this machine (6 plans
-# × 2 sizes, `validate_plans.validate()`) are off by a median of 14-23 %, most plans predicted too
-# fast (docs/benchmarks.md keeps the runs, and what each constant changed).
+# prices each communication by the way it goes. How far off the predictions are depends on what
+# else the machine runs: `docs/benchmarks.md` keeps runs of the full grid (6 plans × 2 sizes,
+# `validate_plans.validate()`) and what each constant changed.
 #
 # The tensor-parallel plans need the profile of a split block. The FLOP count divides a split
 # layer's work by tp, but every rank still runs every operation of the layer, each with its fixed
 # overhead, on matrices tp times narrower, and keeps the replicated ones (LayerNorms, residuals)
-# whole: here a tp 4 shard of the hidden-128 block takes about as long as the whole block. Planners
-# that choose a TP degree profile each one for this reason (Alpa, Zheng et al. 2022, profiles every
-# candidate stage on every submesh it could run on). What the model still does not know:
+# whole. Planners that choose a TP degree profile each one for this reason (Alpa, Zheng et al.
+# 2022, profiles every candidate stage on every submesh it could run on).
+
+# %% [markdown]
+# What the model still does not know:
 #
 # - **per-operation overhead** outside the split layers: a CPU (or a GPU with small matrices) pays
 #   microseconds per operation whatever its size, and the pipeline's executor adds its own per
 #   action (bookkeeping, messages) that no FLOP count sees;
-# - **unequal stages**: the planner splits the FLOPs evenly over the stages, but the first and the
-#   last also carry the embedding and the LM head with its loss;
+# - **unequal stages**, here: these small plans are predicted with the embedding and the head
+#   spread over the ranks (`cost.step_time`'s default), where the planner prices them on their ranks;
 # - **waiting for the slowest**: every all-reduce waits for the last rank to arrive, and a rank that
 #   was slowed down for a moment holds up its whole group;
 # - **the machine's other work**: sharing cores with other programs changes both the constants and
@@ -361,20 +390,17 @@ launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)
 # %% [markdown]
 # ## What to remember
 #
-# - A planner searches every layout that fits with a memory model and ranks them with a time model;
-#   the fastest plans come within a few percent of each other, about the model's own accuracy, so a
-#   short measured run decides between them.
+# - A planner searches every layout that fits with a memory model and ranks them with a time model
+#   that must price each rank's real work (the embedding and the LM head included); the fastest
+#   plans come within a few percent of each other, so a short measured run decides between them.
 # - **TP stays inside the NVLink domain** (8 GPUs of a DGX node, 72 of an NVL72 rack): its
-#   all-reduces are on every layer's critical path; over the network they would cost as much as the
-#   compute. Pipeline sends are rare, so **PP crosses nodes**.
+#   all-reduces are on every layer's critical path. Pipeline sends are rare, so **PP crosses nodes**.
 # - The best TP degree is a trade: at fixed dp, more TP means a shallower pipeline, more layers per
 #   GPU and (t − 1)-fold ring traffic; less TP means a deeper pipeline and a bigger bubble. On A100s
 #   with 1F1B, TP 8 wins for GPT-3 175B (as Megatron-LM chose); on H100s, whose compute outgrew
-#   their NVLink, TP 4 wins, by 6 % with ZB-H1 in this model (without ZeRO; with ZeRO-1's freed memory
-#   TP 2 × PP 32 edges ahead) — measure before you believe it.
+#   their NVLink, TP 4 wins in this model — measure before you believe it.
 # - **ZeRO-3** trades memory for bandwidth: 3Ψ per micro-batch over the data-parallel group. Inside a
-#   node it wins where a model only fits sharded; across nodes it loses to 3D parallelism (here by
-#   70 %, as Narayanan et al. 2021 measured), which keeps its heavy traffic on NVLink.
-# - A step time is a budget: GPU-hours = steps × step time × GPUs. A model calibrated with a few
-#   constants ranks plans well but can miss real step times by tens of percent: calibrate it on your
+#   node it wins where a model only fits sharded; across nodes it loses to 3D parallelism, the more
+#   GPUs the more (Narayanan et al. 2021, §5.2).
+# - A step time is a budget: GPU-hours = steps × step time × GPUs. Calibrate the model on your
 #   cluster and benchmark the top few plans under realistic load before committing to one.

@@ -20,14 +20,15 @@ The cost model (per training step, on the slowest device; every term is printed 
   cool-down), and for m >= 2p the V schedules (two stages per rank): DualPipeV ``m(F + B) +
   max((p - 1)·max(F - B/2, F/2), (p - 1)·B/4 - F/2)`` and ZB-V ``m(F + B) + (p - 1)·max(F/2, B/4) +
   (p - 2)·max(0, F/2 - B/4)`` (both fitted to the simulator and held against it). The planner
-  searches the first four by default and all six with ``planner.ALL_SCHEDULES``.
-- **uneven end ranks** (``ends=True``, off by default): the first rank also runs the embedding, the
-  LM head's rank (the last; rank 0 in the V schedules) the head and the loss, at 6 FLOPs per
-  parameter and token like the rest (``rank_loads``), and a pp that does not divide the layers
-  gives the end ranks fewer blocks (``memory_model.light_ends_split``). Unequal ranks are priced by
-  ``uneven_makespan``: the closed form at the middle ranks' load, the slowest rank pacing the steady
-  state, every rank's excess once (exact for GPipe and 1F1B, within 10 % of the simulator for the
-  others). Off, the head's and embedding's work is spread over every rank, as the lessons' plans do.
+  searches all six by default (``planner.SCHEDULES``).
+- **uneven end ranks** (``ends=True``; ``step_time``'s default is False, the planner's True): the
+  first rank also runs the embedding, the LM head's rank (the last; rank 0 in the V schedules) the
+  head and the loss, at 6 FLOPs per parameter and token like the rest (``rank_loads``), and a pp
+  that does not divide the layers gives the end ranks fewer blocks
+  (``memory_model.light_ends_split``). Unequal ranks are priced by ``uneven_makespan``: the closed
+  form at the middle ranks' load, the slowest rank pacing the steady state, every rank's excess once
+  (exact for GPipe and 1F1B, within 10 % of the simulator for the others). Off, the head's and
+  embedding's work is spread over every rank (``planner.plan(..., ends=False)``, for comparison).
 - **pipeline point-to-point**: every micro-batch chunk sends its activation forward and receives its
   gradient back, ``b·s·h/t`` 2-byte values (Megatron's scatter/gather optimisation), not overlapped;
   inter-node links when a pipeline group spans nodes.
