@@ -12,7 +12,8 @@
 #   real tensors of the course GPT;
 # - predict a training step's time from five parts: compute, tensor-parallel all-reduces, the bubble,
 #   pipeline sends, the data-parallel (ZeRO) communication — of which the backward hides a part;
-# - write the memory of one GPU yourself, as a planner needs it.
+# - write the activations of one GPU yourself, as a planner needs them, and use them to size a
+#   micro-batch.
 #
 # Lessons 02–14 built every piece on real ranks: tensor parallelism, pipeline schedules, balanced
 # stages, the 3D mesh, ZeRO, experts and long sequences. On a real cluster you cannot try every
@@ -46,11 +47,7 @@ setup()
 from parallel_lab.planning import cost, memory_check, memory_model
 from parallel_lab.show import planner as pw
 
-rows = memory_check.param_check()
-print(f"{'pp':>3} {'stage':>6} {'memory_model':>13} {'real modules':>13}")
-for r in rows:
-    print(f"{r['pp']:>3} {r['stage']:>6} {r['model']:>13,} {r['real']:>13,}")
-print("every stage equal:", all(r["model"] == r["real"] for r in rows))
+print(pw.param_check_table(memory_check.param_check()))
 
 # %% [markdown]
 # Now the activations of one transformer block (width 64, 4 heads, 3 sequences of 32 tokens, fp32,
@@ -60,10 +57,7 @@ print("every stage equal:", all(r["model"] == r["real"] for r in rows))
 # pass: it *is* selective recomputation. The plain attention (`SDPBackend.MATH`) stores them.
 
 # %%
-print(f"{'recompute':<10} {'formula':>9} {'measured':>9} {'difference':>10}  difference = per-token statistics?")
-for r in memory_check.activation_check():
-    diff = r["measured"] - r["formula"]
-    print(f"{r['recompute']:<10} {r['formula']:>9,} {r['measured']:>9,} {diff:>10,}  {diff == r['stats']}")
+print(pw.activation_check_table(memory_check.activation_check()))
 
 # %% [markdown]
 # The formula is exact up to what the paper neglects: each LayerNorm's mean and 1/std per token and
@@ -207,14 +201,15 @@ def my_device_memory(model, dp, pp, tp, microbatches, micro_batch, recompute="no
 # Try it on the plan of section 1 before checking it (the rows of its table are the memory model's):
 
 # %%
+from parallel_lab.show.context import not_written_yet
+
 gpt3_model = {"layers": pw.GPT3.layers, "hidden": pw.GPT3.hidden, "heads": pw.GPT3.heads,
               "vocab": pw.GPT3.vocab, "seq": pw.GPT3.seq}
 try:
     mine = my_device_memory(gpt3_model, dp=8, pp=8, tp=8, microbatches=64, micro_batch=1, sequence_parallel=True)
-    print(f"{mine['params'] / 1e9:.2f} billion parameters; " +
-          ", ".join(f"{key} {mine[key] / 1e9:.1f} GB" for key in ("weights", "gradients", "optimizer", "activations")))
+    print(pw.device_memory_line(mine))
 except NotImplementedError:
-    print("my_device_memory is not written yet: fill it in above, run its cell, then this one")
+    print(not_written_yet("my_device_memory"))
 
 # %% tags=["check:device-memory", "points:2"]
 from parallel_lab.exercises.device_memory import check_device_memory

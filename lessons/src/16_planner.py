@@ -103,7 +103,8 @@ compare = {
 print(f"{'seconds per step':<28} {'compute':>8} {'TP':>6} {'bubble':>7} {'step':>7}")
 for name, p in compare.items():
     parts = p["breakdown"]
-    print(f"{name:<28} {parts['compute_s']:>8.2f} {parts['tp_comm_s']:>6.2f} {parts['bubble_s']:>7.2f} {p['step_s']:>7.2f}")
+    print(f"{name:<28} {parts['compute_s']:>8.2f} {parts['tp_comm_s']:>6.2f} {parts['bubble_s']:>7.2f} "
+          f"{p['step_s']:>7.2f}")
 tp_comm = {name: p["breakdown"]["tp_comm_s"] for name, p in compare.items()}
 ratio_guess.versus(tp_comm["TP 8, ZB-H1"] / tp_comm["TP 4, ZB-H1 (best)"], "the planner's model")
 pw.breakdown_figure(compare, title="GPT-3 175B on 512 GPUs: the step beyond compute (seconds)",

@@ -37,7 +37,6 @@ GETTEXT_LOCALE = {"zh-Hant": "zh_Hant"}
 NOT_YET_TRANSLATED = (
     "06_interleaved_1f1b",
     "07_zero_bubble",
-    "15_cost_model",
     "16_planner",
 )
 

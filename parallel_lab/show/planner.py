@@ -55,6 +55,34 @@ def in_flight_table(pp: int = 4, microbatches: int = 8) -> str:
     return "\n".join(lines)
 
 
+def param_check_table(rows: list[dict]) -> str:
+    """Lesson 15: each pipeline stage's parameters, memory model against the real modules
+    (``memory_check.param_check`` rows), and whether every stage agrees."""
+    lines = [f"{'pp':>3} {pad(_('stage'), 6, '>')} {'memory_model':>13} {pad(_('real modules'), 13, '>')}"]
+    lines += [f"{r['pp']:>3} {r['stage']:>6} {r['model']:>13,} {r['real']:>13,}" for r in rows]
+    lines.append(_("every stage equal: {equal}").format(equal=all(r["model"] == r["real"] for r in rows)))
+    return "\n".join(lines)
+
+
+def activation_check_table(rows: list[dict]) -> str:
+    """Lesson 15: one block's saved bytes per recomputation mode, formula against autograd's count
+    (``memory_check.activation_check`` rows), and whether the difference is the per-token statistics."""
+    lines = [f"{pad(_('recompute'), 10)} {pad(_('formula'), 9, '>')} {pad(_('measured'), 9, '>')} "
+             f"{pad(_('difference'), 10, '>')}  {_('difference = per-token statistics?')}"]
+    for r in rows:
+        diff = r["measured"] - r["formula"]
+        lines.append(f"{r['recompute']:<10} {r['formula']:>9,} {r['measured']:>9,} {diff:>10,}  {diff == r['stats']}")
+    return "\n".join(lines)
+
+
+def device_memory_line(mine: dict) -> str:
+    """Lesson 15's try-it line: the parameters and the GB of each entry of a ``my_device_memory`` answer."""
+    names = {"weights": _("weights"), "gradients": _("gradients"), "optimizer": _("optimizer"),
+             "activations": _("activations")}
+    parts = _(", ").join(f"{names[key]} {mine[key] / 1e9:.1f} GB" for key in names)
+    return _("{billions:.2f} billion parameters; {parts}").format(billions=mine["params"] / 1e9, parts=parts)
+
+
 def memory_table(rows: dict) -> str:
     """GB per device of the most loaded stage for each labelled configuration: ``rows`` maps a label
     to the keyword arguments of ``memory_model.max_device_memory`` (model included)."""
