@@ -24,15 +24,11 @@ may import nothing (``POLICY``). Every verdict line is deterministic (no timings
 
 from __future__ import annotations
 
-from parallel_lab.exercises.check import Exercise, NotYet, Verdict, answer_error, compile_answer, register, run_answer
-from parallel_lab.exercises.one_f_one_b import _plain_rank
+from parallel_lab.exercises.check import Exercise, Verdict, answer_error, compile_answer, register, run_answer
+from parallel_lab.exercises.one_f_one_b import _plain_rank, on_real_ranks, validated_order
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.i18n import _, _l
-from parallel_lab.pipeline.actions import ScheduleError, as_schedule
-from parallel_lab.pipeline.run import run_pipeline
 from parallel_lab.pipeline.simulate import Costs, simulate
-from parallel_lab.pipeline.validate import validate
-from parallel_lab.runtime import launcher
 
 P, M = 3, 2  # three stages, the batch cut into two micro-batches: enough to order wrongly
 EXACT = 1e-10  # fp64 pipeline vs one process: the same operations in the same order per micro-batch
@@ -61,29 +57,16 @@ def harness(source: str, name: str) -> dict:
 def hand_case(answer: dict, p: int = P, m: int = M, name: str = POLICY.name) -> tuple[bool, list[str]]:
     """Judge the answer's schedule (the three steps of the module doc, in order): ``(passed, lines)``."""
     label = LABEL.format(p=p, m=m)
-    if answer.get("not_yet"):
-        raise NotYet()
-    if "error" in answer:
-        return False, [_("{label}: FAILED: {name}() raised {error}").format(label=label, name=name,
-                                                                            error=answer["error"])]
-    try:
-        schedule = validate(as_schedule(answer["ranks"], p, m, name))
-    except ScheduleError as err:
-        first, *grid = str(err).splitlines()
-        return False, [_("{label}: FAILED: {reason}").format(label=label, reason=first)] + \
-            ["    " + line for line in grid]
+    schedule, failed = validated_order(answer, p, m, name, label, True, raised=lambda error: _(
+        "{label}: FAILED: {name}() raised {error}").format(label=label, name=name, error=error))
+    if failed:
+        return False, failed
     timeline = simulate(schedule, Costs(F=1, B=2))
     shape = _("valid; step {step:g} time units (F = 1, B = 2), bubble {bubble:.1%}").format(
         step=timeline.makespan, bubble=timeline.bubble_fraction)
-    try:
-        result = run_pipeline(schedule, timeout=RUN_TIMEOUT)
-    except (launcher.RankError, launcher.RanksHung, launcher.RankDied) as err:
-        return False, [_("{label}: FAILED on {p} real ranks: {reason}").format(
-            label=label, p=p, reason=str(err).splitlines()[0])]
-    if not (result["max_grad_diff"] < EXACT and result["loss_diff"] < EXACT):
-        worst = max(result["grad_diffs"], key=result["grad_diffs"].get)
-        return False, [_("{label}: FAILED on {p} real ranks: the loss or the gradients differ from the single-process "
-                         "model (first at parameter {parameter})").format(label=label, p=p, parameter=worst)]
+    result, failed = on_real_ranks(schedule, label, p, stash=None, timeout=RUN_TIMEOUT)
+    if failed:
+        return False, failed
     return True, [_("{label}: PASSED: {shape}; on {p} real ranks: loss and gradients equal the single-process "
                     "model").format(label=label, shape=shape, p=p)]
 

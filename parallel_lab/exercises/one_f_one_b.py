@@ -76,13 +76,17 @@ def _indent(text: str) -> list[str]:
     return ["    " + line for line in text.splitlines()]
 
 
-def validated_order(answer: dict, p: int, m: int, name: str, label: str, show_grid: bool) -> tuple:
+def validated_order(answer: dict, p: int, m: int, name: str, label: str, show_grid: bool, raised=None) -> tuple:
     """The answer's order for one case as a validated Schedule: ``(schedule, None)``, or ``(None,
     FAILED lines)`` when it raised or does not validate (with the grid, marked, if ``show_grid``).
-    Raises NotYet for a stub."""
+    ``raised(error)`` is the line for an answer that raised (by default ``name(p, m) raised ...``).
+    Raises NotYet for a stub. Every schedule-order exercise (1F1B, ZB-H1, the hand schedule, the
+    designed schedule) reads its answer so."""
     if answer.get("not_yet"):
         raise NotYet()
     if "error" in answer:
+        if raised is not None:
+            return None, [raised(answer["error"])]
         return None, [_("{label}: FAILED: {name}({p}, {m}) raised {error}").format(
             label=label, name=name, p=p, m=m, error=answer["error"])]
     try:
@@ -91,6 +95,31 @@ def validated_order(answer: dict, p: int, m: int, name: str, label: str, show_gr
         first, *grid = str(err).splitlines()
         return None, [_("{label}: FAILED: {reason}").format(label=label, reason=first)] + \
             (_indent("\n".join(grid)) if show_grid else [])
+
+
+def on_real_ranks(schedule, label: str, p: int, stash="simulated", differ=None, timeout: float = RUN_TIMEOUT) -> tuple:
+    """Run a schedule-order answer's validated ``schedule`` on ``p`` real ranks (``run_pipeline``, fp64)
+    and compare it with the single-process model: ``(result, None)``, or ``(None, FAILED lines)`` when a
+    rank failed, the loss or a gradient differs beyond ``EXACT`` (``differ(parameter)`` words that
+    line, if given), or the measured stash is not ``stash`` (the run's own simulated peaks for "simulated";
+    ``None`` skips that comparison). Shared by every schedule-order exercise."""
+    try:
+        result = run_pipeline(schedule, timeout=timeout)
+    except (launcher.RankError, launcher.RanksHung, launcher.RankDied) as err:
+        return None, [_("{label}: FAILED on {p} real ranks: {reason}").format(
+            label=label, p=p, reason=str(err).splitlines()[0])]
+    if not (result["max_grad_diff"] < EXACT and result["loss_diff"] < EXACT):
+        worst = max(result["grad_diffs"], key=result["grad_diffs"].get)
+        if differ is not None:
+            return None, [differ(worst)]
+        return None, [_("{label}: FAILED on {p} real ranks: the loss or the gradients differ from the single-process "
+                        "model (first at parameter {parameter})").format(label=label, p=p, parameter=worst)]
+    if stash is not None:
+        simulated = result["peak_activations_predicted"] if stash == "simulated" else stash
+        if result["peak_activations"] != simulated:
+            return None, [_("{label}: FAILED on {p} real ranks: measured stash {measured}, simulated {simulated}"
+                            ).format(label=label, p=p, measured=result["peak_activations"], simulated=simulated)]
+    return result, None
 
 
 def one_f_one_b_case(answer: dict, p: int, m: int, name: str, show_grid: bool = True) -> tuple[bool, list[str]]:
@@ -123,20 +152,12 @@ def one_f_one_b_case(answer: dict, p: int, m: int, name: str, show_grid: bool = 
     shape = _("valid; stash per stage {stash} = min(m, p−r); bubble {bubble:.1%} as 1F1B").format(
         stash=mine.peak_activations, bubble=mine.bubble_fraction)
 
-    try:
-        result = run_pipeline(sched, timeout=RUN_TIMEOUT)
-    except (launcher.RankError, launcher.RanksHung, launcher.RankDied) as err:
-        return False, [_("{label}: FAILED on {p} real ranks: {reason}").format(
-            label=label, p=p, reason=str(err).splitlines()[0])]
-    equal = result["max_grad_diff"] < EXACT and result["loss_diff"] < EXACT
-    peaks_ok = result["peak_activations"] == mine.peak_activations
-    if not equal:
-        worst = max(result["grad_diffs"], key=result["grad_diffs"].get)
-        return False, [_("{label}: FAILED on {p} real ranks: gradients differ from the single-process model "
-                         "(first at parameter {parameter})").format(label=label, p=p, parameter=worst)]
-    if not peaks_ok:
-        return False, [_("{label}: FAILED on {p} real ranks: measured stash {measured}, simulated {simulated}").format(
-            label=label, p=p, measured=result["peak_activations"], simulated=mine.peak_activations)]
+    result, failed = on_real_ranks(sched, label, p, stash=mine.peak_activations,
+                                   differ=lambda worst: _("{label}: FAILED on {p} real ranks: gradients differ from "
+                                                          "the single-process model (first at parameter {parameter})"
+                                                          ).format(label=label, p=p, parameter=worst))
+    if failed:
+        return False, failed
     return True, [_("{label}: PASSED: {shape}; on {p} real ranks: gradients equal the single-process model, "
                     "measured stash {measured}").format(label=label, shape=shape, p=p,
                                                          measured=result["peak_activations"])]

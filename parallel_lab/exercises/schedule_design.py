@@ -30,15 +30,11 @@ order. Every verdict line is deterministic (no timings), so nbval compares it.
 
 from __future__ import annotations
 
-from parallel_lab.exercises.check import Exercise, NotYet, Verdict, compile_answer, register, run_answer
-from parallel_lab.exercises.one_f_one_b import _plain_rank
+from parallel_lab.exercises.check import Exercise, Verdict, compile_answer, register, run_answer
+from parallel_lab.exercises.one_f_one_b import _plain_rank, on_real_ranks, validated_order
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.i18n import _, _l
-from parallel_lab.pipeline.actions import ScheduleError, as_schedule
-from parallel_lab.pipeline.run import run_pipeline
 from parallel_lab.pipeline.search.problem import evaluate, make_problem
-from parallel_lab.pipeline.validate import validate
-from parallel_lab.runtime import launcher
 
 # (p, m, cap, bubble at most): ZB-H1's memory and bubble; below 1F1B's memory (1F1B does not fit);
 # half of it. Each target is what a search reaches there with F = I = W = 1 (tests hold it).
@@ -84,17 +80,11 @@ def design_case(answer: dict, p: int, m: int, cap: float, target: float, name: s
     """Judge the answer's schedule for one case (the four conditions of the module doc, in order);
     ``(passed, lines)``."""
     label = LABEL.format(p=p, m=m, cap=f"{cap:g}")
-    if answer.get("not_yet"):
-        raise NotYet()
-    if "error" in answer:
-        return False, [_("{label}: FAILED: {name}({p}, {m}, {cap}) raised {error}").format(
-            label=label, name=name, p=p, m=m, cap=f"{cap:g}", error=answer["error"])]
-    try:
-        schedule = validate(as_schedule(answer["ranks"], p, m, name))
-    except ScheduleError as err:
-        first, *grid = str(err).splitlines()
-        return False, [_("{label}: FAILED: {reason}").format(label=label, reason=first)] + \
-            (["    " + line for line in grid] if show_grid else [])
+    schedule, failed = validated_order(answer, p, m, name, label, show_grid, raised=lambda error: _(
+        "{label}: FAILED: {name}({p}, {m}, {cap}) raised {error}").format(
+            label=label, name=name, p=p, m=m, cap=f"{cap:g}", error=error))
+    if failed:
+        return False, failed
     judged = evaluate(make_problem(p, m, cap), schedule, check=False)
     over = [r for r, held in enumerate(judged.peaks) if held > cap + 1e-9]
     if over:
@@ -113,18 +103,9 @@ def design_case(answer: dict, p: int, m: int, cap: float, target: float, name: s
             label=label, bubble=bubble, target=target, step=judged.makespan, idle=_numbers(idle))]
     shape = _("valid; peak per rank {peaks} <= {cap:g}; bubble {bubble:.1%} <= {target:.1%}").format(
         peaks=_numbers(judged.peaks), cap=cap, bubble=bubble, target=target)
-    try:
-        result = run_pipeline(schedule, timeout=RUN_TIMEOUT)
-    except (launcher.RankError, launcher.RanksHung, launcher.RankDied) as err:
-        return False, [_("{label}: FAILED on {p} real ranks: {reason}").format(
-            label=label, p=p, reason=str(err).splitlines()[0])]
-    if not (result["max_grad_diff"] < EXACT and result["loss_diff"] < EXACT):
-        worst = max(result["grad_diffs"], key=result["grad_diffs"].get)
-        return False, [_("{label}: FAILED on {p} real ranks: the loss or the gradients differ from the single-process "
-                         "model (first at parameter {parameter})").format(label=label, p=p, parameter=worst)]
-    if result["peak_activations"] != result["peak_activations_predicted"]:
-        return False, [_("{label}: FAILED on {p} real ranks: measured stash {measured}, simulated {simulated}").format(
-            label=label, p=p, measured=result["peak_activations"], simulated=result["peak_activations_predicted"])]
+    result, failed = on_real_ranks(schedule, label, p, timeout=RUN_TIMEOUT)
+    if failed:
+        return False, failed
     return True, [_("{label}: PASSED: {shape}; on {p} real ranks: loss and gradients equal the single-process model, "
                     "measured stash as simulated").format(label=label, shape=shape, p=p)]
 

@@ -29,13 +29,11 @@ the source). Every verdict line is deterministic (no timings), so nbval compares
 from __future__ import annotations
 
 from parallel_lab.exercises.check import Exercise, Verdict, register
-from parallel_lab.exercises.one_f_one_b import judge_orders, validated_order
+from parallel_lab.exercises.one_f_one_b import judge_orders, on_real_ranks, validated_order
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.i18n import _, _l
-from parallel_lab.pipeline.run import run_pipeline
 from parallel_lab.pipeline.schedules import Action, Schedule, one_f_one_b, zb_h1
 from parallel_lab.pipeline.simulate import Costs, simulate
-from parallel_lab.runtime import launcher
 
 # (p, m): a full pipeline on 2 and 4 ranks, and fewer micro-batches than stages (no steady state)
 CASES = ((2, 4), (4, 8), (4, 3))
@@ -160,18 +158,9 @@ def zb_h1_case(answer: dict, p: int, m: int, name: str, show_grid: bool = True) 
               "idles {plain}); peak stash {peaks} M_B, within ZB-H1's").format(
         idle=_numbers(idle), plain=_numbers(_idle(plain)), peaks=mine.peak_activations)
 
-    try:
-        result = run_pipeline(sched, timeout=RUN_TIMEOUT)
-    except (launcher.RankError, launcher.RanksHung, launcher.RankDied) as err:
-        return False, [_("{label}: FAILED on {p} real ranks: {reason}").format(
-            label=label, p=p, reason=str(err).splitlines()[0])]
-    if not (result["max_grad_diff"] < EXACT and result["loss_diff"] < EXACT):
-        worst = max(result["grad_diffs"], key=result["grad_diffs"].get)
-        return False, [_("{label}: FAILED on {p} real ranks: the loss or the gradients differ from the single-process "
-                         "model (first at parameter {parameter})").format(label=label, p=p, parameter=worst)]
-    if result["peak_activations"] != result["peak_activations_predicted"]:
-        return False, [_("{label}: FAILED on {p} real ranks: measured stash {measured}, simulated {simulated}").format(
-            label=label, p=p, measured=result["peak_activations"], simulated=result["peak_activations_predicted"])]
+    result, failed = on_real_ranks(sched, label, p, timeout=RUN_TIMEOUT)
+    if failed:
+        return False, failed
     return True, [_("{label}: PASSED: {shape}; on {p} real ranks: loss and gradients equal the single-process model, "
                     "measured stash {measured} as simulated").format(label=label, shape=shape, p=p,
                                                                      measured=result["peak_activations"])]
