@@ -277,9 +277,11 @@ def with_dp(base: dict, zero: int = 0, overlap: float = OVERLAP_SHARE) -> dict:
     return parts
 
 
-def _even_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtual, recompute,
-               ep: int = 1, cp: int = 1) -> dict:
-    """``_step_base`` with equal ranks: the head's and the embedding's work spread over them all."""
+def _per_micro_batch(model, cluster, batch, dp, pp, tp, microbatches, recompute, ep, cp) -> tuple:
+    """What ``_even_base`` and ``_step_base`` both start from (after checking EP and CP against the
+    model): which links cross nodes, the micro-batch's rows ``b`` and positions ``s`` on a rank, the
+    forward and backward compute of one micro-batch through the average rank's layers, the link
+    latency, and ``bandwidth(dim)`` in bytes per second."""
     memory_model.check_ep_cp(model, dp, ep, cp)
     if ep == cp == 1:
         crosses = _crossings(dp, pp, tp, cluster.nodes, cluster.gpus_per_node)
@@ -292,13 +294,21 @@ def _even_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtua
     else:
         flops = 6 * memory_model.param_count(model.layers, model.hidden, model.vocab, model.seq) * batch * model.seq
     per_device = flops / (dp * pp * tp * cp) / (cluster.tflops * 1e12)
-    fwd = per_device / 3 / microbatches  # one micro-batch through this rank's layers
+    fwd = per_device / 3 / microbatches
     bwd = 2 * fwd + fwd * recompute_extra_forward(model, recompute)
     alpha = cluster.latency_us * 1e-6
 
     def bandwidth(dim):
         return (cluster.inter_gbps if crosses[dim] else cluster.intra_gbps) * 1e9
 
+    return crosses, b, s, fwd, bwd, alpha, bandwidth
+
+
+def _even_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtual, recompute,
+               ep: int = 1, cp: int = 1) -> dict:
+    """``_step_base`` with equal ranks: the head's and the embedding's work spread over them all."""
+    crosses, b, s, fwd, bwd, alpha, bandwidth = _per_micro_batch(model, cluster, batch, dp, pp, tp, microbatches,
+                                                                 recompute, ep, cp)
     tp_fwd = tp_bwd = 0.0
     if tp > 1:
         one = ring_all_reduce_time(2 * b * s * model.hidden, tp, alpha, bandwidth("tp"))
@@ -370,26 +380,10 @@ def _step_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtua
     embedding's and the head's work on their own ranks (``rank_loads``) instead of spread evenly."""
     if split is None and not ends:
         return _even_base(model, cluster, batch, dp, pp, tp, microbatches, schedule, virtual, recompute, ep, cp)
-    memory_model.check_ep_cp(model, dp, ep, cp)
-    if ep == cp == 1:
-        crosses = _crossings(dp, pp, tp, cluster.nodes, cluster.gpus_per_node)
-    else:
-        crosses = _crossings_ep_cp(dp, pp, cp, tp, ep, cluster.nodes, cluster.gpus_per_node)
+    crosses, b, s, fwd, bwd, alpha, bandwidth = _per_micro_batch(model, cluster, batch, dp, pp, tp, microbatches,
+                                                                 recompute, ep, cp)
     split = split or memory_model.even_split(model.layers, pp)
-    b = batch // (dp * microbatches)
-    s = model.seq // cp  # positions on this rank
-    if model.experts:
-        flops = 6 * memory_model.active_param_count(model) * batch * model.seq
-    else:
-        flops = 6 * memory_model.param_count(model.layers, model.hidden, model.vocab, model.seq) * batch * model.seq
-    per_device = flops / (dp * pp * tp * cp) / (cluster.tflops * 1e12)
-    fwd = per_device / 3 / microbatches  # one micro-batch through the average rank's layers
-    bwd = 2 * fwd + fwd * recompute_extra_forward(model, recompute)
-    alpha = cluster.latency_us * 1e-6
     head = memory_model.head_rank(schedule, pp)
-
-    def bandwidth(dim):
-        return (cluster.inter_gbps if crosses[dim] else cluster.intra_gbps) * 1e9
 
     # per-block communication, forward and backward, then each rank's from its blocks
     block_fwd = block_bwd = 0.0
