@@ -141,18 +141,23 @@ class JupyterServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def start(self) -> None:
-        self._home = tempfile.TemporaryDirectory(prefix="pl-jupyter-")
+    def _jupyter_home(self, prefix: str) -> dict:
+        """A fresh temporary home for this server (kept in ``self._home``, removed by ``stop``) with
+        the test settings written, and the environment that points every Jupyter directory into it."""
+        self._home = tempfile.TemporaryDirectory(prefix=prefix)
         home = Path(self._home.name)
         for plugin, values in LAB_SETTINGS.items():
             target = home / "settings" / f"{plugin}.jupyterlab-settings"
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(json.dumps(values))
-        env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"),
-               "JUPYTER_DATA_DIR": str(home / "data"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
-               "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
-               "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"), "IPYTHONDIR": str(home / "ipython"),
-               "JUPYTER_PLATFORM_DIRS": "1", "OMP_NUM_THREADS": "1", "PYTHONNOUSERSITE": "1"}
+        return {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"),
+                "JUPYTER_DATA_DIR": str(home / "data"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+                "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
+                "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"), "IPYTHONDIR": str(home / "ipython"),
+                "JUPYTER_PLATFORM_DIRS": "1"}
+
+    def start(self) -> None:
+        env = self._jupyter_home("pl-jupyter-") | {"OMP_NUM_THREADS": "1", "PYTHONNOUSERSITE": "1"}
         LOGS.mkdir(parents=True, exist_ok=True)
         self.log_path = LOGS / "jupyter-server.log"
         self._log = open(self.log_path, "w")
@@ -437,17 +442,7 @@ class CourseServer(JupyterServer):
         self.lang = lang
 
     def start(self) -> None:
-        self._home = tempfile.TemporaryDirectory(prefix="pl-course-")
-        home = Path(self._home.name)
-        for plugin, values in LAB_SETTINGS.items():
-            target = home / "settings" / f"{plugin}.jupyterlab-settings"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(json.dumps(values))
-        env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"),
-               "JUPYTER_DATA_DIR": str(home / "data"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
-               "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
-               "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"), "IPYTHONDIR": str(home / "ipython"),
-               "JUPYTER_PLATFORM_DIRS": "1"}
+        env = self._jupyter_home("pl-course-")
         LOGS.mkdir(parents=True, exist_ok=True)
         self.log_path = LOGS / f"course-start-{self.lang}.log"
         self._log = open(self.log_path, "w")
