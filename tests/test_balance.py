@@ -6,6 +6,7 @@ GPT, and the planner's tables."""
 import json
 
 import pytest
+from exercise_support import lesson_solution
 
 from parallel_lab.course.quiz import answers
 from parallel_lab.exercises.balanced_cut import EXERCISE as CUT
@@ -141,25 +142,7 @@ def test_measured_table_formats_a_run():
 # The exercise check.
 
 
-CUT_DP = """def my_balanced_cut(weights, stages):
-    n = len(weights)
-    prefix = [0.0]
-    for w in weights:
-        prefix.append(prefix[-1] + w)
-    best = [[float("inf")] * (n + 1) for _ in range(stages + 1)]
-    start = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = 0.0
-    for s in range(1, stages + 1):
-        for i in range(s, n + 1):
-            for j in range(s - 1, i):
-                load = max(best[s - 1][j], prefix[i] - prefix[j])
-                if load < best[s][i]:
-                    best[s][i], start[s][i] = load, j
-    parts = [n]
-    for s in range(stages, 0, -1):
-        parts.append(start[s][parts[-1]])
-    return parts[::-1]
-"""
+CUT_DP = lesson_solution("09_balancing_stages.py", "balanced-cut")
 
 # The same optimum found another way: bisection over the candidate bottlenecks, greedy filling.
 CUT_BISECTION = """import itertools

@@ -5,22 +5,14 @@ groups fail naming the rank, its group and the right one; answers of the wrong s
 reason instead of crashing; the library's mesh and torch.distributed are refused from the source."""
 
 import pytest
+from exercise_support import lesson_solution
 
 from parallel_lab.exercises import REGISTRY, check_mesh_groups
 from parallel_lab.exercises.mesh_groups import CASES, EXERCISE, WORLD, expected_group, judge_case, plain_groups
 from parallel_lab.runtime import demos, launcher
 from parallel_lab.runtime.mesh import ParallelDims
 
-SOLUTION = '''def my_mesh_groups(dp, pp, tp):
-    def rank(d, p, t):
-        return (d * pp + p) * tp + t
-
-    return {
-        "dp": [[rank(d, p, t) for d in range(dp)] for p in range(pp) for t in range(tp)],
-        "pp": [[rank(d, p, t) for p in range(pp)] for d in range(dp) for t in range(tp)],
-        "tp": [[rank(d, p, t) for t in range(tp)] for d in range(dp) for p in range(pp)],
-    }
-'''
+SOLUTION = lesson_solution("11_3d_parallelism.py", "mesh-groups")
 
 # The same groups another way: picotron's grid, each axis moved last, rows read off as tensors, and
 # the groups of each axis listed in an order of their own (last group first).

@@ -5,10 +5,8 @@ one and one that raises each fail the case they fail, and the verdict counts the
 the library, its search included, is refused from the source; every target is one a search
 reaches; every verdict is deterministic text."""
 
-import re
-from pathlib import Path
-
 import pytest
+from exercise_support import lesson_solution
 
 from parallel_lab.exercises import REGISTRY, check_schedule_design
 from parallel_lab.exercises.check import compile_answer
@@ -17,18 +15,7 @@ from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.search.api import search
 from parallel_lab.runtime import launcher
 
-ROOT = Path(__file__).resolve().parent.parent
-LESSON = ROOT / "lessons" / "src" / "10_schedule_search.py"
-
-
-def lesson_solution() -> str:
-    """The answer cell of lesson 10's source, solution markers removed (what the solution edition runs)."""
-    cell = LESSON.read_text(encoding="utf-8").split('# %% tags=["answer:schedule-design"]\n', 1)[1]
-    cell = cell.split("\n# %%", 1)[0]
-    return re.sub(r"^\s*### (BEGIN|END) SOLUTION\n", "", cell, flags=re.M)
-
-
-SOLUTION = lesson_solution()
+SOLUTION = lesson_solution("10_schedule_search.py", "schedule-design")
 
 # Another correct design: list scheduling by events (a heap of rank clocks) instead of time slots.
 EVENTS = '''def my_schedule(p, m, cap):
@@ -90,21 +77,9 @@ STUB = '''def my_schedule(p, m, cap):
     raise NotImplementedError
 '''
 
-ZB_H1 = '''def my_schedule(p, m, cap):
-    ranks = []
-    for r in range(p):
-        warmup = min(p - r - 1, m)
-        actions = [f"{r}F{j}" for j in range(warmup)]
-        for k in range(m):
-            if warmup + k < m:
-                actions.append(f"{r}F{warmup + k}")
-            actions.append(f"{r}I{k}")
-            if k >= r:
-                actions.append(f"{r}W{k - r}")
-        actions += [f"{r}W{j}" for j in range(max(m - r, 0), m)]
-        ranks.append(actions)
-    return ranks
-'''
+# Lesson 07's ZB-H1 order under this exercise's name and arguments.
+ZB_H1 = lesson_solution("07_zero_bubble.py", "zb-h1-order").replace("def my_zb_h1(p, m):",
+                                                                   "def my_schedule(p, m, cap):")
 
 # GPipe's shape with full backwards, one micro-batch at a time: always under any cap >= 1, slow.
 ONE_AT_A_TIME = '''def my_schedule(p, m, cap):

@@ -5,6 +5,7 @@ warm-up forwards, a full backward); the library's schedules are refused from the
 verdict is deterministic text."""
 
 import pytest
+from exercise_support import lesson_solution
 
 from parallel_lab.exercises import REGISTRY, check_zb_h1_order
 from parallel_lab.exercises.check import compile_answer
@@ -12,21 +13,7 @@ from parallel_lab.exercises.zb_h1_order import CASES, EXERCISE, one_f_one_b_spli
 from parallel_lab.pipeline.schedules import zb_h1
 from parallel_lab.runtime import launcher
 
-SOLUTION = '''def my_zb_h1(p, m):
-    ranks = []
-    for r in range(p):
-        warmup = min(p - r - 1, m)
-        actions = [f"{r}F{j}" for j in range(warmup)]
-        for k in range(m):
-            if warmup + k < m:
-                actions.append(f"{r}F{warmup + k}")
-            actions.append(f"{r}I{k}")
-            if k >= r:
-                actions.append(f"{r}W{k - r}")
-        actions += [f"{r}W{j}" for j in range(max(m - r, 0), m)]
-        ranks.append(actions)
-    return ranks
-'''
+SOLUTION = lesson_solution("07_zero_bubble.py", "zb-h1-order")
 
 # The same order another way: counters instead of indices, (stage, kind, micro-batch) tuples for the
 # forwards, and a dict rank -> actions.
