@@ -17,6 +17,7 @@ import re
 import psutil
 import pytest
 from browser_support import HOOKS, ROOT, Browser, JupyterServer, chromium_path, feature_lesson, unavailable, wait_for
+from exercise_support import lesson_solution
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
@@ -110,21 +111,6 @@ def _svg(chart) -> str:
 
 # --- lessons that exist ---------------------------------------------------------------------------
 
-def _solution(lesson_source: str, check_id: str) -> str:
-    """The instructor's solution of an exercise, from the lesson's source (the solution edition)."""
-    import sys
-
-    from parallel_lab.course import tags
-
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import build_lessons
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
-    cells = build_lessons.parse((ROOT / "lessons" / "src" / lesson_source).read_text(encoding="utf-8"))
-    return build_lessons.solution_source(tags.answer_cells(cells)[check_id].source)
-
-
 def test_lesson_01_runs_in_the_browser_and_its_exercise_passes_once_written(lessons):
     """The student edition as a student meets it: every cell runs, the exercise says NOT YET (its
     stub), and once the student types a solution into the answer cell and runs it, the try-it cell
@@ -144,7 +130,7 @@ def test_lesson_01_runs_in_the_browser_and_its_exercise_passes_once_written(less
     lab.edit(answer)
     lab.page.keyboard.press("Control+A")
     # inserted as one piece of text: no auto-indentation or closing brackets on the way
-    lab.page.keyboard.insert_text(_solution("01_ranks_and_collectives.py", "ring-all-reduce"))
+    lab.page.keyboard.insert_text(lesson_solution("01_ranks_and_collectives.py", "ring-all-reduce"))
     lab.run_cell(answer)
     lab.run_cell(try_it)  # the answer on 4 ranks: every rank ends with the same sums
     wait_for(lambda: lab.output_of(try_it).count("[60.0, 64.0, 68.0, 72.0, 76.0, 80.0]") == 4, 180, 0.5,
