@@ -53,18 +53,24 @@ def _plain_rank(entry):
 def harness(source: str, name: str, cases=CASES) -> list[dict]:
     """On a rank: ``fn(p, m)`` for each case, as ``{"ranks": [...]}`` of strings, tuples and None, or
     ``{"error": ...}`` when the answer raised (``{"not_yet": True}`` for NotImplementedError)."""
-    fn = compile_answer(source, name)
+    return plain_orders(compile_answer(source, name), cases)
+
+
+def plain_orders(fn, cases, error=answer_error) -> list[dict]:
+    """On a rank: ``fn(*case)`` for each case, as ``{"ranks": [...]}`` of plain actions (a dict of
+    ranks taken in rank order), ``{"not_yet": True}`` for NotImplementedError, or ``{"error":
+    error(exception)}`` when the answer raised. The schedule-order exercises' harnesses all read so."""
     out = []
-    for p, m in cases:
+    for case in cases:
         try:
-            ranks = fn(p, m)
+            ranks = fn(*case)
             if isinstance(ranks, dict):
                 ranks = [ranks[key] for key in sorted(ranks)]
             out.append({"ranks": [_plain_rank(entry) for entry in ranks]})
         except NotImplementedError:
             out.append({"not_yet": True})
         except Exception as err:  # the answer's own error: reported per case
-            out.append({"error": answer_error(err)})
+            out.append({"error": error(err)})
     return out
 
 

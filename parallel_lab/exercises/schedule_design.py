@@ -31,7 +31,7 @@ order. Every verdict line is deterministic (no timings), so nbval compares it.
 from __future__ import annotations
 
 from parallel_lab.exercises.check import Exercise, Verdict, compile_answer, register, run_answer
-from parallel_lab.exercises.one_f_one_b import _plain_rank, on_real_ranks, validated_order
+from parallel_lab.exercises.one_f_one_b import on_real_ranks, plain_orders, validated_order
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.i18n import _, _l
 from parallel_lab.pipeline.search.problem import evaluate, make_problem
@@ -52,19 +52,8 @@ LABEL = _l("schedule p={p}, m={m}, cap {cap}")
 def harness(source: str, name: str, cases=CASES) -> list[dict]:
     """On a rank: ``fn(p, m, cap)`` for each case, as ``{"ranks": [...]}`` of plain actions, or
     ``{"error": ...}`` when the answer raised (``{"not_yet": True}`` for NotImplementedError)."""
-    fn = compile_answer(source, name)
-    out = []
-    for p, m, cap, _target in cases:
-        try:
-            ranks = fn(p, m, cap)
-            if isinstance(ranks, dict):
-                ranks = [ranks[key] for key in sorted(ranks)]
-            out.append({"ranks": [_plain_rank(entry) for entry in ranks]})
-        except NotImplementedError:
-            out.append({"not_yet": True})
-        except Exception as err:  # the answer's own error: reported per case
-            out.append({"error": f"{type(err).__name__}: {err}"})
-    return out
+    return plain_orders(compile_answer(source, name), [(p, m, cap) for p, m, cap, _target in cases],
+                        error=lambda err: f"{type(err).__name__}: {err}")
 
 
 # ----------------------------------------------------------------------------------------------
