@@ -23,6 +23,7 @@ setup()
 
 # %%
 from parallel_lab.hardware import SYSTEMS, Cluster
+from parallel_lab.i18n import pad
 from parallel_lab.planning import cost, memory, planner
 from parallel_lab.show import planner as pw
 from parallel_lab.show.predict import predict
@@ -46,9 +47,9 @@ gpt3 = pw.GPT3
 # shows one.
 
 # %%
-print("planning 512 GPUs (a few seconds) ...")
+print(pw.line("planning", gpus=pw.CLUSTER.world_size))
 result = planner.plan(gpt3, pw.CLUSTER, pw.BATCH)
-print(f"{result['feasible']} plans fit; the ten fastest (seconds per step, GB on the fullest GPU):")
+print(pw.line("fastest", feasible=result["feasible"]))
 print(pw.plans_table(result["plans"][:10]))
 
 # %% [markdown]
@@ -83,32 +84,30 @@ my_prediction = 7 / 3  # twice the layers per GPU, 2·7/8 instead of 2·3/4 of e
 ### END SOLUTION
 
 # %%
-ratio_guess = predict("tp8-over-tp4", my_prediction, "TP 8 × PP 8's all-reduce time per step over TP 4 × "
-                      "PP 16's, dp 8, 192 micro-batches", tolerance=0.25)
+ratio_guess = predict("tp8-over-tp4", my_prediction, pw.line("tp-ratio"), tolerance=0.25)
 
 # %% tags=["reveals:tp8-over-tp4"]
 only_1f1b = [p for p in no_zero["plans"] if p["schedule"] == "1f1b"]
-print("DGX H100, 1F1B only, the five fastest:")
+print(pw.line("h100-1f1b"))
 print(pw.plans_table(only_1f1b[:5]))
 a100 = planner.plan(gpt3, SYSTEMS["DGX A100"].cluster(64), pw.BATCH, schedules=("1f1b",), zero=(0,))
-print("DGX A100 (312 TFLOP/s peak, NVLink 3 at 300 GB/s, HDR at 25 GB/s), 1F1B only, the three fastest:")
+print(pw.line("a100-1f1b"))
 print(pw.plans_table(a100["plans"][:3]))
 same = dict(dp=8, microbatches=192)  # the best plans of dp 8 and 192 micro-batches, without ZeRO
-compare = {
-    "TP 4, ZB-H1 (best)": pw.best_plan(no_zero["plans"], tp=4, schedule="zb-h1", **same),
-    "TP 8, ZB-H1": pw.best_plan(no_zero["plans"], tp=8, schedule="zb-h1", **same),
-    "TP 4, 1F1B": pw.best_plan(no_zero["plans"], tp=4, schedule="1f1b", **same),
-    "TP 8, 1F1B (Megatron-style)": pw.best_plan(no_zero["plans"], tp=8, schedule="1f1b", **same),
-}
-print(f"{'seconds per step':<28} {'compute':>8} {'TP':>6} {'bubble':>7} {'step':>7}")
-for name, p in compare.items():
+plans = {"tp4-zbh1": pw.best_plan(no_zero["plans"], tp=4, schedule="zb-h1", **same),
+         "tp8-zbh1": pw.best_plan(no_zero["plans"], tp=8, schedule="zb-h1", **same),
+         "tp4-1f1b": pw.best_plan(no_zero["plans"], tp=4, schedule="1f1b", **same),
+         "tp8-1f1b": pw.best_plan(no_zero["plans"], tp=8, schedule="1f1b", **same)}  # tp8-1f1b: Megatron-style
+print(f"{pad(pw.line('compare-header'), 28)} {pad(pw.COLUMNS['compute_s'], 8, '>')} {'TP':>6} "
+      f"{pad(pw.COLUMNS['bubble_s'], 7, '>')} {pad(pw.line('step'), 7, '>')}")
+for key, p in plans.items():
     parts = p["breakdown"]
-    print(f"{name:<28} {parts['compute_s']:>8.2f} {parts['tp_comm_s']:>6.2f} {parts['bubble_s']:>7.2f} "
-          f"{p['step_s']:>7.2f}")
-tp_comm = {name: p["breakdown"]["tp_comm_s"] for name, p in compare.items()}
-ratio_guess.versus(tp_comm["TP 8, ZB-H1"] / tp_comm["TP 4, ZB-H1 (best)"], "the planner's model")
-pw.breakdown_figure(compare, title="GPT-3 175B on 512 GPUs: the step beyond compute (seconds)",
-                    parts=("tp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s"))
+    print(f"{pad(pw.line(key), 28)} {parts['compute_s']:>8.2f} {parts['tp_comm_s']:>6.2f} "
+          f"{parts['bubble_s']:>7.2f} {p['step_s']:>7.2f}")
+tp_comm = {key: p["breakdown"]["tp_comm_s"] for key, p in plans.items()}
+ratio_guess.versus(tp_comm["tp8-zbh1"] / tp_comm["tp4-zbh1"], pw.line("planner-model"))
+compare = {pw.line(key): p for key, p in plans.items()}
+pw.breakdown_figure(compare, title=pw.line("tp-figure"), parts=("tp_comm_s", "bubble_s", "pp_comm_s", "dp_comm_s"))
 
 # %% [markdown]
 # The four plans have the same dp 8 and the same 192 micro-batches of one sequence; they differ in
@@ -160,8 +159,8 @@ print(pw.rejections_table(result))
 even = dict(dp=8, pp=32, tp=2, microbatches=192, schedule="zb-h1", recompute="selective", zero=1)
 for ends in (False, True):
     step = cost.step_time(gpt3, pw.CLUSTER, pw.BATCH, **even, ends=ends)["step_s"]
-    print(f"TP 2 x PP 32 x DP 8, ZB-H1, ZeRO-1, ends={ends!s:<5}: step {step:.2f} s")
-print(f"result['plans'][0] (section 1)       : step {result['plans'][0]['step_s']:.2f} s")
+    print(pw.line("ends", ends=ends, step=step))
+print(pw.line("section-1", step=result["plans"][0]["step_s"]))
 
 # %% [markdown]
 # Priced where the head runs, that plan falls behind the best of section 1: which is why the planner
@@ -188,8 +187,8 @@ print(pw.tp_link_table(gpt3))
 # %%
 inside = pw.best_plan(result["plans"], tp=8, pp=16, schedule="zb-h1", microbatches=384)
 spanning = cost.across_nodes(gpt3, pw.CLUSTER, pw.BATCH, dp=2, pp=16, tp=16, microbatches=768)
-print(f"TP 8 inside nodes  : step {inside['step_s']:6.1f} s, TP all-reduces {inside['breakdown']['tp_comm_s']:5.1f} s")
-print(f"TP 16 across nodes : step {spanning['step_s']:6.1f} s, TP all-reduces {spanning['tp_comm_s']:5.1f} s")
+print(pw.line("inside", step=inside["step_s"], tp=inside["breakdown"]["tp_comm_s"]))
+print(pw.line("across", step=spanning["step_s"], tp=spanning["tp_comm_s"]))
 
 # %% [markdown]
 # Pipeline stages, on the other hand, send one activation per micro-batch and stage — about 0.1 s
@@ -207,10 +206,10 @@ price_per_gpu_hour = 2.00  # $ per GPU-hour: change it to your provider's price
 tokens = 300e9
 best = result["plans"][0]
 print(pw.cost_table(best, prices=(price_per_gpu_hour,), tokens=tokens))
-megatron = compare["TP 8, 1F1B (Megatron-style)"]
+megatron = plans["tp8-1f1b"]
 extra = planner.training_cost(megatron, tokens, price_per_gpu_hour)["cost"] - \
     planner.training_cost(best, tokens, price_per_gpu_hour)["cost"]
-print(f"the best TP 8 + 1F1B plan would cost ${extra:,.0f} more ({megatron['step_s'] / best['step_s'] - 1:.1%} slower)")
+print(pw.line("extra-cost", extra=extra, slower=megatron["step_s"] / best["step_s"] - 1))
 
 # %% [markdown]
 # Three weeks on 512 GPUs, half a million dollars, and a choice of layout worth tens of thousands —
@@ -240,8 +239,7 @@ pw.planner_widget()
 # %%
 for nodes, system in ((16, SYSTEMS["DGX H100"]), (64, SYSTEMS["DGX H200"])):
     smaller = planner.plan(gpt3, system.cluster(nodes), pw.BATCH, top=3)
-    print(f"{nodes} x {system.name} (8 GPUs of {system.gpu_mem_gb:g} GB): {smaller['feasible']} plans fit; "
-          f"the three fastest:")
+    print(pw.line("smaller", nodes=nodes, system=system.name, gb=system.gpu_mem_gb, feasible=smaller["feasible"]))
     print(pw.plans_table(smaller["plans"]))
     print(pw.cost_table(smaller["plans"][0], prices=(price_per_gpu_hour,), tokens=tokens).splitlines()[0])
     print()
@@ -268,9 +266,9 @@ import sys
 
 args = ["plan", "--layers", "96", "--hidden", "12288", "--heads", "96", "--vocab", "50257", "--seq", "2048",
         "--batch", "1536", "--nodes", "64", "--gpus-per-node", "8", "--gpu-mem-gb", "80", "--price", "2", "--top", "5"]
-print("running parallel-lab " + " ".join(args[:3]) + " ... (a few seconds)")
+print(pw.line("running", args=" ".join(args[:3])))
 out = subprocess.run([sys.executable, "-m", "parallel_lab.cli", *args], capture_output=True, text=True, timeout=120)
-print(f"exit status {out.returncode}")
+print(pw.line("exit", code=out.returncode))
 print("\n".join(out.stdout.splitlines()[:7]))
 
 # %% [markdown]
@@ -286,7 +284,7 @@ print("\n".join(out.stdout.splitlines()[:7]))
 
 # %%
 pure = dict(model=gpt3, micro_batch=3, dp=512, pp=1, tp=1, microbatches=1, recompute="full")
-print(pw.memory_table({f"pure DP, ZeRO-{z}": dict(pure, zero=z) for z in range(4)}))
+print(pw.memory_table({pw.line("pure-dp", zero=z): dict(pure, zero=z) for z in range(4)}))
 
 # %% [markdown]
 # Only ZeRO-3 fits. **Where it wins**: a model that fits only sharded, on GPUs joined by NVLink.
@@ -310,11 +308,11 @@ print(pw.plans_table(small["plans"][:4]))
 # %%
 zero3 = pw.best_plan(result["plans"], tp=1, pp=1, zero=3)
 flat = planner.plan(gpt3, Cluster(64, 8, 80, inter_gbps=450), pw.BATCH, zero=(3,))
-print(pw.zero_table({"best plan (3D + ZeRO)": result["plans"][0], "pure DP + ZeRO-3": zero3,
-                     "pure DP + ZeRO-3, 450 GB/s network": pw.best_plan(flat["plans"], tp=1, pp=1)}))
-print(f"ZeRO-3 is {zero3['step_s'] / result['plans'][0]['step_s'] - 1:.0%} slower than the best plan")
-pw.breakdown_figure({"best plan (3D + ZeRO)": result["plans"][0], "pure DP + ZeRO-3": zero3},
-                    title="GPT-3 175B on 512 H100s: 3D parallelism against ZeRO-3 (seconds)")
+print(pw.zero_table({pw.line("best-3d"): result["plans"][0], pw.line("pure-zero3"): zero3,
+                     pw.line("flat-zero3"): pw.best_plan(flat["plans"], tp=1, pp=1)}))
+print(pw.line("zero3-slower", slower=zero3["step_s"] / result["plans"][0]["step_s"] - 1))
+pw.breakdown_figure({pw.line("best-3d"): result["plans"][0], pw.line("pure-zero3"): zero3},
+                    title=pw.line("zero3-figure"))
 
 # %% [markdown]
 # ZeRO-3 moves 21 s of traffic per step over InfiniBand; the backward hides part of it, and 9 s stay

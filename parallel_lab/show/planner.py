@@ -307,3 +307,41 @@ def planner_widget(layers: int = 96, hidden: int = 12288, heads: int = 96, vocab
     run()
     boxes = list(controls.values())
     return w.VBox([w.HBox([w.VBox(boxes[:4]), w.VBox(boxes[4:])]), button, out])
+
+
+# What lesson 16's own cells print around the tables, in the lesson's language (the values are the run's).
+LINES = {
+    "planning": N_("planning {gpus} GPUs (a few seconds) ..."),
+    "fastest": N_("{feasible} plans fit; the ten fastest (seconds per step, GB on the fullest GPU):"),
+    "h100-1f1b": N_("DGX H100, 1F1B only, the five fastest:"),
+    "a100-1f1b": N_("DGX A100 (312 TFLOP/s peak, NVLink 3 at 300 GB/s, HDR at 25 GB/s), 1F1B only, "
+                    "the three fastest:"),
+    "tp-ratio": N_("TP 8 × PP 8's all-reduce time per step over TP 4 × PP 16's, dp 8, 192 micro-batches"),
+    "planner-model": N_("the planner's model"),
+    "tp4-zbh1": N_("TP 4, ZB-H1 (best)"),
+    "tp8-zbh1": N_("TP 8, ZB-H1"),
+    "tp4-1f1b": N_("TP 4, 1F1B"),
+    "tp8-1f1b": N_("TP 8, 1F1B (Megatron-style)"),
+    "compare-header": N_("seconds per step"),
+    "step": N_("step"),
+    "tp-figure": N_("GPT-3 175B on 512 GPUs: the step beyond compute (seconds)"),
+    "ends": N_("TP 2 x PP 32 x DP 8, ZB-H1, ZeRO-1, ends={ends!s:<5}: step {step:.2f} s"),
+    "section-1": N_("result['plans'][0] (section 1)       : step {step:.2f} s"),
+    "inside": N_("TP 8 inside nodes  : step {step:6.1f} s, TP all-reduces {tp:5.1f} s"),
+    "across": N_("TP 16 across nodes : step {step:6.1f} s, TP all-reduces {tp:5.1f} s"),
+    "extra-cost": N_("the best TP 8 + 1F1B plan would cost ${extra:,.0f} more ({slower:.1%} slower)"),
+    "smaller": N_("{nodes} x {system} (8 GPUs of {gb:g} GB): {feasible} plans fit; the three fastest:"),
+    "running": N_("running parallel-lab {args} ... (a few seconds)"),
+    "exit": N_("exit status {code}"),
+    "pure-dp": N_("pure DP, ZeRO-{zero}"),
+    "best-3d": N_("best plan (3D + ZeRO)"),
+    "pure-zero3": N_("pure DP + ZeRO-3"),
+    "flat-zero3": N_("pure DP + ZeRO-3, 450 GB/s network"),
+    "zero3-slower": N_("ZeRO-3 is {slower:.0%} slower than the best plan"),
+    "zero3-figure": N_("GPT-3 175B on 512 H100s: 3D parallelism against ZeRO-3 (seconds)"),
+}
+
+
+def line(key: str, **values) -> str:
+    """One of ``LINES`` in the lesson's language, filled with ``values``."""
+    return _(LINES[key]).format(**values)
