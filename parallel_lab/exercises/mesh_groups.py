@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from parallel_lab.exercises.check import Exercise, NotYet, Verdict, answer_error, compile_answer, register, run_answer
 from parallel_lab.exercises.policy import Policy
-from parallel_lab.i18n import _l
+from parallel_lab.i18n import _, _l
 
 AXES = ("dp", "pp", "tp")
 WORLD = 4  # the ranks of the one launch: the meshes of this size are also checked with collectives
@@ -71,39 +71,42 @@ def expected_group(axis: str, rank: int, dp: int, pp: int, tp: int) -> list[int]
 def plain_groups(value) -> dict | str:
     """The answer's result as ``{axis: [[int, ...], ...]}``, or why it is not that shape."""
     if not isinstance(value, dict):
-        return (f"returned {_a(value)}, not a dict {{'dp': [...], 'pp': [...], 'tp': [...]}} of the groups "
-                f"along each axis")
+        return _("returned {value}, not a dict {{'dp': [...], 'pp': [...], 'tp': [...]}} of the groups "
+                 "along each axis").format(value=_a(value))
     missing = [repr(a) for a in AXES if a not in value]
     if missing:
-        return f"returned a dict without {' and '.join(missing)}: give the groups of every axis, dp, pp and tp"
+        return _("returned a dict without {missing}: give the groups of every axis, dp, pp and tp").format(
+            missing=_(" and ").join(missing))
     extra = sorted(repr(k) for k in value if k not in AXES)
     if extra:
-        return f"returned a dict with {', '.join(extra)} besides 'dp', 'pp' and 'tp'"
+        return _("returned a dict with {extra} besides 'dp', 'pp' and 'tp'").format(extra=", ".join(extra))
     out = {}
     for axis in AXES:
         groups = value[axis]
         if isinstance(groups, torch.Tensor):
             groups = groups.tolist()
         if not isinstance(groups, (list, tuple)):
-            return f"returned {_a(groups)} for {axis!r}: give a list of groups, each a list of ranks"
+            return _("returned {value} for {axis}: give a list of groups, each a list of ranks").format(
+                value=_a(groups), axis=repr(axis))
         out[axis] = []
         for group in groups:
             if isinstance(group, torch.Tensor):
                 group = group.tolist()
             if not isinstance(group, (list, tuple)):
-                return (f"returned {_a(group)} as one of the {axis} groups: each group is a list of ranks "
-                        f"(e.g. [0, 1])")
+                return _("returned {value} as one of the {axis} groups: each group is a list of ranks "
+                         "(e.g. [0, 1])").format(value=_a(group), axis=axis)
             bad = next((r for r in group if isinstance(r, bool) or not isinstance(r, numbers.Integral)), None)
             if bad is not None:
-                return f"returned {_a(bad)} in a {axis} group: a group lists ranks, which are ints"
+                return _("returned {value} in a {axis} group: a group lists ranks, which are ints").format(
+                    value=_a(bad), axis=axis)
             out[axis].append([int(r) for r in group])
     return out
 
 
 def _a(value) -> str:
     if isinstance(value, bool) or not isinstance(value, (numbers.Number, str)):
-        return f"a {type(value).__name__}"
-    return f"{value!r} (a {type(value).__name__})"
+        return _("a {type}").format(type=type(value).__name__)
+    return _("{value} (a {type})").format(value=repr(value), type=type(value).__name__)
 
 
 def split_problem(groups: dict, world: int) -> str | None:
@@ -114,19 +117,23 @@ def split_problem(groups: dict, world: int) -> str | None:
         home = {}
         for group in groups[axis]:
             if not group:
-                return f"the {axis} groups include an empty one, []"
+                return _("the {axis} groups include an empty one, []").format(axis=axis)
             for r in group:
                 if not 0 <= r < world:
-                    return f"the {axis} group {group} holds rank {r}, but the ranks are 0..{world - 1}"
+                    return _("the {axis} group {group} holds rank {rank}, but the ranks are 0..{last}").format(
+                        axis=axis, group=group, rank=r, last=world - 1)
                 if r in home:
-                    where = (f"lists rank {r} twice" if home[r] is group else
-                             f"and the {axis} group {home[r]} both hold rank {r}")
-                    return (f"the {axis} group {group} {where}: each rank belongs to exactly one group "
-                            f"of each axis")
+                    if home[r] is group:
+                        return _("the {axis} group {group} lists rank {rank} twice: each rank belongs to exactly "
+                                 "one group of each axis").format(axis=axis, group=group, rank=r)
+                    return _("the {axis} group {group} and the {axis} group {other} both hold rank {rank}: each "
+                             "rank belongs to exactly one group of each axis").format(
+                                 axis=axis, group=group, other=home[r], rank=r)
                 home[r] = group
         lost = [r for r in range(world) if r not in home]
         if lost:
-            return f"rank {lost[0]} is in no {axis} group: each rank belongs to exactly one group of each axis"
+            return _("rank {rank} is in no {axis} group: each rank belongs to exactly one group of each axis"
+                     ).format(rank=lost[0], axis=axis)
     return None
 
 
@@ -187,7 +194,7 @@ def judge_case(dp: int, pp: int, tp: int, answer: dict, found: list[dict] | None
     if answer.get("not_yet"):
         raise NotYet()
     if "error" in answer:
-        return f"{call} raised {answer['error']}"
+        return _("{call} raised {error}").format(call=call, error=answer["error"])
     if "wrong" in answer:
         return f"{call} {answer['wrong']}"
     groups = plain_groups(answer.get("groups"))  # read again here: a rank's data is not trusted
@@ -203,20 +210,25 @@ def judge_case(dp: int, pp: int, tp: int, answer: dict, found: list[dict] | None
             should = expected_group(axis, rank, dp, pp, tp)
             others = [a for a in AXES if a != axis]
             if listed != should:
-                return (f"the {axis} group of rank {rank} is {listed}, should be {should}: the ranks that share "
-                        f"its {others[0]} and {others[1]} coordinates ({others[0]} {c[others[0]]}, "
-                        f"{others[1]} {c[others[1]]})")
+                return _("the {axis} group of rank {rank} is {listed}, should be {should}: the ranks that share "
+                         "its {a} and {b} coordinates ({a} {ca}, {b} {cb})").format(
+                             axis=axis, rank=rank, listed=listed, should=should, a=others[0], b=others[1],
+                             ca=c[others[0]], cb=c[others[1]])
             if found is None:
                 continue
             got = found[rank].get(axis) if isinstance(found[rank], dict) else None
             if got != should:
-                return (f"rank {rank}'s all-reduce over its {axis} group {should} summed the values of "
-                        f"{'no group' if got is None else 'ranks ' + str(got)}")
+                if got is None:
+                    return _("rank {rank}'s all-reduce over its {axis} group {should} summed the values of "
+                             "no group").format(rank=rank, axis=axis, should=should)
+                return _("rank {rank}'s all-reduce over its {axis} group {should} summed the values of "
+                         "ranks {got}").format(rank=rank, axis=axis, should=should, got=got)
     for axis in AXES:
         for group in groups[axis]:
             if group != sorted(group):
-                return (f"the {axis} group {group} is out of order: list it by {axis} coordinate, "
-                        f"{sorted(group)} (member i of a group is the one at {axis} coordinate i)")
+                return _("the {axis} group {group} is out of order: list it by {axis} coordinate, "
+                         "{sorted} (member i of a group is the one at {axis} coordinate i)").format(
+                             axis=axis, group=group, sorted=sorted(group))
     return None
 
 
@@ -225,25 +237,26 @@ def judge(source: str):
     if isinstance(per_rank, str):
         return False, [per_rank], (0, len(CASES))
     if any(not isinstance(rank, list) or len(rank) != len(CASES) for rank in per_rank):
-        return False, [f"mesh groups on {WORLD} ranks: FAILED: the ranks did not return one result per mesh"], \
+        return False, [_("mesh groups on {world} ranks: FAILED: the ranks did not return one result per mesh"
+                         ).format(world=WORLD)], \
             (0, len(CASES))
     lines, passed, good = [], True, 0
     for index, (dp, pp, tp) in enumerate(CASES):
         world = dp * pp * tp
         on_ranks = world == WORLD
-        where = f"on {world} ranks" if on_ranks else f"({world} ranks, as lists)"
-        label = f"mesh groups {shape_name(dp, pp, tp)} {where}"
+        label = (_("mesh groups {shape} on {world} ranks") if on_ranks else
+                 _("mesh groups {shape} ({world} ranks, as lists)")).format(shape=shape_name(dp, pp, tp), world=world)
         answer = per_rank[0][index]["answer"] or {}
         found = [per_rank[r][index]["found"] for r in range(WORLD)] if on_ranks else None
         wrong = judge_case(dp, pp, tp, answer, found)
         if wrong:
             passed = False
-            lines.append(f"{label}: FAILED: {wrong}")
+            lines.append(_("{label}: FAILED: {reason}").format(label=label, reason=wrong))
             continue
         counts = ", ".join(f"{len(answer['groups'][axis])} {axis}" for axis in AXES)
-        how = ("an all-reduce of 2^rank over each summed exactly its members" if on_ranks else
-               "each the ranks that share the other two coordinates")
-        lines.append(f"{label}: PASSED ({counts} groups; {how})")
+        how = (_("an all-reduce of 2^rank over each summed exactly its members") if on_ranks else
+               _("each the ranks that share the other two coordinates"))
+        lines.append(_("{label}: PASSED ({counts} groups; {how})").format(label=label, counts=counts, how=how))
         good += 1
     return passed, lines, (good, len(CASES))
 
