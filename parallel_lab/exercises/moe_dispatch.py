@@ -42,7 +42,7 @@ from parallel_lab.exercises.check import (
     tensor_of,
 )
 from parallel_lab.exercises.policy import Policy
-from parallel_lab.i18n import _l
+from parallel_lab.i18n import _, _l
 from parallel_lab.moe.mappings import all_to_all
 from parallel_lab.moe.run import Case, reference
 from parallel_lab.runtime import commlog
@@ -74,9 +74,9 @@ def cases() -> list[tuple[str, list, int, int]]:
     for choices, experts, factor in out:
         n, k = len(choices), len(choices[0])
         capacity = models.expert_capacity(n, experts, k, factor)
-        what = "no capacity factor" if factor is None else f"capacity factor {factor:g}"
-        rows.append((f"{n} tokens, {experts} experts, top-{k}, {what} (capacity {capacity})", choices, experts,
-                     capacity))
+        what = _("no capacity factor") if factor is None else _("capacity factor {factor:g}").format(factor=factor)
+        rows.append((_("{n} tokens, {experts} experts, top-{k}, {what} (capacity {capacity})").format(
+            n=n, experts=experts, k=k, what=what, capacity=capacity), choices, experts, capacity))
     return rows
 
 
@@ -179,7 +179,7 @@ def token_major_queues(choices, experts: int, capacity: int) -> list[list[tuple[
 
 
 def _pair(ts) -> str:
-    return f"(token {ts[0]}, choice {ts[1]})"
+    return _("(token {token}, choice {choice})").format(token=ts[0], choice=ts[1])
 
 
 def _first(items) -> str:
@@ -187,8 +187,8 @@ def _first(items) -> str:
     return ", ".join(f"({t}, {s})" for t, s in items[:6]) + (", ..." if len(items) > 6 else "")
 
 
-RULE = ("the queues fill choice by choice, every token's first choice before any second choice (GShard), "
-        "and within a choice in token order")
+RULE = _l("the queues fill choice by choice, every token's first choice before any second choice (GShard), "
+          "and within a choice in token order")
 
 
 def _diagnose(queues, choices, experts: int, capacity: int) -> str | None:
@@ -198,91 +198,106 @@ def _diagnose(queues, choices, experts: int, capacity: int) -> str | None:
     if queues == ref:
         return None
     if len(queues) != experts:
-        return f"returned {len(queues)} queues; expected one per expert ({experts})"
+        return _("returned {got} queues; expected one per expert ({experts})").format(got=len(queues), experts=experts)
     n, k = len(choices), len(choices[0])
     for e, q in enumerate(queues):
         for t, s in q:
             if not (0 <= t < n and 0 <= s < k):
-                return (f"expert {e}'s queue holds ({t}, {s}), which is no assignment: tokens 0..{n - 1}, "
-                        f"choices 0..{k - 1}")
+                return _("expert {e}'s queue holds ({t}, {s}), which is no assignment: tokens 0..{n}, "
+                         "choices 0..{k}").format(e=e, t=t, s=s, n=n - 1, k=k - 1)
             if choices[t][s] != e:
-                return f"expert {e}'s queue holds {_pair((t, s))}, but that choice is expert {choices[t][s]}"
+                return _("expert {e}'s queue holds {pair}, but that choice is expert {other}").format(
+                    e=e, pair=_pair((t, s)), other=choices[t][s])
         if len(set(q)) != len(q):
             twice = next(ts for ts in q if q.count(ts) > 1)
-            return f"expert {e} receives {_pair(twice)} twice"
+            return _("expert {e} receives {pair} twice").format(e=e, pair=_pair(twice))
     for e, q in enumerate(queues):
         if len(q) > capacity:
-            return (f"expert {e} receives {len(q)} assignments, but its capacity is {capacity}: drop those "
-                    f"whose place in the queue is {capacity} or beyond (the token keeps its other choices)")
+            return _("expert {e} receives {got} assignments, but its capacity is {capacity}: drop those "
+                     "whose place in the queue is {capacity} or beyond (the token keeps its other choices)").format(
+                         e=e, got=len(q), capacity=capacity)
     if queues == token_major_queues(choices, experts, capacity):
         e = next((e for e in range(experts) if set(queues[e]) != set(ref[e])), None)
         if e is None:
             e = next(e for e in range(experts) if queues[e] != ref[e])
-            return (f"you filled the queues token by token: expert {e}'s queue is [{_first(queues[e])}], its "
-                    f"queue positions in models.MoE [{_first(ref[e])}]; {RULE}")
+            return _("you filled the queues token by token: expert {e}'s queue is [{yours}], its "
+                     "queue positions in models.MoE [{ref}]; {rule}").format(
+                         e=e, yours=_first(queues[e]), ref=_first(ref[e]), rule=RULE)
         extra, missing = sorted(set(queues[e]) - set(ref[e])), sorted(set(ref[e]) - set(queues[e]))
-        return (f"you filled the queues token by token: expert {e} keeps {_pair(extra[0])} and drops "
-                f"{_pair(missing[0])}; {RULE}")
+        return _("you filled the queues token by token: expert {e} keeps {extra} and drops "
+                 "{missing}; {rule}").format(e=e, extra=_pair(extra[0]), missing=_pair(missing[0]), rule=RULE)
     for e, (q, r) in enumerate(zip(queues, ref)):
         if set(q) != set(r):
             extra, missing = sorted(set(q) - set(r)), sorted(set(r) - set(q))
             if not extra:
-                return (f"expert {e} keeps {len(q)} assignments and drops {_pair(missing[0])}, but it has room "
-                        f"for {capacity}: drop only beyond the capacity")
+                return _("expert {e} keeps {got} assignments and drops {missing}, but it has room "
+                         "for {capacity}: drop only beyond the capacity").format(
+                             e=e, got=len(q), missing=_pair(missing[0]), capacity=capacity)
             if not missing:
-                return f"expert {e} keeps {_pair(extra[0])}, which does not fit: {RULE}"
-            return f"expert {e} keeps {_pair(extra[0])} and drops {_pair(missing[0])}; {RULE}"
+                return _("expert {e} keeps {extra}, which does not fit: {rule}").format(
+                    e=e, extra=_pair(extra[0]), rule=RULE)
+            return _("expert {e} keeps {extra} and drops {missing}; {rule}").format(
+                e=e, extra=_pair(extra[0]), missing=_pair(missing[0]), rule=RULE)
     e = next(e for e, (q, r) in enumerate(zip(queues, ref)) if q != r)
-    return (f"expert {e} takes the right assignments in another order: yours [{_first(queues[e])}], the "
-            f"library's queue positions [{_first(ref[e])}]; {RULE}")
+    return _("expert {e} takes the right assignments in another order: yours [{yours}], the "
+             "library's queue positions [{ref}]; {rule}").format(
+                 e=e, yours=_first(queues[e]), ref=_first(ref[e]), rule=RULE)
 
 
 def _queue_case(label: str, answer: dict, choices, experts: int, capacity: int) -> tuple[bool, str]:
-    head = f"MoE dispatch, {label}"
+    head = _("MoE dispatch, {label}").format(label=label)
     if answer.get("not_yet"):
         raise NotYet()
     if "error" in answer:
-        return False, f"{head}: FAILED: {POLICY.name} raised {answer['error']}"
+        return False, _("{head}: FAILED: {name} raised {error}").format(head=head, name=POLICY.name,
+                                                                         error=answer["error"])
     if "malformed" in answer:
-        return False, (f"{head}: FAILED: {POLICY.name} returned a {answer['malformed']}; expected a list of "
-                       f"{experts} queues, each a list of (token, choice) pairs")
+        return False, _("{head}: FAILED: {name} returned a {type}; expected a list of "
+                        "{experts} queues, each a list of (token, choice) pairs").format(
+                            head=head, name=POLICY.name, type=answer["malformed"], experts=experts)
     why = _diagnose(answer["queues"], choices, experts, capacity)
     if why:
-        return False, f"{head}: FAILED: {why}"
+        return False, _("{head}: FAILED: {why}").format(head=head, why=why)
     ref = reference_queues(choices, experts, capacity)
     kept = sum(len(q) for q in ref)
     total = len(choices) * len(choices[0])
-    return True, (f"{head}: PASSED: queues equal models.MoE's ({kept} of {total} assignments kept, "
-                  f"{total - kept} dropped; loads {[len(q) for q in ref]})")
+    return True, _("{head}: PASSED: queues equal models.MoE's ({kept} of {total} assignments kept, "
+                   "{dropped} dropped; loads {loads})").format(head=head, kept=kept, total=total,
+                                                              dropped=total - kept, loads=[len(q) for q in ref])
 
 
 def _ep_case(results: list[dict], case: Case) -> tuple[bool, str]:
     n = case.batch * case.seq
-    head = (f"MoE dispatch on {EP} real ranks ({case.experts} experts, {case.experts // EP} per rank, "
-            f"{n} tokens, top-{case.top_k}, capacity factor {case.capacity_factor:g})")
+    head = _("MoE dispatch on {ep} real ranks ({experts} experts, {per} per rank, "
+             "{n} tokens, top-{k}, capacity factor {factor:g})").format(
+                 ep=EP, experts=case.experts, per=case.experts // EP, n=n, k=case.top_k, factor=case.capacity_factor)
     if any(r["ep"].get("skipped") for r in results):
-        return False, f"{head}: FAILED: not run: the queues above must be a list of lists of (token, choice) pairs"
+        return False, _("{head}: FAILED: not run: the queues above must be a list of lists of (token, choice) "
+                        "pairs").format(head=head)
     ref = reference(case)
     with torch.no_grad():
         choices = models.top_k_routing(case.build().router(ref["x"].reshape(n, case.hidden)), case.top_k)[2]
     why = _diagnose(results[0]["ep"]["queues"], choices.tolist(), case.experts, ref["capacity"])
     if why:
-        return False, f"{head}: FAILED: {why}"
+        return False, _("{head}: FAILED: {why}").format(head=head, why=why)
     want = ref["output"].reshape(n, case.hidden)
     per_rank = n // EP
     for rank, r in enumerate(results):
         got = tensor_of(r["ep"]["output"])
         expected = want[rank * per_rank:(rank + 1) * per_rank]
         if got is None or got.shape != expected.shape or (got - expected).abs().max().item() > EXACT:
-            return False, (f"{head}: FAILED: rank {rank}'s output differs from models.MoE's on the whole batch: "
-                           f"the all-to-alls sent the rows your queues name, and those are not the layer's")
+            return False, _("{head}: FAILED: rank {rank}'s output differs from models.MoE's on the whole batch: "
+                            "the all-to-alls sent the rows your queues name, and those are not the layer's").format(
+                                head=head, rank=rank)
     sent = sum(r["ep"]["sent"] for r in results)
     kept = n * case.top_k - ref["dropped"]
     if sent != kept:
-        return False, f"{head}: FAILED: the dispatch sent {sent} token rows, models.MoE keeps {kept}"
-    return True, (f"{head}: PASSED: the dispatch and combine all-to-alls carried {sent} of {n * case.top_k} "
-                  f"assignments ({ref['dropped']} dropped) and the output equals models.MoE's on the whole "
-                  f"batch (fp64, to 1e-12)")
+        return False, _("{head}: FAILED: the dispatch sent {sent} token rows, models.MoE keeps {kept}").format(
+            head=head, sent=sent, kept=kept)
+    return True, _("{head}: PASSED: the dispatch and combine all-to-alls carried {sent} of {total} "
+                   "assignments ({dropped} dropped) and the output equals models.MoE's on the whole "
+                   "batch (fp64, to 1e-12)").format(head=head, sent=sent, total=n * case.top_k,
+                                                   dropped=ref["dropped"])
 
 
 def judge(source: str):
