@@ -372,3 +372,16 @@ def test_a_zh_hant_submission_is_graded_against_its_edition_with_chinese_feedbac
     assert chinese.startswith("# 給 mei 的回饋") and "得分：" in chinese and "FAILED" not in chinese
     assert "排程 p=4、m=8、上限 2：未通過：my_schedule(4, 8, 2) 引發了 ZeroDivisionError" in chinese  # the sandbox's
     assert "測驗 schedule-search（第 10 課）：未通過" in chinese and "不太對。" in chinese  # the quiz, its explanation
+
+
+def test_the_feedback_on_a_wrong_number_gives_it_with_its_unit_in_the_editions_language():
+    from parallel_lab.i18n import using
+
+    item = load("schedule-search").item("schedule-search/uneven-ends")
+    with using("zh-Hant"):
+        chinese = runner._wrong_line(item, "5")
+    with using("en"):
+        english = runner._wrong_line(item, "5")
+    assert chinese.startswith("schedule-search/uneven-ends (5 個區塊): 不太對。"), chinese
+    assert english.startswith("schedule-search/uneven-ends (5 blocks): Not quite."), english
+    assert runner._wrong_line(item, "five").startswith("schedule-search/uneven-ends: ")  # unreadable: no unit to give

@@ -89,7 +89,8 @@ def test_every_bank_is_bilingual_and_valid():
         for item in b.items:
             for name, field in validate._texts(item):
                 assert isinstance(field, dict) and field["en"].strip() and field["zh-Hant"].strip(), (item.id, name)
-                if not name.endswith(" text"):  # option texts may be API names or numbers, the same in both
+                # option texts may be API names or numbers, units symbols (GB, Ψ): the same in both
+                if not name.endswith(" text") and name != "unit":
                     assert field["zh-Hant"] != field["en"], (item.id, name)  # translated, not copied
 
 
@@ -595,6 +596,23 @@ def test_widget_feedback_score_retry_and_language():
     assert "正確。" in view.feedback.value and item.prompt["zh-Hant"][:10] in view.prompt.value
     assert view.choice.value == sorted(item.correct_keys())[0]  # kept across the switch
     assert "得分：1 / 12 分" in box.score_line.value
+
+
+def test_a_numeric_unit_is_in_the_quiz_language():
+    """A unit is a text like the prompt: the widget, the text form and a formatted value give it in the
+    quiz's language, and switching the language switches it."""
+    from parallel_lab.show.quizbox import quiz
+
+    item = load("interleaved").item("interleaved/gpu0-stash")
+    assert item.unit_text("en").startswith("stashes") and item.unit_text("zh-Hant").startswith("份暫存")
+    assert check.format_value(item, 23, "zh-Hant") == "23 份暫存（一個微批次在一個區塊上）"
+    assert ", in stashes" in text.quiz_text("interleaved", "en")
+    assert "份暫存（一個微批次在一個區塊上）" in text.quiz_text("interleaved", "zh-Hant")
+    box = quiz("interleaved", "zh-Hant")
+    view = next(v for v in box.views if v.item.id == item.id)
+    assert view.unit.value == item.unit["zh-Hant"] and "stashes" not in widget_state(box)
+    box.language.value = "en"
+    assert view.unit.value == item.unit["en"]
 
 
 def test_widget_shows_the_text_quiz_where_widgets_do_not_render():

@@ -16,7 +16,7 @@ import yaml
 
 from parallel_lab import cli
 from parallel_lab.course import release
-from parallel_lab.course.quiz import load
+from parallel_lab.course.quiz import load, load_all
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -53,6 +53,12 @@ def test_the_release_holds_no_solution_line_no_quiz_key_and_no_answer_file(stude
         for item in data["items"]:
             assert all(set(o) == {"key", "text"} for o in item.get("options", ()))
             assert set(item.get("answer", {})) <= {"params"} and "explanation" not in item
+    # A sealed numeric item keeps its unit in both languages (the widget shows it beside the box)
+    units = {item.id: item.unit for b in load_all() for item in b.items if item.unit}
+    sealed = {item["id"]: item.get("unit") for p in (target / "quizzes").glob("*.yaml")
+              for item in yaml.safe_load(p.read_text())["items"] if item["id"] in units}
+    assert sealed["interleaved/gpu0-stash"]["zh-Hant"].startswith("份暫存")
+    assert sealed == units and all(set(u) == {"en", "zh-Hant"} for u in sealed.values())
     banks = "".join(p.read_text() for p in (target / "quizzes").glob("*.yaml"))
     assert "correct:" not in banks and not re.search(r"parallel_lab\.[\w.]+:\w", banks)  # no key, no function
     assert "course.quiz.answers:" not in text
@@ -100,7 +106,7 @@ def _released_env(target: Path) -> dict:
 
 WIDGET = """
 import json, sys
-from parallel_lab.course.quiz import load
+from parallel_lab.course.quiz import load, load_all
 from parallel_lab.show.quizbox import quiz
 assert load("01").items[0].sealed is not None, "the release's bank is not sealed"
 box, said = quiz("01"), {}

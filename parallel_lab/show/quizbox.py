@@ -47,13 +47,13 @@ class PublicItem:
     id: str
     kind: str
     points: float
-    unit: str
+    unit: dict      # lang -> the numeric answer's unit ("" when none)
     prompt: dict    # lang -> prompt with parameters filled in
     options: tuple  # ((key, {lang: text}), ...)
 
 
 def public_item(item: Item, languages) -> PublicItem:
-    return PublicItem(item.id, item.kind, item.points, item.unit,
+    return PublicItem(item.id, item.kind, item.points, {lang: item.unit_text(lang) for lang in languages},
                       {lang: item.prompt_text(lang) for lang in languages},
                       tuple((o.key, {lang: localize(o.text, lang) for lang in languages}) for o in item.options))
 
@@ -97,7 +97,8 @@ class ItemView:
             self.input = widgets.VBox(self.boxes, layout=shared(widgets.Layout))
         else:
             self.number_box = widgets.Text(**shared.kw(TextStyle, width="12em"))
-            self.input = widgets.HBox([self.number_box, widgets.Label(item.unit, **shared.kw(LabelStyle))],
+            self.unit = widgets.Label(**shared.kw(LabelStyle))
+            self.input = widgets.HBox([self.number_box, self.unit],
                                       layout=shared(widgets.Layout))
         self.check_button = widgets.Button(button_style="primary", **shared.kw(widgets.ButtonStyle))
         self.retry_button = widgets.Button(**shared.kw(widgets.ButtonStyle))
@@ -126,6 +127,7 @@ class ItemView:
                 box.description = label
         else:
             self.number_box.placeholder = _label(lang, "number")
+            self.unit.value = item.unit.get(lang) or item.unit.get("en", "")
         self.check_button.description = _label(lang, "check")
         self.retry_button.description = _label(lang, "retry")
 

@@ -46,10 +46,10 @@ from parallel_lab.course.grading.reference import Check, Reference
 from parallel_lab.course.grading.sandbox import Limits, Sandbox
 from parallel_lab.course.predictions import grade as grade_prediction
 from parallel_lab.course.quiz.bank import load
-from parallel_lab.course.quiz.check import feedback, score, verdict
+from parallel_lab.course.quiz.check import InvalidResponse, feedback, format_value, normalise, score, verdict
 from parallel_lab.course.quiz.variant import variant
 from parallel_lab.exercises import REGISTRY
-from parallel_lab.i18n import DEFAULT, _, using
+from parallel_lab.i18n import DEFAULT, _, language, using
 
 CHECKER = [sys.executable, "-m", "parallel_lab.course.grading.checker"]
 
@@ -157,6 +157,19 @@ def claimed_student(nb) -> str | None:
     return None
 
 
+def _wrong_line(item, response) -> str:
+    """One wrong quiz answer for the feedback, in the process's language: the item, a numeric answer
+    with the item's unit (``3 個區塊`` in a zh-Hant edition), and the quiz's explanation."""
+    message = feedback(item, response).message or _("not answered")
+    if item.kind == "numeric" and response not in (None, ""):
+        try:
+            value = normalise(item, response)
+        except InvalidResponse:
+            return f"{item.id}: {message}"
+        return f"{item.id} ({format_value(item, value, language())}): {message}"
+    return f"{item.id}: {message}"
+
+
 def quiz_row(check: Check, source, row, student: str, claimed: str | None = None):
     """The quiz's row: the sheet scored against ``student``'s graded quiz (``course.quiz.variant``;
     the roster's id, never the one the notebook claims), with the practice quiz's explanation of
@@ -172,8 +185,8 @@ def quiz_row(check: Check, source, row, student: str, claimed: str | None = None
     if claimed is not None and claimed != student:
         text += "\n" + _("  (this notebook's my_student_id is {claimed!r}; the quiz was graded as {student!r}'s, the "
                          "id your instructor's roster gives this submission)").format(claimed=claimed, student=student)
-    wrong = tuple(f"{item.id}: {feedback(item, result.responses.get(item.id)).message or _('not answered')}"
-                  for item in bank.items if result.status[item.id] != "correct")
+    wrong = tuple(_wrong_line(item, result.responses.get(item.id)) for item in bank.items
+                  if result.status[item.id] != "correct")
     return row(check, result.passed, "" if result.passed else first_line(text), text,
                cases=(int(result.points), int(result.total)), feedback=wrong)
 

@@ -18,6 +18,7 @@ A bank is data, not code (format: ``quizzes/schema.json``; checks: ``parallel_la
         answer: {function: "parallel_lab.<module>:<function>", params: {size: 64, ranks: 8}}
         vary: {size: [32, 96], ranks: [4, 16]}      # the graded quiz's numbers, drawn per student
         tolerance: {rel: 0.01}
+        unit: {en: MB, zh-Hant: MB}                 # a text field like the prompt: every language
         explanation: ...            # shown once answered correctly ({answer} is the computed value)
         hint: ...                   # shown after a wrong answer; must not give the answer away
         mistakes: [{answer: {value: 64}, why: ...}]   # recognised wrong answers, explained
@@ -105,7 +106,7 @@ class Item:
     options: tuple = ()
     answer: Mapping | None = None
     tolerance: Mapping | None = None
-    unit: str = ""
+    unit: Mapping | str = ""  # numeric: the answer's unit, a text field like the prompt ({en: ..., zh-Hant: ...})
     explanation: Mapping | None = None
     hint: Mapping | None = None
     mistakes: tuple = ()
@@ -125,6 +126,10 @@ class Item:
     def prompt_text(self, lang: str = "en") -> str:
         """The prompt with this item's parameters filled in."""
         return localize(self.prompt, lang).format(**self.params)
+
+    def unit_text(self, lang: str = "en") -> str:
+        """The ``lang`` version of the unit ("" when the item has none)."""
+        return localize(self.unit, lang) if self.unit else ""
 
     def correct_keys(self) -> frozenset:
         return frozenset(o.key for o in self.options if o.correct)

@@ -96,9 +96,9 @@ def normalise(item: Item, response, lang: str | None = None):
     return frozenset(keys)
 
 
-def format_value(item: Item, value: float) -> str:
+def format_value(item: Item, value: float, lang: str = "en") -> str:
     text = f"{value:.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
-    return f"{text} {item.unit}".strip()
+    return f"{text} {item.unit_text(lang)}".strip()
 
 
 def feedback(item: Item, response, lang: str | None = None) -> Feedback:

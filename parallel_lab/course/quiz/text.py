@@ -57,7 +57,7 @@ def _wrap(text: str, indent: str) -> str:
 def item_text(item: Item, number: int, lang: str = "en", faq_question: str | None = None) -> str:
     """One question as text: number, id, kind, prompt and options (keys and texts only)."""
     with using(lang):
-        unit = _(", in {unit}").format(unit=item.unit) if item.kind == "numeric" and item.unit else ""
+        unit = _(", in {unit}").format(unit=item.unit_text(lang)) if item.kind == "numeric" and item.unit else ""
         points = ngettext("{n} point", "{n} points", 1 if item.points == 1 else 2).format(n=f"{item.points:g}")
         head = _("Q{number} [{id}] ({kind}{unit}, {points})").format(
             number=number, id=item.id, kind=str(KIND_NOTE[item.kind]), unit=unit, points=points)

@@ -8,7 +8,7 @@ Invariants (each error names the file and the item):
 - the bank matches the schema; item ids start with the bank id and are unique across all banks;
   bank ids and lesson numbers are unique; a lesson bank has 5 to 8 items;
 - every bank is bilingual: its ``languages`` include en and zh-Hant (``REQUIRED_LANGUAGES``);
-- every text (title, FAQ questions, prompt, options and their ``why``, explanation, hint, mistakes)
+- every text (title, FAQ questions, prompt, options and their ``why``, unit, explanation, hint, mistakes)
   carries every language the bank declares, each non-blank, with the same placeholders as the English;
 - choices: unique keys, an explanation (``why``) for every option, exactly one correct option for
   ``single``, at least one for ``multiple``; no text names an option by its letter ("(b)", "option
@@ -80,7 +80,8 @@ def _message(error) -> str:
 
 
 def _texts(item) -> list[tuple[str, object]]:
-    fields = [("prompt", item.prompt), ("explanation", item.explanation), ("hint", item.hint)]
+    fields = [("prompt", item.prompt), ("unit", item.unit or None), ("explanation", item.explanation),
+              ("hint", item.hint)]
     for o in item.options:
         fields += [(f"option {o.key} text", o.text), (f"option {o.key} why", o.why)]
     fields += [(f"mistake {n} why", m.why) for n, m in enumerate(item.mistakes, 1)]
@@ -208,7 +209,7 @@ def _vary_errors(item, answer: float) -> list[str]:
 
 def _numeric_errors(item) -> list[str]:
     where, params = item.source, item.params
-    allowed = {"prompt": set(params), "hint": set(params), "explanation": set(params) | {"answer"}}
+    allowed = {"prompt": set(params), "unit": set(), "hint": set(params), "explanation": set(params) | {"answer"}}
     errors = []
     for name, text in _texts(item):
         known = allowed.get(name, set(params) | {"answer"})
