@@ -40,7 +40,7 @@ import torch
 
 from parallel_lab.exercises.check import Exercise, NotYet, Verdict, answer_error, compile_answer, register, run_answer
 from parallel_lab.exercises.policy import Policy
-from parallel_lab.i18n import _l
+from parallel_lab.i18n import _, _l, ngettext
 from parallel_lab.planning import memory, memory_check, memory_model
 
 FIELDS = ("params", "weights", "gradients", "optimizer", "activations")
@@ -148,14 +148,16 @@ def expected(case: dict, **change) -> dict:
 def describe(case: dict) -> str:
     """How a verdict names a plan: ``GPT-3 175B, TP 8 + SP × PP 8 × DP 8, 64 micro-batches of 1, ...``."""
     parts = [case["name"], f"TP {case['tp']}{' + SP' if case['sequence_parallel'] else ''} × PP {case['pp']} × "
-             f"DP {case['dp']}", f"{case['microbatches']} micro-batch{'es' * (case['microbatches'] != 1)} "
-             f"of {case['micro_batch']}", f"recompute {case['recompute']!r}"]
+             f"DP {case['dp']}",
+             ngettext("{n} micro-batch of {size}", "{n} micro-batches of {size}", case["microbatches"]).format(
+                 n=case["microbatches"], size=case["micro_batch"]),
+             _("recompute {mode}").format(mode=repr(case["recompute"]))]
     if case["zero1"]:
         parts.append("ZeRO-1")
     if case["value_bytes"] != 2:
-        parts.append(f"{case['value_bytes']}-byte values")
+        parts.append(_("{n}-byte values").format(n=case["value_bytes"]))
     if not case["dropout"]:
-        parts.append("no dropout")
+        parts.append(_("no dropout"))
     return ", ".join(parts)
 
 
@@ -166,12 +168,12 @@ def _close(a: float, b: float) -> bool:
 def _factor(got: float, want: float) -> str:
     """`` off by 2x``, `` off by 1/2`` (a whole factor), else `` off by +3.8%``."""
     if got <= 0 or want <= 0:
-        return " off"
+        return _(" off")
     ratio = got / want
     whole = round(ratio if ratio > 1 else 1 / ratio)
     if whole >= 2 and _close(ratio if ratio > 1 else 1 / ratio, whole):
-        return f" off by {whole}x" if ratio > 1 else f" off by 1/{whole}"
-    return f" off by {(ratio - 1) * 100:+.2g}%"
+        return (_(" off by {n}x") if ratio > 1 else _(" off by 1/{n}")).format(n=whole)
+    return _(" off by {percent:+.2g}%").format(percent=(ratio - 1) * 100)
 
 
 def _param_slips(case: dict, want: float) -> list[tuple[float, str]]:
@@ -180,50 +182,56 @@ def _param_slips(case: dict, want: float) -> list[tuple[float, str]]:
     rows = math.ceil(V / t)
     block = memory_model.layer_params(h, t)
     token, position = rows * h, s * h
-    slips = [(want - token - position, f"left out the embeddings: the first stage also holds the token embedding, "
-                                       f"⌈V/t⌉·h = {token:,}, and the position embedding, s·h = {position:,}"),
-             (want - position, f"left out the position embedding, s·h = {position:,} (on every tensor-parallel rank)"),
-             (want - token, f"left out the token embedding, ⌈V/t⌉·h = {token:,}"),
-             (want + 2 * h + token, "counted the head (final LayerNorm and output projection): it sits on the "
-                                    "last stage, not the first"),
-             (L * block + token + position, f"counted all {L} blocks; the first of {pp} stages holds L/pp = {L // pp}"),
-             (want - L // pp * (7 * h // t + 6 * h), "counted only each block's weight matrices; add its biases "
-                                                     "and LayerNorms: (12h² + 7h)/t + 6h per block")]
+    slips = [(want - token - position, _("left out the embeddings: the first stage also holds the token embedding, "
+                                         "⌈V/t⌉·h = {token:,}, and the position embedding, s·h = {position:,}").format(
+                                             token=token, position=position)),
+             (want - position, _("left out the position embedding, s·h = {position:,} (on every tensor-parallel "
+                                 "rank)").format(position=position)),
+             (want - token, _("left out the token embedding, ⌈V/t⌉·h = {token:,}").format(token=token)),
+             (want + 2 * h + token, _("counted the head (final LayerNorm and output projection): it sits on the "
+                                      "last stage, not the first")),
+             (L * block + token + position, _("counted all {layers} blocks; the first of {pp} stages holds L/pp = "
+                                              "{per}").format(layers=L, pp=pp, per=L // pp)),
+             (want - L // pp * (7 * h // t + 6 * h), _("counted only each block's weight matrices; add its biases "
+                                                       "and LayerNorms: (12h² + 7h)/t + 6h per block"))]
     if V % t:
-        slips.append((want - token + V // t * h, f"split the vocabulary as V // t; Megatron pads it to a multiple of "
-                                                 f"tp: ⌈V/t⌉ = {rows:,} rows of h"))
+        slips.append((want - token + V // t * h, _("split the vocabulary as V // t; Megatron pads it to a multiple "
+                                                   "of tp: ⌈V/t⌉ = {rows:,} rows of h").format(rows=rows)))
     if t > 1:
-        slips += [(want - token + V * h, "did not split the token embedding: its vocabulary rows split over tp, "
-                                         "⌈V/t⌉·h"),
+        slips += [(want - token + V * h, _("did not split the token embedding: its vocabulary rows split over tp, "
+                                           "⌈V/t⌉·h")),
                   (L // pp * (12 * h * h + 13 * h) / t + token + position,
-                   "split every block parameter by t; the LayerNorms (4h) and the row-parallel biases (2h) are on "
-                   "every tensor-parallel rank: (12h² + 7h)/t + 6h per block"),
+                   _("split every block parameter by t; the LayerNorms (4h) and the row-parallel biases (2h) are on "
+                     "every tensor-parallel rank: (12h² + 7h)/t + 6h per block")),
                   (L // pp * (12 * h * h + 13 * h) + token + position,
-                   "did not split the blocks by tp: (12h² + 7h)/t + 6h per block")]
+                   _("did not split the blocks by tp: (12h² + 7h)/t + 6h per block"))]
     return slips
 
 
 def _state_slips(field: str, case: dict, want: dict) -> list[tuple[float, str]]:
     P, dp = want["params"], case["dp"]
     if field == "weights":
-        return [(4 * P, "4 bytes per parameter: in mixed precision the weights are 2-byte (bf16/fp16); "
-                        "fp32 master weights are part of Adam's 12")]
+        return [(4 * P, _("4 bytes per parameter: in mixed precision the weights are 2-byte (bf16/fp16); "
+                          "fp32 master weights are part of Adam's 12"))]
     if field == "gradients":
-        return [(4 * P, "4 bytes per parameter: in mixed precision the gradients are 2-byte (bf16/fp16)")]
+        return [(4 * P, _("4 bytes per parameter: in mixed precision the gradients are 2-byte (bf16/fp16)"))]
     slips = []
     if case["zero1"]:
-        slips.append((12 * P, f"ZeRO-1 shards Adam's 12 bytes per parameter over the dp = {dp} replicas: 12·P/dp"))
+        slips.append((12 * P, _("ZeRO-1 shards Adam's 12 bytes per parameter over the dp = {dp} replicas: "
+                                "12·P/dp").format(dp=dp)))
     elif dp > 1:
-        slips.append((12 * P / dp, "without ZeRO-1 every data-parallel replica holds all of Adam's state"))
+        slips.append((12 * P / dp, _("without ZeRO-1 every data-parallel replica holds all of Adam's state")))
     shard = dp if case["zero1"] else 1
-    slips += [(8 * P / shard, "Adam keeps 12 bytes per parameter: fp32 master weights, momentum and variance, 4 each"),
-              (16 * P / shard, "only Adam's 12 bytes per parameter here: weights and gradients are their own entries")]
+    slips += [(8 * P / shard, _("Adam keeps 12 bytes per parameter: fp32 master weights, momentum and variance, "
+                                "4 each")),
+              (16 * P / shard, _("only Adam's 12 bytes per parameter here: weights and gradients are their own "
+                                 "entries"))]
     return slips
 
 
-MODE_NOTE = {"none": "every stored tensor plus the a·s² attention scores per sequence",
-             "selective": "drop only the attention scores (recomputed in the backward)",
-             "full": "keep only each layer's input, v·sbh (/t with sequence parallelism)"}
+MODE_NOTE = {"none": _l("every stored tensor plus the a·s² attention scores per sequence"),
+             "selective": _l("drop only the attention scores (recomputed in the backward)"),
+             "full": _l("keep only each layer's input, v·sbh (/t with sequence parallelism)")}
 
 
 def _activation_slips(case: dict, want: float) -> list[tuple[float, str]]:
@@ -233,43 +241,47 @@ def _activation_slips(case: dict, want: float) -> list[tuple[float, str]]:
     for other in (2, 4):
         if other != v:
             slips.append((expected(case, value_bytes=other)["activations"],
-                          f"did you count {other} bytes per value? this plan stores {v}-byte values "
-                          f"(value_bytes={v})"))
+                          _("did you count {other} bytes per value? this plan stores {v}-byte values "
+                            "(value_bytes={v})").format(other=other, v=v)))
     if held > 1:
-        slips.append((want / held, f"counted one micro-batch; at its peak 1F1B's first stage holds min(m, pp) = "
-                                   f"{held} micro-batches"))
+        slips.append((want / held, _("counted one micro-batch; at its peak 1F1B's first stage holds min(m, pp) = "
+                                     "{held} micro-batches").format(held=held)))
     if m != held:
-        slips.append((want / held * m, f"counted all m = {m} micro-batches (GPipe's stash); 1F1B's first stage "
-                                       f"holds min(m, pp) = {held}"))
+        slips.append((want / held * m, _("counted all m = {m} micro-batches (GPipe's stash); 1F1B's first stage "
+                                         "holds min(m, pp) = {held}").format(m=m, held=held)))
     if pp != held:
         slips.append((want / held * pp,
-                      f"counted pp = {pp} micro-batches, but only m = {m} exist: min(m, pp) = {held}"))
+                      _("counted pp = {pp} micro-batches, but only m = {m} exist: min(m, pp) = {held}").format(
+                          pp=pp, m=m, held=held)))
     if pp > 1:
-        slips.append((want / per_stage * L, f"counted all {L} layers; the first stage holds L/pp = {per_stage}"))
+        slips.append((want / per_stage * L, _("counted all {layers} layers; the first stage holds L/pp = {per}").format(
+            layers=L, per=per_stage)))
     if per_stage > 1:
-        slips.append((want / per_stage, f"counted one layer; the first stage holds L/pp = {per_stage}"))
+        slips.append((want / per_stage, _("counted one layer; the first stage holds L/pp = {per}").format(
+            per=per_stage)))
     if held > 1 and per_stage > 1:
-        slips.append((want / held / per_stage, f"one layer of one micro-batch: multiply by the min(m, pp) = {held} "
-                                               f"micro-batches in flight and the L/pp = {per_stage} layers"))
+        slips.append((want / held / per_stage, _("one layer of one micro-batch: multiply by the min(m, pp) = "
+                                                 "{held} micro-batches in flight and the L/pp = {per} layers").format(
+                                                     held=held, per=per_stage)))
     if case["tp"] > 1:
         if case["sequence_parallel"]:
-            note = ("left the LayerNorm, QKV and MLP inputs (and the dropout masks) whole: with sequence "
-                    "parallelism every stored tensor splits over t")
+            note = _("left the LayerNorm, QKV and MLP inputs (and the dropout masks) whole: with sequence "
+                     "parallelism every stored tensor splits over t")
         else:
-            note = ("split every tensor by t: without sequence parallelism the LayerNorm, QKV and MLP inputs "
-                    "(and the two dropout masks) are on every tensor-parallel rank")
+            note = _("split every tensor by t: without sequence parallelism the LayerNorm, QKV and MLP inputs "
+                     "(and the two dropout masks) are on every tensor-parallel rank")
         slips.append((expected(case, sequence_parallel=not case["sequence_parallel"])["activations"], note))
-        slips.append((expected(case, tp=1)["activations"], "did not divide by t: tensor parallelism splits the "
-                                                          "activations of each layer"))
+        slips.append((expected(case, tp=1)["activations"], _("did not divide by t: tensor parallelism splits the "
+                                                            "activations of each layer")))
     slips.append((expected(case, dropout=not case["dropout"])["activations"],
-                  "left out dropout: two masks of sbh values (1 byte each) and, for the scores, a mask (1 byte) "
-                  "and the dropout output (dropout=True)" if case["dropout"] else
-                  "counted dropout, which this plan does not have (dropout=False): no masks, no dropout output"))
+                  _("left out dropout: two masks of sbh values (1 byte each) and, for the scores, a mask (1 byte) "
+                    "and the dropout output (dropout=True)") if case["dropout"] else
+                  _("counted dropout, which this plan does not have (dropout=False): no masks, no dropout output")))
     for mode in memory_model.RECOMPUTE:
         if mode != case["recompute"]:
             slips.append((expected(case, recompute=mode)["activations"],
-                          f"that is the count for recompute={mode!r}; this plan has recompute={case['recompute']!r}: "
-                          f"{MODE_NOTE[case['recompute']]}"))
+                          _("that is the count for recompute={mode}; this plan has recompute={own}: {note}").format(
+                              mode=repr(mode), own=repr(case["recompute"]), note=MODE_NOTE[case["recompute"]])))
     return slips
 
 
@@ -281,12 +293,13 @@ def why(field: str, got: float, case: dict, want: dict) -> str:
         slips = _activation_slips(case, want["activations"])
     else:
         slips = _state_slips(field, case, want)
-    unit = "" if field == "params" else " bytes"
     # every slip the value matches (two can give the same number: 4-byte values or twice the micro-batches)
-    reason = "; or ".join(dict.fromkeys(text for value, text in slips
-                                        if _close(got, value) and not _close(value, want[field])))
-    return (f"{field}{_factor(got, want[field])}: got {got:,.0f}{unit}, expected {want[field]:,.0f}"
-            + (f": {reason}" if reason else ""))
+    reason = _("; or ").join(dict.fromkeys(text for value, text in slips
+                                           if _close(got, value) and not _close(value, want[field])))
+    line = (_("{field}{off}: got {got:,.0f}, expected {want:,.0f}") if field == "params" else
+            _("{field}{off}: got {got:,.0f} bytes, expected {want:,.0f}")).format(
+                field=field, off=_factor(got, want[field]), got=got, want=want[field])
+    return line + (_(": {reason}").format(reason=reason) if reason else "")
 
 
 def wrong(answer: dict, case: dict, want: dict, fields=FIELDS) -> str | None:
@@ -294,15 +307,17 @@ def wrong(answer: dict, case: dict, want: dict, fields=FIELDS) -> str | None:
     if answer.get("not_yet"):
         raise NotYet()
     if "error" in answer:
-        return f"{POLICY.name} raised {answer['error']}"
+        return _("{name} raised {error}").format(name=POLICY.name, error=answer["error"])
     if "values" not in answer:
-        return f"{POLICY.name} returned a {answer['type']}, not a dict with {', '.join(FIELDS)}"
+        return _("{name} returned a {type}, not a dict with {fields}").format(
+            name=POLICY.name, type=answer["type"], fields=", ".join(FIELDS))
     values = answer["values"]
     for field in FIELDS:
         if values[field] is None:
-            return f"{POLICY.name} returned no {field!r} (the dict needs {', '.join(FIELDS)})"
+            return _("{name} returned no {field} (the dict needs {fields})").format(
+                name=POLICY.name, field=repr(field), fields=", ".join(FIELDS))
         if isinstance(values[field], dict):
-            return f"{field} is a {values[field]['type']}, not a number"
+            return _("{field} is a {type}, not a number").format(field=field, type=values[field]["type"])
     for field in fields:
         if not _close(values[field], want[field]):
             return why(field, values[field], case, want)
@@ -329,33 +344,39 @@ def judge(source: str):
     failures = [f"{describe(case)}: {reason}" for case, answer in zip(CASES, mine)
                 if (reason := wrong(answer, case, expected(case)))]
     if failures:
-        lines = [f"device memory: FAILED ({len(CASES) - len(failures)}/{len(CASES)} plans equal the memory model)",
+        lines = [_("device memory: FAILED ({good}/{total} plans equal the memory model)").format(
+                     good=len(CASES) - len(failures), total=len(CASES)),
                  "  " + failures[0]]
     else:
-        lines = [f"device memory: PASSED: {len(CASES)}/{len(CASES)} plans equal the memory model (parameters, "
-                 f"weights, gradients, Adam state and activations of the first stage under 1F1B)"]
+        lines = [_("device memory: PASSED: {good}/{total} plans equal the memory model (parameters, "
+                   "weights, gradients, Adam state and activations of the first stage under 1F1B)").format(
+                       good=len(CASES), total=len(CASES))]
 
     counted_params, counted_block = _real_counts()
     real = []
     for case, answer, count in zip(REAL_PARAMS, real_params, counted_params):
         want = {**expected(case), "params": count}
         if reason := wrong(answer, case, want, fields=("params",)):
-            real.append(f"the first of pp = {case['pp']} stages of the course GPT (h {PARAM_CONFIG['hidden']}, "
-                        f"{PARAM_CONFIG['layers']} layers, V {PARAM_CONFIG['vocab']}, s {PARAM_CONFIG['seq']}), "
-                        f"whose real modules hold {count:,} parameters: {reason}")
+            real.append(_("the first of pp = {pp} stages of the course GPT (h {h}, {layers} layers, V {v}, s {s}), "
+                          "whose real modules hold {count:,} parameters: {reason}").format(
+                              pp=case["pp"], h=PARAM_CONFIG["hidden"], layers=PARAM_CONFIG["layers"],
+                              v=PARAM_CONFIG["vocab"], s=PARAM_CONFIG["seq"], count=count, reason=reason))
     for case, answer, (measured, stats) in zip(REAL_BLOCK, real_block, counted_block):
         want = {**expected(case), "activations": measured - stats}
         if reason := wrong(answer, case, want, fields=("activations",)):
-            real.append(f"one block of the course GPT (s {BLOCK_CONFIG['seq']}, b {BLOCK_BATCH}, h "
-                        f"{BLOCK_CONFIG['hidden']}, {BLOCK_CONFIG['heads']} heads, 4-byte values, no dropout), "
-                        f"recompute {case['recompute']!r}: autograd saves {measured:,} bytes, {stats:,} of them "
-                        f"per-token statistics the paper neglects, so {measured - stats:,}: {reason}")
+            real.append(_("one block of the course GPT (s {s}, b {b}, h {h}, {heads} heads, 4-byte values, no "
+                          "dropout), recompute {mode}: autograd saves {measured:,} bytes, {stats:,} of them "
+                          "per-token statistics the paper neglects, so {net:,}: {reason}").format(
+                              s=BLOCK_CONFIG["seq"], b=BLOCK_BATCH, h=BLOCK_CONFIG["hidden"],
+                              heads=BLOCK_CONFIG["heads"], mode=repr(case["recompute"]), measured=measured,
+                              stats=stats, net=measured - stats, reason=reason))
     if real:
-        lines.append(f"device memory on the course GPT: FAILED: {real[0]}")
+        lines.append(_("device memory on the course GPT: FAILED: {reason}").format(reason=real[0]))
     else:
-        lines.append("device memory on the course GPT: PASSED: the first stage's parameters equal its real modules "
-                     f"(pp {', '.join(map(str, PARAM_PPS))}); one block's activations equal the bytes autograd saves, "
-                     "less the per-token statistics (recompute none, selective, full)")
+        lines.append(_("device memory on the course GPT: PASSED: the first stage's parameters equal its real modules "
+                       "(pp {pps}); one block's activations equal the bytes autograd saves, "
+                       "less the per-token statistics (recompute none, selective, full)").format(
+                           pps=", ".join(map(str, PARAM_PPS))))
     return not failures and not real, lines, (tried - len(failures) - len(real), tried)
 
 
