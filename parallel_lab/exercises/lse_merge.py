@@ -62,14 +62,15 @@ POLICY = Policy("my_merge", imports=("math", "torch"), dist=(), forbidden=SHORTC
 
 # (name, what the verdict calls it)
 DIRECT = (
-    ("ordinary", "ordinary scores"),
-    ("large", "scores near 1000 (exp overflows)"),
-    ("masked-b", "block b sees no key for some queries (lse_b = -inf)"),
-    ("masked-a", "block a sees no key for some queries (lse_a = -inf)"),
-    ("empty", "no key in either block (the identity: out 0, lse -inf)"),
+    ("ordinary", _l("ordinary scores")),
+    ("large", _l("scores near 1000 (exp overflows)")),
+    ("masked-b", _l("block b sees no key for some queries (lse_b = -inf)")),
+    ("masked-a", _l("block a sees no key for some queries (lse_a = -inf)")),
+    ("empty", _l("no key in either block (the identity: out 0, lse -inf)")),
 )
 # (name, causal, factor on q)
-RING = (("causal, zig-zag", True, 1.0), ("not causal", False, 1.0), ("causal, sharp scores (q x 300)", True, 300.0))
+RING = ((_l("causal, zig-zag"), True, 1.0), (_l("not causal"), False, 1.0),
+        (_l("causal, sharp scores (q x 300)"), True, 300.0))
 SHAPE = dict(batch=1, heads=2, seq=16, head_dim=4)  # seq divisible by 2·cp = 8
 
 
@@ -169,52 +170,63 @@ def harness(source: str, name: str) -> dict:
 # In the checking process.
 
 
-def _why(got: torch.Tensor, want: torch.Tensor, what: str) -> str | None:
-    """Why ``got`` is not ``want`` (equal infinities agree), or None."""
+def _why(got: torch.Tensor, want: torch.Tensor, what: str, dense: bool = False) -> tuple[str, str] | None:
+    """Why ``got`` is not ``want`` (equal infinities agree), or None: ``(code, text)``, the code one of
+    "shape", "nan", "infinite", "differs" (the hint is chosen by it, never by the words, which are
+    translated). ``dense``: ``want`` is the dense attention, not the attention over both blocks."""
     if got.shape != want.shape:
-        return f"{what} has shape {list(got.shape)}, expected {list(want.shape)}"
+        return "shape", _("{what} has shape {got}, expected {want}").format(
+            what=what, got=list(got.shape), want=list(want.shape))
     if torch.isnan(got).any():
-        return f"{what} has nan where the attention over both blocks is {_at(want, torch.isnan(got))}"
+        text = (_("{what} has nan where the attention is {value}") if dense else
+                _("{what} has nan where the attention over both blocks is {value}"))
+        return "nan", text.format(what=what, value=_at(want, torch.isnan(got)))
     if not torch.allclose(got, want, rtol=TOLERANCE, atol=TOLERANCE):
         if (torch.isinf(got) != torch.isinf(want)).any():
-            return f"{what} is infinite where it should be finite (or the other way round)"
+            return "infinite", _("{what} is infinite where it should be finite (or the other way round)").format(
+                what=what)
         both = torch.isfinite(got)
         worst = (got - want)[both].abs().max().item()
-        return f"{what} differs from the attention over both blocks by up to {worst:.3g}"
+        text = (_("{what} differs from the attention by up to {worst:.3g}") if dense else
+                _("{what} differs from the attention over both blocks by up to {worst:.3g}"))
+        return "differs", text.format(what=what, worst=worst)
     return None
 
 
 def _at(want: torch.Tensor, where: torch.Tensor) -> str:
     value = want[where].flatten()[0].item()
-    return f"{value:g}" if value == value else "undefined"
+    return f"{value:g}" if value == value else _("undefined")
 
 
-def _hint(case: str, why: str) -> str:
-    if "nan" in why and case == "empty":
-        return ("; with both lse = -inf, -inf - (-inf) is nan: where no block saw a key, use 0 in place of "
-                "the maximum, and divide by 1 where the sum of weights is 0")
-    if ("nan" in why or "infinite" in why) and case in ("large",):
-        return "; e^1000 overflows even in fp64: subtract the larger lse before exponentiating"
-    if "nan" in why and case.startswith("masked"):
-        return "; a block with lse = -inf must get weight 0 (e^(-inf - m) = 0), not nan"
-    if why.startswith("lse differs"):
-        return "; the merged lse is log(e^lse_a + e^lse_b), the log of the joint softmax denominator"
-    if "differs" in why:
-        return "; weight each output by its block's share of the joint softmax denominator, e^(lse_x - lse)"
+def _hint(case: str, code: str, key: str) -> str:
+    """The hint for a direct ``case`` whose ``key`` ("lse" or "out") is wrong in the way ``code`` names."""
+    if code == "nan" and case == "empty":
+        return _("; with both lse = -inf, -inf - (-inf) is nan: where no block saw a key, use 0 in place of "
+                 "the maximum, and divide by 1 where the sum of weights is 0")
+    if code in ("nan", "infinite") and case in ("large",):
+        return _("; e^1000 overflows even in fp64: subtract the larger lse before exponentiating")
+    if code == "nan" and case.startswith("masked"):
+        return _("; a block with lse = -inf must get weight 0 (e^(-inf - m) = 0), not nan")
+    if code == "differs" and key == "lse":
+        return _("; the merged lse is log(e^lse_a + e^lse_b), the log of the joint softmax denominator")
+    if code == "differs":
+        return _("; weight each output by its block's share of the joint softmax denominator, e^(lse_x - lse)")
     return ""
 
 
 def judge_direct_case(case, label: str, answer: dict) -> str | None:
     if "returned" in answer:
-        return f"{label}: my_merge returned a {answer['returned']}; return the pair (out, lse)"
+        return _("{label}: my_merge returned a {type}; return the pair (out, lse)").format(
+            label=label, type=answer["returned"])
     want_out, want_lse = direct_expected(case)
     for key, want in (("lse", want_lse), ("out", want_out)):  # an overflowing lse explains the rest
         got = tensor_of(answer[key])
         if got is None:
-            return f"{label}: {key} is a {answer[key]['type']}, not a tensor"
+            return _("{label}: {key} is a {type}, not a tensor").format(label=label, key=key, type=answer[key]["type"])
         why = _why(got, want, key)
         if why:
-            return f"{label}: {why}{_hint(case, why)}"
+            code, text = why
+            return _("{label}: {why}").format(label=label, why=text) + _hint(case, code, key)
     return None
 
 
@@ -222,9 +234,9 @@ def judge_ring_case(i: int, label: str, causal: bool, factor, per_rank: list[dic
     ref = dense(causal, factor)
     for key in ("out", "dq", "dk", "dv"):
         got = zigzag_unshard([tensor_of(r["ring"][i][key]) for r in per_rank], dim=2)
-        why = _why(got, ref[key], key if key == "out" else f"the gradient {key}")
+        why = _why(got, ref[key], key if key == "out" else _("the gradient {key}").format(key=key), dense=True)
         if why:
-            return f"{label}: {why.replace(' over both blocks', '')} (dense attention, fp64)"
+            return _("{label}: {why} (dense attention, fp64)").format(label=label, why=why[1])
     return None
 
 
@@ -257,7 +269,7 @@ def judge(source: str):
             passed=direct.count(None), tried=len(DIRECT), wrong=wrong))
     else:
         lines.append(_("lse merge, direct: PASSED ({n}/{n} cases: {cases})").format(
-            n=len(DIRECT), cases=", ".join(label for _case, label in DIRECT)))
+            n=len(DIRECT), cases=", ".join(str(label) for _case, label in DIRECT)))
     wrong = next((w for w in ring if w), None)
     if wrong:
         passed = False
@@ -266,7 +278,7 @@ def judge(source: str):
     else:
         lines.append(_("lse merge in ring attention on {world} ranks: PASSED ({n}/{n} cases: {cases}; output and q, "
                        "k, v gradients equal the dense attention in fp64)").format(
-            world=WORLD, n=len(RING), cases=", ".join(label for label, _causal, _factor in RING)))
+            world=WORLD, n=len(RING), cases=", ".join(str(label) for label, _causal, _factor in RING)))
     return passed, lines, cases
 
 
