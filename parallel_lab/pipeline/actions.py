@@ -47,9 +47,8 @@ class Action(NamedTuple):
         """`Action.parse("1F3") == Action(stage=1, kind="F", microbatch=3)`."""
         match = _ACTION_RE.match(text.strip())
         if match is None:
-            raise ScheduleError(
-                f"cannot parse action {text!r}: expected '{{stage}}{{F|B|I|W}}{{microbatch}}', e.g. '1F3'"
-            )
+            raise ScheduleError(_("cannot parse action {text}: expected '{{stage}}{{F|B|I|W}}{{microbatch}}', "
+                                  "e.g. '1F3'").format(text=repr(text)))
         return cls(int(match[1]), match[2], int(match[3]))
 
 
@@ -144,11 +143,13 @@ def _action(item, rank: int, position: int) -> Action | None:
         try:
             return Action.parse(item)
         except ScheduleError as err:
-            raise ScheduleError(f"rank {rank}, position {position}: {err}") from None
+            raise ScheduleError(_("rank {rank}, position {position}: {error}").format(
+                rank=rank, position=position, error=err)) from None
     if isinstance(item, tuple) and len(item) == 3:
         return Action(*item)
-    raise ScheduleError(f"rank {rank}, position {position}: expected an action like '0F1' (a string) or "
-                        f"an Action, got {type(item).__name__} {item!r}")
+    raise ScheduleError(_("rank {rank}, position {position}: expected an action like '0F1' (a string) or "
+                          "an Action, got {type} {item}").format(rank=rank, position=position,
+                                                                 type=type(item).__name__, item=repr(item)))
 
 
 def as_schedule(ranks, p: int, m: int, name: str = "my schedule") -> Schedule:
@@ -163,14 +164,17 @@ def as_schedule(ranks, p: int, m: int, name: str = "my schedule") -> Schedule:
     if isinstance(ranks, Mapping):
         ranks = [ranks[key] for key in sorted(ranks)]
     if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
-        raise ScheduleError(f"{name}: expected one list of actions per rank, got {type(ranks).__name__}")
+        raise ScheduleError(_("{name}: expected one list of actions per rank, got {type}").format(
+            name=name, type=type(ranks).__name__))
     if len(ranks) != p:
-        raise ScheduleError(f"{name}: returned {len(ranks)} rank lists for p={p}; expected one per rank")
+        raise ScheduleError(_("{name}: returned {n} rank lists for p={p}; expected one per rank").format(
+            name=name, n=len(ranks), p=p))
     rows = []
     for rank, entry in enumerate(ranks):
         items = entry.split() if isinstance(entry, str) else entry
         if not isinstance(items, Sequence):
-            raise ScheduleError(f"{name}: rank {rank}: expected a list of actions, got {type(entry).__name__}")
+            raise ScheduleError(_("{name}: rank {rank}: expected a list of actions, got {type}").format(
+                name=name, rank=rank, type=type(entry).__name__))
         rows.append([_action(item, rank, i) for i, item in enumerate(items)])
     return Schedule(name, p, m, 1, tuple(range(p)), rows)
 
