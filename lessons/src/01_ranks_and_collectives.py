@@ -96,7 +96,7 @@ print(cells.run(my_gather, 4, args=(10,)))
 try:
     cells.run(my_broken, 2, args=(1,))
 except cells.RankError as err:
-    print(str(err).split("\n--- the other ranks")[0])
+    print(err.failed())
 
 # %% [markdown]
 # ## 2. The six collectives

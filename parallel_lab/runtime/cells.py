@@ -214,10 +214,8 @@ def _launch(units: list, name: str | None, world_size: int, args, kwargs, timeou
         values = launcher.run(on_rank, world_size, args=(units, name, tuple(args), dict(kwargs or {})),
                               timeout=timeout, untrusted=True)
     except RankError as err:
-        message = str(err).split("\n\n--- traceback on rank", 1)[0].split(": ", 1)[-1]
-        others = str(err).partition("--- the other ranks were stopped ---\n")[2]
-        raise RankError(err.rank, err.exc_type, message, student_traceback(err.remote_traceback),
-                        others=others) from None
+        raise RankError(err.rank, err.exc_type, err.message, student_traceback(err.remote_traceback),
+                        others=err.others) from None
     return [_rebuild(v) for v in values]
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import signal
 
+from parallel_lab.i18n import _
+
 
 class _Report:
     """In a notebook, IPython shows ``_render_traceback_()`` instead of the kernel's own traceback: the
@@ -24,11 +26,15 @@ class RankError(_Report, RuntimeError):
 
     def __init__(self, rank, exc_type, message, remote_traceback, others=""):
         self.rank, self.exc_type, self.remote_traceback = rank, exc_type, remote_traceback
-        super().__init__(
-            f"rank {rank} raised {exc_type}: {message}\n\n"
-            f"--- traceback on rank {rank} ---\n{remote_traceback.rstrip()}"
-            + (f"\n--- the other ranks were stopped ---\n{others}" if others else "")
-        )
+        self.message, self.others = message, others
+        super().__init__(self.failed() + (("\n" + _("--- the other ranks were stopped ---") + f"\n{others}")
+                                          if others else ""))
+
+    def failed(self) -> str:
+        """The report of the rank that failed (what it raised, its traceback), without the other ranks'."""
+        return (_("rank {rank} raised {type}: {message}").format(rank=self.rank, type=self.exc_type,
+                                                                message=self.message) + "\n\n"
+                + _("--- traceback on rank {rank} ---").format(rank=self.rank) + f"\n{self.remote_traceback.rstrip()}")
 
 
 class RankDied(_Report, RuntimeError):
@@ -37,8 +43,8 @@ class RankDied(_Report, RuntimeError):
     def __init__(self, rank, exitcode, doing, others=""):
         self.rank, self.exitcode = rank, exitcode
         super().__init__(
-            f"rank {rank} died with {describe_exit(exitcode)} while {doing}"
-            + (f"\n--- the other ranks were stopped ---\n{others}" if others else "")
+            _("rank {rank} died with {exit} while {doing}").format(rank=rank, exit=describe_exit(exitcode), doing=doing)
+            + (("\n" + _("--- the other ranks were stopped ---") + f"\n{others}") if others else "")
         )
 
 
@@ -48,19 +54,19 @@ class RanksHung(_Report, TimeoutError):
     def __init__(self, timeout, blocked, report):
         self.timeout, self.blocked = timeout, blocked
         super().__init__(
-            f"ranks {sorted(blocked)} did not finish within {timeout:g} s "
-            f"(a send without a matching recv, or a collective some rank skipped?); all ranks "
-            f"were stopped.\n{report}"
+            _("ranks {ranks} did not finish within {timeout:g} s (a send without a matching recv, or a collective "
+              "some rank skipped?); all ranks were stopped.").format(ranks=sorted(blocked), timeout=timeout)
+            + f"\n{report}"
         )
 
 
 def describe_exit(code: int | None) -> str:
     """A process's exit status in words: ``exit status -9 (killed by SIGKILL)``."""
     if code is None:
-        return "no exit status"
+        return _("no exit status")
     if code < 0:
         try:
-            return f"exit status {code} (killed by {signal.Signals(-code).name})"
+            return _("exit status {code} (killed by {signal})").format(code=code, signal=signal.Signals(-code).name)
         except ValueError:
-            return f"exit status {code} (killed by signal {-code})"
-    return f"exit status {code}"
+            return _("exit status {code} (killed by signal {number})").format(code=code, number=-code)
+    return _("exit status {code}").format(code=code)
