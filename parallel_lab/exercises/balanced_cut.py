@@ -8,7 +8,16 @@ optimal cut passes. The library's partitioner is forbidden in the answer (from t
 
 from __future__ import annotations
 
-from parallel_lab.exercises.check import Exercise, NotYet, Verdict, answer_error, compile_answer, register, run_answer
+from parallel_lab.exercises.check import (
+    Exercise,
+    NotYet,
+    Verdict,
+    answer_error,
+    compile_answer,
+    register,
+    run_answer,
+    tallied,
+)
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.i18n import _, _l
 from parallel_lab.pipeline import partition
@@ -67,11 +76,8 @@ def judge(source: str):
         return False, [answers], (0, len(CASES))
     failures = [f"{list(weights)} into {stages} stages: {wrong}" for (weights, stages), answer in zip(CASES, answers[0])
                 if (wrong := judge_case(answer, weights, stages))]
-    cases = (len(CASES) - len(failures), len(CASES))
-    if failures:
-        return False, [_("balanced cut: FAILED ({passed}/{tried} cases)").format(passed=cases[0], tried=cases[1]),
-                       "  " + failures[0]], cases
-    return True, [_("balanced cut: PASSED ({n}/{n} cases)").format(n=len(CASES))], cases
+    return tallied(failures, len(CASES), _("balanced cut: FAILED ({passed}/{tried} cases)"),
+                   _("balanced cut: PASSED ({n}/{n} cases)"))
 
 
 EXERCISE = register(Exercise(

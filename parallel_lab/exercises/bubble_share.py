@@ -14,7 +14,16 @@ over the step that holds it: (p - 1) / (v·m + p - 1); with v = 1 it is GPipe's 
 
 from __future__ import annotations
 
-from parallel_lab.exercises.check import Exercise, NotYet, Verdict, answer_error, compile_answer, register, run_answer
+from parallel_lab.exercises.check import (
+    Exercise,
+    NotYet,
+    Verdict,
+    answer_error,
+    compile_answer,
+    register,
+    run_answer,
+    tallied,
+)
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.i18n import _, _l
 from parallel_lab.pipeline.schedules import build
@@ -73,11 +82,8 @@ def judge(source: str):
         return False, [answers], (0, len(CASES))
     failures = [f"p {p}, m {m}, v {v}: {wrong}" for (p, m, v), answer in zip(CASES, answers[0])
                 if (wrong := judge_case(answer, p, m, v))]
-    cases = (len(CASES) - len(failures), len(CASES))
-    if failures:
-        return False, [_("bubble share: FAILED ({passed}/{tried} cases)").format(passed=cases[0], tried=cases[1]),
-                       "  " + failures[0]], cases
-    return True, [_("bubble share: PASSED ({n}/{n} cases equal the simulator)").format(n=len(CASES))], cases
+    return tallied(failures, len(CASES), _("bubble share: FAILED ({passed}/{tried} cases)"),
+                   _("bubble share: PASSED ({n}/{n} cases equal the simulator)"))
 
 
 EXERCISE = register(Exercise(

@@ -313,6 +313,15 @@ def counted(results) -> tuple[int, int]:
     return sum(bool(r) for r in results), len(results)
 
 
+def tallied(failures: list, tried: int, failed: str, passed: str) -> Judged:
+    """A judge's result from its failing cases' lines: ``failed`` (formatted with ``passed`` and
+    ``tried``) and the first failure, or ``passed`` (formatted with ``n``)."""
+    cases = (tried - len(failures), tried)
+    if failures:
+        return False, [failed.format(passed=cases[0], tried=tried), "  " + failures[0]], cases
+    return True, [passed.format(n=tried)], cases
+
+
 def run_answer(harness, source: str, name: str, world_size: int, label: str, args=()) -> list | str:
     """``harness(source, name, *args)`` on ``world_size`` fresh untrusted ranks: their raw results
     (one per rank), or the FAILED line that says what went wrong. Raises NotYet when the answer
