@@ -685,3 +685,27 @@ def test_quoted_planner_numbers_are_lesson_16s():
         gb = memory_model.max_device_memory(pw.GPT3, micro_batch=1, dp=dp, pp=pp, tp=tp, sequence_parallel=True,
                                             schedule="gpipe", microbatches=m, recompute="full")["total"] / 1e9
         assert f"{gb:.1f} GB" in fit, (dp, pp, tp)
+
+
+def test_the_measure_gap_item_says_what_the_capstone_prediction_counts():
+    """capstone/measure-gap: the capstone's prediction already shares the cores among the ranks
+    (validate_plans.predict: all ranks' compute over the cores calibration found, plus the
+    communication, when there are more ranks than cores), so the item may not blame a gap on a model
+    that leaves the sharing out; it says what the model does count, and what it assumes instead."""
+    from parallel_lab.exercises import capstone
+
+    cfg = capstone.plan_config({"dp": 2, "pp": 2, "tp": 1, "schedule": "1f1b", "microbatches": 2})
+    constants = {"tflops": 0.001, "latency_us": 500.0, "intra_gbps": 0.5}
+    laptop = capstone.model_prediction(cfg, constants, 0.002, 2.0)["time"]  # 4 ranks on 2 cores
+    own = capstone.model_prediction(cfg, constants, 0.002, 4.0)["time"]  # a core per rank
+    comm = laptop["tp_comm_s"] + laptop["pp_comm_s"] + laptop["dp_comm_s"]
+    assert laptop["shared_s"] == pytest.approx(laptop["compute_s"] * 4 / 2 + comm)
+    assert laptop["step_s"] == max(laptop["planner_s"], laptop["shared_s"]) > own["step_s"] == own["planner_s"]
+    item = load("capstone").item("capstone/measure-gap")
+    right = next(o for o in item.options if o.correct)
+    assert "already counts the 4 ranks sharing" in item.prompt["en"]
+    assert "已經算進 4 個 rank 共用" in item.prompt["zh-Hant"]
+    assert "divided by those cores, plus the communication" in right.why["en"]
+    assert "除以這些核心數，再加上通訊" in right.why["zh-Hant"]
+    said = json.dumps(_item_text("capstone", "capstone/measure-gap"), ensure_ascii=False)
+    assert "the model does not" not in said and "模型卻沒有" not in said
