@@ -12,6 +12,7 @@ import pytest
 
 from parallel_lab.course import tags
 from parallel_lab.exercises import REGISTRY
+from parallel_lab.exercises import check as check_module
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -71,6 +72,17 @@ def test_the_stub_keeps_the_signature_docstring_and_hints():
     assert "class MyG(torch.autograd.Function):" in stub and '"""g: all-reduce forward, identity backward."""' in stub
     assert stub.count("# YOUR CODE HERE\n        raise NotImplementedError") == 2
     assert not re.search(r"all_reduce\(out", stub)
+
+
+@pytest.mark.parametrize("lesson,check,cell", EXERCISES, ids=[f"{lesson}-{check}" for lesson, check, _ in EXERCISES])
+def test_every_lessons_stub_is_not_written_yet_from_its_source_alone(lesson, check, cell):
+    """The student edition's answer cell, as the build stubs it, is "not yet" before any process
+    starts (``Exercise.screen``: ``check.is_stub`` reads the source)."""
+    exercise = REGISTRY[check]
+    source = build_lessons.student_source(cell)
+    screened = exercise.screen(source)
+    assert screened is not None and screened.not_yet and not screened.passed, (lesson, check, screened)
+    assert check_module.is_stub(source, exercise.name)
 
 
 @pytest.mark.ranks

@@ -35,3 +35,15 @@ def test_the_stub_is_not_yet_and_the_library_is_refused():
     assert stub.not_yet and not stub.passed
     lib = EXERCISE.check("from parallel_lab.planning import cost\n\ndef my_bubble_share(p, m, v=1):\n    return 0.0\n")
     assert not lib.passed and "parallel_lab" in str(lib)
+
+
+@ranks
+def test_an_answer_that_refuses_a_case_with_not_implemented_error_is_written_and_fails():
+    """A raise NotImplementedError under an else: is the answer's own refusal of a case, not the
+    lesson's stub: the check runs it, and the case it refuses fails like any other case."""
+    partial = ("def my_bubble_share(p, m, v=1):\n    if v == 1:\n        return (p - 1) / (m + p - 1)\n"
+               "    else:\n        raise NotImplementedError('interleaving is not supported')\n")
+    verdict = EXERCISE.check(partial)
+    assert not verdict.passed and not verdict.not_yet, str(verdict)
+    assert verdict.reason == ("bubble share: FAILED: my_bubble_share raised NotImplementedError in a case this check "
+                              "tries; an answer handles every case the exercise asks for")

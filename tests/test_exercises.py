@@ -213,6 +213,28 @@ def test_the_stub_is_not_yet_without_starting_a_process():
     assert launcher.pool_pids() == before
 
 
+@pytest.mark.parametrize("source,stub", [
+    ("def f(x):\n    # YOUR CODE HERE\n    raise NotImplementedError\n", True),
+    ("def f(x):\n    \"\"\"Doc.\"\"\"\n    y = x + 1  # given\n    # YOUR CODE HERE\n    raise NotImplementedError()\n"
+     "    return y\n", True),
+    ("def f(p):\n    out = []\n    for r in range(p):\n        # YOUR CODE HERE\n        raise NotImplementedError\n"
+     "        out.append(r)\n    return out\n", True),
+    ("def f(x):\n    if x > 0:\n        return x\n    else:\n        raise NotImplementedError('x <= 0')\n", False),
+    ("def f(x):\n    try:\n        return 1 / x\n    except ZeroDivisionError:\n"
+     "        raise NotImplementedError\n", False),
+    ("def f(x):\n    return x\n    raise NotImplementedError\n", False),
+    ("def f(x):\n    raise ValueError('no')\n", False),
+    ("class f:\n    @staticmethod\n    def forward(ctx, x):\n        return x\n\n    @staticmethod\n"
+     "    def backward(ctx, g):\n        # YOUR CODE HERE\n        raise NotImplementedError\n", True),
+    ("class f:\n    @staticmethod\n    def forward(ctx, x):\n        if x is None:\n"
+     "            raise NotImplementedError\n        return x\n", False),
+    ("def g(x):\n    raise NotImplementedError\n\n\ndef f(x):\n    return g(x) if x else x\n", False),
+], ids=["stub", "given-code-around", "in-a-loop", "else-branch", "except", "after-return", "other-error",
+        "class-one-method-left", "class-guard", "another-function"])
+def test_a_stub_is_a_raise_every_call_reaches_not_any_raise(source, stub):
+    assert check.is_stub(source, "f") is stub
+
+
 def test_a_rank_cannot_send_back_anything_but_plain_data():
     assert rank_process.plain_loads(pickle.dumps({"a": [1, 2.5, "x", None, (3,)]})) == {"a": [1, 2.5, "x", None, (3,)]}
     with pytest.raises(pickle.UnpicklingError, match="a rank sent torch._utils._rebuild_tensor_v2"):

@@ -19,9 +19,10 @@ How a check keeps the student's code away from its own verdict:
 
 The verdict is deterministic text (no timings, no addresses): nbval compares it in the lessons, and
 the grader's feedback quotes it. It also counts the cases the judge tried and how many passed
-(``Verdict.cases``), which a grading policy with partial credit turns into points. A stub
-(``# YOUR CODE HERE`` / ``raise NotImplementedError``) gets the "not yet" verdict without starting a
-process.
+(``Verdict.cases``), which a grading policy with partial credit turns into points. A stub (the
+lesson's ``# YOUR CODE HERE`` / ``raise NotImplementedError``, which every call still reaches:
+``is_stub``) gets the "not yet" verdict without starting a process; a written answer that raises
+NotImplementedError itself, for a case it does not handle, fails like any wrong answer.
 """
 
 from __future__ import annotations
@@ -122,8 +123,8 @@ class Exercise:
             return screened
         try:
             judged = self.judge(source)
-        except NotYet:
-            return self.not_yet()
+        except NotYet:  # the source is no stub (screen): the answer refuses a case it was given
+            return self.unsupported()
         passed, lines, *counts = judged  # a judge that counts no cases is one case
         cases = tuple(counts[0]) if counts else (int(bool(passed)), 1)
         return Verdict(passed, lines, cases=cases)
@@ -132,6 +133,13 @@ class Exercise:
         return Verdict(False, [_("{label}: NOT YET: {name} still raises NotImplementedError; write your code where "
                                  "it says # YOUR CODE HERE (and remove that raise), then run this cell again").format(
             label=str(self.label), name=self.name)], not_yet=True)
+
+    def unsupported(self) -> Verdict:
+        """The verdict on a written answer (not the stub) that raised NotImplementedError in a case the
+        check tried: a case it does not handle, which fails like any other."""
+        return Verdict(False, [_("{label}: FAILED: {name} raised NotImplementedError in a case this check tries; "
+                                 "an answer handles every case the exercise asks for").format(
+            label=str(self.label), name=self.name)], cases=(0, 1))
 
     def check_object(self, obj) -> Verdict:
         """The notebook's check: the verdict on the cell that defines ``obj``, printed and returned."""
@@ -192,14 +200,33 @@ def answer_source(obj) -> str:
 
 
 def is_stub(source: str, name: str) -> bool:
-    """True when the definition of ``name`` still raises NotImplementedError anywhere in its body."""
+    """True when the definition of ``name`` is still the lesson's stub: a ``raise NotImplementedError``
+    that every call reaches, where the solution region was (``# YOUR CODE HERE``) -- a statement of
+    the function's own body, or of a loop or ``with`` in it, before any ``return`` or other ``raise``.
+    For a class, any of its methods. A raise under an ``if``, a ``try`` or a ``match`` (an answer
+    refusing a case it does not support) is the answer's own code, not the stub."""
     for node in ast.parse(source).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
-            for sub in ast.walk(node):
-                if isinstance(sub, ast.Raise) and sub.exc is not None:
-                    exc = sub.exc.func if isinstance(sub.exc, ast.Call) else sub.exc
-                    if isinstance(exc, ast.Name) and exc.id == "NotImplementedError":
-                        return True
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            return _reaches_not_implemented(node.body)
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return any(_reaches_not_implemented(sub.body) for sub in node.body
+                       if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return False
+
+
+def _reaches_not_implemented(body: list) -> bool:
+    """Whether running ``body`` from its start raises NotImplementedError whatever the inputs: a
+    ``raise NotImplementedError`` among its statements (or a loop's or a ``with``'s), before the
+    first statement that leaves it."""
+    for statement in body:
+        if isinstance(statement, ast.Raise):
+            exc = statement.exc.func if isinstance(statement.exc, ast.Call) else statement.exc
+            return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+        if isinstance(statement, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)):
+            if _reaches_not_implemented(statement.body):
+                return True
+        if isinstance(statement, (ast.Return, ast.Break, ast.Continue)):
+            return False
     return False
 
 
