@@ -12,7 +12,7 @@ import nbformat
 import pytest
 
 from parallel_lab import i18n
-from parallel_lab.course import editions, tags
+from parallel_lab.course import codetext, editions, tags
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -67,16 +67,19 @@ def test_the_edition_is_written_in_chinese(path):
 
 @pytest.mark.parametrize("path", EDITIONS, ids=lambda p: p.name)
 def test_the_edition_has_the_english_lessons_code_and_its_own_language(path):
-    """Same code cells as the English edition (the first setup() call gains the language), same
-    tags, so the same checks grade it; markdown from the lesson's catalog."""
+    """Same code cells as the English edition (the first setup() call gains the language; comments
+    and docstrings translated: the same program, tests/test_codetext.py), same tags, so the same
+    checks grade it; markdown from the lesson's catalog."""
     english = nbformat.read(ROOT / "lessons" / path.name, as_version=4)
     chinese = nbformat.read(path, as_version=4)
     assert chinese.metadata["parallel_lab"] == {"lang": LANG} and "parallel_lab" not in english.metadata
     code = [c for c in english.cells if c.cell_type == "code"]
     code_zh = [c for c in chinese.cells if c.cell_type == "code"]
     assert [c.metadata.get("tags", []) for c in code] == [c.metadata.get("tags", []) for c in code_zh]
-    changed = [(a.source, b.source) for a, b in zip(code, code_zh) if a.source != b.source]
-    assert len(changed) == 1 and editions.with_language(changed[0][0], LANG) == changed[0][1], changed
+    setup = [(a.source, b.source) for a, b in zip(code, code_zh) if editions._SETUP.search(a.source)][0]
+    assert 'lang="zh-Hant"' in setup[1] and codetext.same_program(editions.with_language(setup[0], LANG), setup[1])
+    changed = [(a.source, b.source) for a, b in zip(code, code_zh) if a.source != b.source and a.source != setup[0]]
+    assert all(codetext.same_program(a, b) for a, b in changed), changed
     source = ROOT / "lessons" / "src" / f"{path.stem}.py"
     expected = build_lessons.with_load(source, build_lessons.localized_links(
         editions.translated_cells(path.stem, build_lessons.parse(source.read_text(encoding="utf-8")), LANG), LANG),

@@ -32,8 +32,9 @@ instructor can also open a source as a notebook in JupyterLab, where jupytext is
 
 **Two languages.** Every lesson is built in English (``lessons/``) and, unless it is listed in
 ``parallel_lab.course.editions.NOT_YET_TRANSLATED``, in Traditional Chinese (``lessons/zh-Hant/``):
-the same cells, its markdown from the lesson's catalog (``lessons/locale/zh_Hant/<lesson>.po``), its
-first ``setup()`` given the language, its quiz text in that language; the build refuses a lesson
+the same cells, its markdown and the comments and docstrings of its code cells from the lesson's
+catalog (``lessons/locale/zh_Hant/<lesson>.po``; ``parallel_lab.course.codetext``), its first ``setup()``
+given the language, its quiz text in that language; the build refuses a lesson
 whose catalog lacks a cell or holds a fuzzy one (``tools/catalogs.py check`` says which).
 
 **What a student sees first.** Under each lesson's title the build writes how long it takes, by the
@@ -43,7 +44,8 @@ the numbers cannot drift from the sources (``--readme`` writes them into the REA
 executing, it hides the outputs of the cells tagged ``reveals:<prediction id>`` behind a reveal
 (``parallel_lab.course.hidden``): nothing visible answers a prediction before the student runs the
 cell. ``--markdown-only`` rewrites the markdown of committed lessons from their sources without
-executing anything, when only text changed (it refuses when a code cell differs).
+executing anything, when only text changed: markdown, and the comments and docstrings of code cells
+where the outputs cannot show them (it refuses when a code cell's program differs).
 
 The build appends each lesson's quiz from its bank (``parallel_lab.course.quiz.text.lesson_cells``:
 the practice widget, the student id with the graded quiz drawn for it, the answer sheet and the
@@ -70,7 +72,7 @@ import render_static  # tools/, beside this file
 from nbclient import NotebookClient
 
 from parallel_lab import i18n
-from parallel_lab.course import editions, hidden, load, predictions, tags
+from parallel_lab.course import codetext, editions, hidden, load, predictions, tags
 from parallel_lab.course.quiz import bank, text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -268,11 +270,43 @@ def build(source: Path, edition: str = "student", directory: Path = LESSONS, lan
     return target
 
 
+def _shown_text(cell) -> str:
+    """Everything a code cell's outputs show, the hidden ones (``course.hidden``) included."""
+    outputs = list(cell.get("outputs", [])) + list(cell.get("metadata", {}).get("parallel_lab", {})
+                                                    .get("hidden_outputs", []))
+    parts = []
+    for output in outputs:
+        parts.append(str(output.get("text", "")))
+        parts += [str(value) for value in output.get("data", {}).values()]
+        parts += [str(line) for line in output.get("traceback", [])]
+    return "\n".join(parts)
+
+
+def only_words_changed(new: str, old, target: Path) -> bool:
+    """True when code cell ``old`` (committed, executed) differs from ``new`` only in comments and
+    docstrings, in a way its outputs cannot show: the same program (``codetext.same_program``), no
+    output quoting a replaced English text, and, when a statement moved to another line, no output
+    that names lines (a traceback). SystemExit saying why when the cell must be executed."""
+    if not codetext.same_program(new, old.source):
+        return False
+    gone = {p.text for p in codetext.pieces(old.source)} - {p.text for p in codetext.pieces(new)}
+    shown = _shown_text(old)
+    quoted = [text for text in gone for line in text.splitlines() if len(line.strip()) > 8 and line.strip() in shown]
+    if quoted:
+        raise SystemExit(f"{target}: code cell {old.get('id')}: its output shows {quoted[0][:60]!r}, which changed: "
+                         f"build it")
+    if codetext.moved_lines(old.source, new) and (re.search(r"\bline \d+|Cell In\[", shown) or any(
+            o.get("output_type") == "error" for o in old.get("outputs", []))):
+        raise SystemExit(f"{target}: code cell {old.get('id')}: its lines moved and its output names lines: build it")
+    return True
+
+
 def refresh_markdown(source: Path, directory: Path = LESSONS, lang: str = "en") -> Path:
-    """Rewrite the markdown cells of a committed student edition from its source, without executing
-    anything: for a change of text only. Refuses (SystemExit, writing nothing) when any code cell's
-    source or tags, or the cells' kinds and order, differ from the build's: then the outputs may
-    differ too and the lesson must be built."""
+    """Rewrite the markdown cells of a committed student edition from its source, and the code cells
+    whose change is only in comments and docstrings (``only_words_changed``: the same program, outputs
+    that cannot show the change), without executing anything: for a change of text only. Refuses
+    (SystemExit, writing nothing) when any other code cell's source, or any tags, or the cells' kinds
+    and order, differ from the build's: then the outputs may differ too and the lesson must be built."""
     target = directory / f"{source.stem}.ipynb"
     fresh = notebook(source, "student", lang)
     committed = nbformat.read(target, as_version=4)
@@ -280,10 +314,10 @@ def refresh_markdown(source: Path, directory: Path = LESSONS, lang: str = "en") 
     if kinds[0] != kinds[1]:
         raise SystemExit(f"{target}: its cells are not the source's (kinds or order differ): build it")
     for new, old in zip(fresh.cells, committed.cells):
-        if new.cell_type == "code" and (new.source != old.source or tags.of(new) != tags.of(old)):
+        if new.cell_type == "code" and (tags.of(new) != tags.of(old) or (
+                new.source != old.source and not only_words_changed(new.source, old, target))):
             raise SystemExit(f"{target}: code cell {old.get('id')} differs from the source's: build it")
-        if new.cell_type == "markdown":
-            old.source = new.source
+        old.source = new.source
     nbformat.write(committed, target)
     print(f"{target}: markdown refreshed from {source.name} (nothing executed)", file=sys.stderr)
     return target
@@ -328,7 +362,7 @@ def main(argv=None) -> None:
                         help="only write each lesson's minutes (by the rule) into the READMEs' course maps")
     parser.add_argument("--markdown-only", action="store_true",
                         help="rewrite only the markdown cells of the committed student editions (refused when a code "
-                             "cell differs from its source)")
+                             "cell differs from its source in more than its comments and docstrings)")
     args = parser.parse_args(argv)
     if args.readme:
         for readme, lang in zip(READMES, ("en", "zh-Hant")):

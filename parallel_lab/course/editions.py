@@ -11,9 +11,11 @@ and its place there), so that a translator edits a ``.po`` file in any gettext t
 records what each translation was made from. When an English cell changes, its msgid no longer
 matches: ``pybabel update`` (``tools/catalogs.py update``) marks the old translation fuzzy and keeps
 the English it was made from (``#| msgid``); the build refuses an untranslated or fuzzy cell and the
-tests name the lesson and the cell. Code cells are the same code in both editions; only the first
-one's ``setup()`` gains the language (``with_language``), and everything the library shows follows
-it (``parallel_lab.i18n``).
+tests name the lesson and the cell. Code cells are the same program in both editions: their comments
+and docstrings (``course.codetext``: an exercise's spec, ``# one row per rank``) are messages of the
+same catalog, one per comment block or docstring, keyed by the code cell (``code_keys``), and the
+edition writes them translated (``codetext.translate``); the first ``setup()`` gains the language
+(``with_language``), and everything the library shows follows it (``parallel_lab.i18n``).
 
 ``extract_lesson`` is a Babel extraction method (``lessons/babel.cfg``), so ``pybabel extract`` reads
 a lesson source like any other.
@@ -24,6 +26,8 @@ from __future__ import annotations
 import re
 import unicodedata
 from pathlib import Path
+
+from parallel_lab.course import codetext
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ROOT / "lessons" / "src"
@@ -77,6 +81,28 @@ def cell_keys(cells) -> list:
     return keys
 
 
+def code_keys(cells) -> list:
+    """The key of every code cell (None for markdown cells): ``<section>/code<n>``, the slug of the
+    last heading before it and its place among the code cells after that heading
+    (``2-a-schedule-is-data/code3``), unique within the lesson like ``cell_keys``'."""
+    keys, seen, section, count = [], set(), "top", 0
+    for cell in cells:
+        if cell.cell_type != "code":
+            headings = _HEADING.findall(cell.source) if cell.cell_type == "markdown" else []
+            if headings:
+                section, count = slug(headings[-1]), 0
+            keys.append(None)
+            continue
+        count += 1
+        key, n = f"{section}/code{count}", 1
+        while key in seen:
+            n += 1
+            key = f"{section}/code{count}~{n}"
+        seen.add(key)
+        keys.append(key)
+    return keys
+
+
 def parse(source: str) -> list:
     """The cells of a percent-format lesson source (jupytext)."""
     import jupytext  # a build-time dependency (the course and test extras)
@@ -95,13 +121,37 @@ def messages(source: str) -> list[tuple[str, str, int]]:
     return out
 
 
+def code_messages(source: str) -> list[tuple[str, str, int, str]]:
+    """``(key, English text, line, kind)`` of every comment block and docstring a student reads in the
+    code cells of a lesson source (``codetext.pieces``; kind "comment" or "docstring")."""
+    cells = parse(source)
+    lines = [n for n, line in enumerate(source.splitlines(), 1) if _CELL.match(line)]
+    out = []
+    for index, (cell, key) in enumerate(zip(cells, code_keys(cells))):
+        if key is not None:
+            first = lines[index] if index < len(lines) else 0
+            out += [(key, piece.text, first + piece.row, piece.kind) for piece in codetext.pieces(cell.source)]
+    return out
+
+
+NOTES = {
+    "markdown": "Markdown cell: keep code spans, formulas, links and blockquoted quotations of the article as "
+                "they are.",
+    "comment": "Code comment: translate the words; keep code names, numbers and formulas as they are (a comment "
+               "after code stays one line).",
+    "docstring": "Docstring (for an exercise, its spec): translate the words; keep code names, numbers and "
+                 "formulas as they are.",
+}
+
+
 def extract_lesson(fileobj, keywords, comment_tags, options):
-    """Babel extraction method (``lessons/babel.cfg``): one message per markdown cell, its key as
-    msgctxt (``pgettext``)."""
+    """Babel extraction method (``lessons/babel.cfg``): one message per markdown cell, then one per
+    comment block or docstring of the code cells, each with its cell's key as msgctxt (``pgettext``)."""
     source = fileobj.read().decode(options.get("encoding", "utf-8"))
-    for key, text, line in messages(source):
-        yield line, "pgettext", (key, text), ["Markdown cell: keep code spans, formulas, links and "
-                                               "blockquoted quotations of the article as they are."]
+    found = [(line, key, text, "markdown") for key, text, line in messages(source)]
+    found += [(line, key, text, kind) for key, text, line, kind in code_messages(source)]
+    for line, key, text, kind in sorted(found, key=lambda m: m[0]):
+        yield line, "pgettext", (key, text), [NOTES[kind]]
 
 
 def catalog_path(lesson: str, lang: str) -> Path:
@@ -142,7 +192,20 @@ def problems(lesson: str, source: str, lang: str) -> list[str]:
             was = f"; translated from: {message.previous_id[0][:60]!r}" if message.previous_id else ""
             found.append(f"{lesson}: cell {key} (line {line}): fuzzy: its English source changed after it "
                          f"was translated{was}")
+    for key, text, line, kind in code_messages(source):
+        message = catalog.get(text, context=key)
+        what = f"{lesson}: code cell {key} (line {line}): the {kind} {_short(text)}"
+        if message is None or not message.string:
+            found.append(f"{what}: not translated (if its English changed, tools/catalogs.py update {lesson[:2]} "
+                         f"marks the old translation fuzzy)")
+        elif message.fuzzy:
+            was = f"; translated from: {_short(message.previous_id[0])}" if message.previous_id else ""
+            found.append(f"{what}: fuzzy: its English changed after it was translated{was}")
     return found
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 def translated_cells(lesson: str, cells, lang: str) -> list:
@@ -151,7 +214,7 @@ def translated_cells(lesson: str, cells, lang: str) -> list:
     source_cells = list(cells)
     catalog = read_catalog(catalog_path(lesson, lang), lang)
     missing, out, language_set = [], [], False
-    for cell, key in zip(source_cells, cell_keys(source_cells)):
+    for cell, key, code_key in zip(source_cells, cell_keys(source_cells), code_keys(source_cells)):
         cell = cell.copy()
         if key is not None:
             message = catalog.get(cell.source, context=key)
@@ -159,8 +222,10 @@ def translated_cells(lesson: str, cells, lang: str) -> list:
                 missing.append(key)
             else:
                 cell.source = message.string
-        elif cell.cell_type == "code" and not language_set and _SETUP.search(cell.source):
-            cell.source, language_set = with_language(cell.source, lang), True
+        elif code_key is not None:
+            cell.source = translated_code(cell.source, code_key, catalog, missing)
+            if not language_set and _SETUP.search(cell.source):
+                cell.source, language_set = with_language(cell.source, lang), True
         out.append(cell)
     if missing:
         raise TranslationError(f"{lesson}: {len(missing)} cell(s) not translated into {lang}: {', '.join(missing)} "
@@ -168,6 +233,19 @@ def translated_cells(lesson: str, cells, lang: str) -> list:
     if not language_set:
         raise TranslationError(f"{lesson}: no code cell calls setup(): the {lang} edition cannot set its language")
     return out
+
+
+def translated_code(source: str, key: str, catalog, missing: list) -> str:
+    """A code cell's source with its comments and docstrings from ``catalog`` (the cell's key as their
+    msgctxt); appends to ``missing`` what has no translation, and leaves it in English."""
+    def lookup(text):
+        message = catalog.get(text, context=key)
+        if message is None or not message.string or message.fuzzy:
+            missing.append(f"{key} ({_short(text, 30)})")
+            return None
+        return message.string
+
+    return codetext.translate(source, lookup)
 
 
 def with_language(code: str, lang: str) -> str:

@@ -116,7 +116,7 @@ def sheet_template(lesson) -> str:
     """The answer-sheet cell for a lesson: every question id, unanswered."""
     bank = _bank(lesson)
     width = max(len(item.id) for item in bank.items) + 3
-    what = {"single": "one option key", "multiple": "a list of option keys", "numeric": "a number"}
+    what = {"single": _("one option key"), "multiple": _("a list of option keys"), "numeric": _("a number")}
     rows = [f"    {json.dumps(item.id) + ':':{width}} None,  # {what[item.kind]}" for item in bank.items]
     return "my_answers = {\n" + "\n".join(rows) + "\n}"
 
@@ -200,6 +200,7 @@ def lesson_cells(lesson, points: int = 3) -> str:
               "can verify comes from whoever grades your notebook (hand it in, or submit it to the course's\n"
               "grading service).").format(name=name, switch=switch)
     markdown = "\n".join(f"# {line}".rstrip() for line in intro.split("\n"))
+    student_id = _("your student id, as on your instructor's roster, e.g. \"{example}\"").format(example="s1234567")
     return f'''# %% [markdown]
 {markdown}
 
@@ -211,7 +212,7 @@ quiz("{name}")
 # %% tags=["student-id"]
 from parallel_lab.course.quiz import graded_quiz
 
-my_student_id = None  # your student id, as on your instructor's roster, e.g. "s1234567"
+my_student_id = None  # {student_id}
 graded_quiz("{name}", my_student_id)
 
 # %% tags=["answer:quiz:{name}"]
