@@ -186,3 +186,31 @@ def test_a_changed_code_comment_is_named_with_its_lesson_and_cell():
     found = editions.problems(source.stem, text.replace(english, english + " Changed.", 1), LANG)
     assert len(found) == 1 and found[0].startswith(f"17_faq: code cell {key} (line "), found
     assert "the docstring" in found[0] and "not translated" in found[0]
+
+
+def test_a_changed_comment_goes_fuzzy_with_the_english_it_was_made_from(tmp_path, monkeypatch):
+    """The catalog updated after a docstring changed (tools/catalogs.py update, on a copy): the old
+    translation is kept as fuzzy with the English it was made from (``#| msgid``), the check names the
+    lesson, the code cell and the text, and the build refuses it."""
+    import catalogs  # tools/
+
+    stem = "17_faq"
+    source = tmp_path / "lessons" / "src" / f"{stem}.py"
+    source.parent.mkdir(parents=True)
+    (tmp_path / "lessons" / "babel.cfg").write_bytes((ROOT / "lessons" / "babel.cfg").read_bytes())
+    text = (ROOT / "lessons" / "src" / f"{stem}.py").read_text(encoding="utf-8")
+    key, english, _, _ = next(m for m in editions.code_messages(text) if m[3] == "docstring")
+    source.write_text(text.replace(english, english.replace("idle share", "idle fraction"), 1), encoding="utf-8")
+    monkeypatch.setattr(editions, "CATALOGS", tmp_path / "locale")
+    catalog = editions.catalog_path(stem, LANG)
+    catalog.parent.mkdir(parents=True)
+    catalog.write_bytes((ROOT / "lessons" / "locale" / "zh_Hant" / f"{stem}.po").read_bytes())
+    monkeypatch.setattr(catalogs, "ROOT", tmp_path)
+    catalogs.update(catalogs.lesson_template(source, tmp_path), catalog, "zh_Hant")
+    found = editions.problems(stem, source.read_text(encoding="utf-8"), LANG)
+    assert len(found) == 1 and found[0].startswith(f"{stem}: code cell {key} (line "), found
+    assert "the docstring 'The idle fraction" in found[0] and "fuzzy: its English changed after it was translated" \
+        in found[0]
+    assert '#, fuzzy\n#| msgid "The idle share of a training step' in catalog.read_text(encoding="utf-8")
+    with pytest.raises(editions.TranslationError, match=rf"{key} \('The idle fraction"):
+        editions.translated_cells(stem, build_lessons.parse(source.read_text(encoding="utf-8")), LANG)
