@@ -150,10 +150,35 @@ def test_gpt3_rejections_say_why(gpt3):
     assert pure_dp and all("GB > 80 GB" in r["reason"] for r in pure_dp)
     # without ZeRO more than 2.8 TB: the model state alone is 16 bytes x 175B; ZeRO stages shard
     # it over the 512 replicas (ZeRO-3 with full recomputation even fits: test_zero3_..._across_nodes)
-    assert all(float(r["reason"].split()[1]) > 2800 for r in pure_dp if r["plan"]["zero"] == 0)
+    assert all(r["kind"] == "memory" and r["values"]["need_gb"] > 2800 for r in pure_dp if r["plan"]["zero"] == 0)
     assert all(f"ZeRO-{r['plan']['zero']}" in r["reason"] for r in pure_dp)
     tp8pp1 = [r for r in gpt3["rejected"] if r["plan"]["tp"] == 8 and r["plan"]["pp"] == 1]
     assert tp8pp1 and all("GB > 80 GB" in r["reason"] for r in tp8pp1)
+
+
+def test_a_rejection_is_its_kind_and_numbers_said_in_the_lessons_language(gpt3):
+    """The reason is made where the planner rejects (kind and values) and said where it is shown:
+    the zh-Hant table reads Chinese, with the numbers of the English, and nothing parses the English."""
+    from parallel_lab.i18n import using
+    from parallel_lab.show import planner as pw
+
+    first = {}
+    for r in gpt3["rejected"]:
+        first.setdefault(r["kind"], r)
+    assert set(first) == {"memory", "tp-over-node", "layers-pp-ends"}
+    tp16, layers = first["tp-over-node"], first["layers-pp-ends"]
+    assert tp16["values"] == {"tp": 16, "devices": 8} and layers["values"] == {"layers": 96, "pp": 128}
+    assert all(planner.reason_text(r) == r["reason"] for r in first.values())  # English: the row's reason
+    with using("zh-Hant"):
+        assert planner.reason_text(tp16) == "tp 16 > devices_per_node 8：張量平行群組會跨越節點"
+        assert planner.reason_text(layers) == "層數 96 % pp 128 != 0（也沒有讓兩端 rank 較輕的切法）"
+        table = pw.rejections_table(gpt3)
+    nearest = min((r for r in gpt3["rejected"] if r["kind"] == "memory"), key=lambda r: r["values"]["need_gb"])
+    assert "記憶體放不下" in table and "TP 群組會跨節點" in table
+    assert f"最接近的落選者： dp {nearest['plan']['dp']} x pp {nearest['plan']['pp']}" in table
+    assert f"需要 {nearest['values']['need_gb']:.1f} GB > 80 GB（ZeRO-{nearest['values']['zero']}" in table
+    for english in ("would cross nodes", "lightest of every", "no split with", "needs "):
+        assert english not in table
 
 
 def test_docstring_example():

@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from parallel_lab.hardware import Cluster
+from parallel_lab.i18n import using
 from parallel_lab.parallel3d import config, train3d, validate_plans
 from parallel_lab.pipeline.schedules import ScheduleError
 from parallel_lab.planning import cost, memory
@@ -247,6 +248,9 @@ def test_validate_runs_a_grid_and_reports_errors(monkeypatch):
         assert r["tp_efficiency"] == (0.5 if r["tp"] > 1 else 1.0)
         assert r["workload_tflops"] == pytest.approx(0.01 * r["tp_efficiency"])  # the shard's FLOP/s
     assert "median relative error" in validate_plans.format_table(result)
+    with using("zh-Hant"):  # lesson 16's zh-Hant edition reads the table and its summary in Chinese
+        table = validate_plans.format_table(result)
+    assert "相對誤差中位數" in table and "誤差" in table.splitlines()[0] and "median" not in table
     with pytest.raises(ValueError, match="!= world_size 4"):
         validate_plans.validate(grid=((1, 2, 1),), sizes=sizes, calibration=cal, progress=None)
 

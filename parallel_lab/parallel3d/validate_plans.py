@@ -55,6 +55,7 @@ import torch.distributed as dist
 
 from parallel_lab import models
 from parallel_lab.hardware import Cluster, Link
+from parallel_lab.i18n import _, pad, width
 from parallel_lab.parallel3d import train3d
 from parallel_lab.pipeline.profile import one_thread
 from parallel_lab.planning import calibration as calib
@@ -216,7 +217,7 @@ def validate(grid=GRID_4, sizes=None, steps: int = 6, world_size: int = 4, calib
     sizes = SIZES if sizes is None else sizes
     say = progress or (lambda line: None)
     if calibration is None:
-        say(f"calibrating on {world_size} ranks ...")
+        say(_("calibrating on {ranks} ranks ...").format(ranks=world_size))
         calibration = calibrate(world_size)
     n_cores = min(launcher.cores(), calibration.get("effective_cores", launcher.cores()))
     rows = []
@@ -226,7 +227,7 @@ def validate(grid=GRID_4, sizes=None, steps: int = 6, world_size: int = 4, calib
                 raise ValueError(f"grid entry dp {dp} x pp {pp} x tp {tp} != world_size {world_size}")
             cfg = train3d.Config(dp=dp, pp=pp, tp=tp, steps=steps, **{**RUN, **(run or {}), **shape})
             train3d.check(cfg)
-            say(f"{size}: dp {dp} x pp {pp} x tp {tp} ...")
+            say(_("{size}: dp {dp} x pp {pp} x tp {tp} ...").format(size=size, dp=dp, pp=pp, tp=tp))
             efficiency = tp_efficiency(cfg, world_size)
             tflops = workload_tflops(cfg, world_size=world_size, efficiency=efficiency)
             group = max(dp, tp)  # the all-reduce groups of these plans (where dp and tp are both > 1, equal)
@@ -300,24 +301,28 @@ def validate_overlap(stages=(0, 1, 2, 3), dp: int = 2, links=OVERLAP_LINKS, step
 
 
 def format_table(result: dict) -> str:
-    """A text table of ``validate``'s rows and the median relative errors."""
-    head = (f"{'model':<11} {'dp':>3} {'pp':>3} {'tp':>3} {'measured ms':>12} {'predicted ms':>13} {'error':>6}"
-            f" {'(matmul FLOP/s)':>16} {'error':>6}")
-    lines = [head, "-" * len(head)]
+    """A text table of ``validate``'s rows and the median relative errors, in the language of the moment."""
+    head = (f"{pad(_('model'), 11)} {'dp':>3} {'pp':>3} {'tp':>3} {pad(_('measured ms'), 12, '>')} "
+            f"{pad(_('predicted ms'), 13, '>')} {pad(_('error'), 6, '>')} {pad(_('(matmul FLOP/s)'), 16, '>')} "
+            f"{pad(_('error'), 6, '>')}")
+    lines = [head, "-" * width(head)]
     for r in result["rows"]:
         lines.append(f"{r['size']:<11} {r['dp']:>3} {r['pp']:>3} {r['tp']:>3} {r['measured_s'] * 1e3:>12.1f} "
                      f"{r['predicted_s'] * 1e3:>13.1f} {r['rel_error']:>6.0%} {r['predicted_matmul_s'] * 1e3:>16.1f} "
                      f"{r['rel_error_matmul']:>6.0%}")
     cal, first = result["calibration"], result["rows"][0]
-    shards = f", its TP shards at {first['tp_efficiency']:.2f} of 1/tp" if first["tp"] > 1 else ""
-    lines.append(f"median relative error {result['median_rel_error']:.0%} with the model's own FLOP/s "
-                 f"({first['workload_tflops'] * 1e3:.1f} GFLOP/s for the first plan{shards}), "
-                 f"{result['median_rel_error_matmul']:.0%} with the matmul's ({cal['tflops'] * 1e3:.1f} GFLOP/s)")
-    lines.append(f"{result['median_rel_error_given_load']:.0%} when told the cores the ranks really got "
-                 f"during each run (a diagnostic: it separates the model's error from the machine's other load)")
+    shards = _(", its TP shards at {share:.2f} of 1/tp").format(share=first["tp_efficiency"]) if first["tp"] > 1 else ""
+    lines.append(_("median relative error {error:.0%} with the model's own FLOP/s ({gflops:.1f} GFLOP/s for the first "
+                   "plan{shards}), {matmul_error:.0%} with the matmul's ({matmul_gflops:.1f} GFLOP/s)").format(
+        error=result["median_rel_error"], gflops=first["workload_tflops"] * 1e3, shards=shards,
+        matmul_error=result["median_rel_error_matmul"], matmul_gflops=cal["tflops"] * 1e3))
+    lines.append(_("{error:.0%} when told the cores the ranks really got during each run (a diagnostic: it "
+                   "separates the model's error from the machine's other load)").format(
+        error=result["median_rel_error_given_load"]))
     near = cal.get("near")
-    through = "" if not near else (f" (gloo; through shared memory α {near['latency_us']:.0f} us, "
-                                   f"{near['intra_gbps']:.2f} GB/s)")
-    lines.append(f"all-reduce α {cal['latency_us']:.0f} us, {cal['intra_gbps']:.2f} GB/s{through}; "
-                 f"{result['world_size']} ranks on {result['cores']:.1f} effective cores")
+    through = "" if not near else _(" (gloo; through shared memory α {latency:.0f} us, {gbps:.2f} GB/s)").format(
+        latency=near["latency_us"], gbps=near["intra_gbps"])
+    lines.append(_("all-reduce α {latency:.0f} us, {gbps:.2f} GB/s{through}; {ranks} ranks on {cores:.1f} effective "
+                   "cores").format(latency=cal["latency_us"], gbps=cal["intra_gbps"], through=through,
+                                   ranks=result["world_size"], cores=result["cores"]))
     return "\n".join(lines)

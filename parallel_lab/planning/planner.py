@@ -44,10 +44,11 @@ from dataclasses import asdict
 
 from parallel_lab.checks import positive_int
 from parallel_lab.hardware import Cluster
+from parallel_lab.i18n import N_, _
 from parallel_lab.pipeline.schedules import MAX_STAGES
 from parallel_lab.planning import memory, memory_model
 from parallel_lab.planning.cost import CLOSED_FORMS, OVERLAP_SHARE, _step_base, with_dp
-from parallel_lab.runtime.mesh import ParallelDims
+from parallel_lab.runtime import mesh
 from parallel_lab.zero.memory import STAGES as ZERO_STAGES
 from parallel_lab.zero.memory import check_stage
 
@@ -72,6 +73,46 @@ GPT3_TOKENS = 300e9  # tokens GPT-3 was trained on (Brown et al. 2020), the defa
 LONG_SEQ = 32768
 GB = memory.GB
 
+# Why the planner rejects a candidate: a rejection row carries its ``kind`` (a key of REASONS) and the
+# ``values`` of its message; REASONS gives the kind's group (what a summary counts) and its message,
+# English here (the row's ``reason``) and translated where it is shown (``reason_text``).
+REASONS = {
+    "tp-over-node": (N_("TP group would cross nodes"), mesh.TP_OVER_NODE),
+    "tp-splits-node": (N_("TP group would cross nodes"), mesh.TP_SPLITS_NODE),
+    "heads-tp": (N_("heads or width do not split by tp"), N_("heads {heads} % tp {tp} != 0")),
+    "hidden-tp": (N_("heads or width do not split by tp"), N_("hidden {hidden} % tp {tp} != 0")),
+    "layers-pp": (N_("layers do not split into pp equal stages"), N_("layers {layers} % pp {pp} != 0")),
+    "layers-pp-ends": (N_("layers do not split into pp equal stages"),
+                       N_("layers {layers} % pp {pp} != 0 (and no split with lighter end ranks)")),
+    "pp-cap": (N_("more stages than the simulator handles"), N_("pp {pp} > {cap}, the schedule simulator's cap")),
+    "batch-dp": (N_("batch does not split into dp replicas"), N_("batch {batch} % dp {dp} != 0")),
+    "ep-dp": (N_("ep does not divide dp"), N_("dp {dp} % ep {ep} != 0: expert parallel groups are carved out of "
+                                              "the data-parallel group")),
+    "interleaved-m": (N_("interleaving needs m % pp == 0"),
+                      N_("{schedule} needs microbatches % pp {pp} == 0; batch / dp = {rows} has no such divisor")),
+    "v-m": (N_("V schedules need m >= 2 pp"),
+            N_("{schedule} needs microbatches >= 2 pp = {need}; batch / dp = {rows} has no such divisor")),
+    "memory": (N_("does not fit in memory"),
+               N_("needs {need_gb:.1f} GB > {limit_gb:g} GB (ZeRO-{zero}, stage {stage}; the lightest of every "
+                  "micro-batching tried: {microbatches} x {micro_batch} sequences)")),
+}
+
+
+def rejection(plan: dict, kind: str, **values) -> dict:
+    """A rejected candidate: ``{"plan", "kind", "values", "reason"}``, the reason in English (the
+    command line's JSON); ``reason_text`` says it in the language of the moment."""
+    return {"plan": plan, "kind": kind, "values": values, "reason": REASONS[kind][1].format(**values)}
+
+
+def reason_text(row: dict) -> str:
+    """A rejection's reason in this process's language, made from its kind and values."""
+    return _(REASONS[row["kind"]][1]).format(**row["values"])
+
+
+def reason_group(row: dict) -> str:
+    """The English name of a rejection's group (``_()`` translates it): the kinds a summary counts together."""
+    return REASONS[row["kind"]][0]
+
 
 # ----------------------------------------------------------------------------------------------
 # The search.
@@ -81,22 +122,24 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _structural_reason(model, cluster, batch, dp, pp, tp, cp=1, ends=False) -> str | None:
-    """Why (dp, pp, tp, cp) cannot work at all, whatever the schedule (None if it can)."""
-    try:
-        ParallelDims(dp * cp, pp, tp, cluster.nodes, cluster.gpus_per_node)
-    except ValueError as exc:
-        return str(exc)
+def _structural_reason(model, cluster, batch, dp, pp, tp, cp=1, ends=False) -> tuple[str, dict] | None:
+    """Why (dp, pp, tp, cp) cannot work at all, whatever the schedule: ``(kind, values)`` of a
+    ``REASONS`` entry, or None if it can. dp x cp x pp x tp is the world, so of the mesh's checks
+    (``mesh.ParallelDims``) only a TP group across nodes can fail."""
+    crossing = mesh.tp_crossing(tp, cluster.gpus_per_node)
+    if crossing:
+        message, values = crossing
+        return ("tp-over-node" if message == mesh.TP_OVER_NODE else "tp-splits-node"), values
     if model.heads % tp:
-        return f"heads {model.heads} % tp {tp} != 0"
+        return "heads-tp", {"heads": model.heads, "tp": tp}
     if model.hidden % tp:
-        return f"hidden {model.hidden} % tp {tp} != 0"
+        return "hidden-tp", {"hidden": model.hidden, "tp": tp}
     if model.layers % pp and not (ends and memory_model.light_ends_split(model.layers, pp)):
-        return f"layers {model.layers} % pp {pp} != 0" + (" (and no split with lighter end ranks)" if ends else "")
+        return ("layers-pp-ends" if ends else "layers-pp"), {"layers": model.layers, "pp": pp}
     if pp > MAX_STAGES:
-        return f"pp {pp} > {MAX_STAGES}, the schedule simulator's cap"
+        return "pp-cap", {"pp": pp, "cap": MAX_STAGES}
     if batch % dp:
-        return f"batch {batch} % dp {dp} != 0"
+        return "batch-dp", {"batch": batch, "dp": dp}
     return None
 
 
@@ -122,7 +165,8 @@ def _choose_microbatches(model, cluster, batch, layout: dict, zeros, sp: bool, o
                          ends: bool = False) -> list[dict]:
     """For one layout (dp, pp, tp, schedule, virtual, recompute), per ZeRO stage in ``zeros`` the plan
     row with the number of micro-batches that is fastest and fits, or a rejection ``{"plan",
-    "reason"}``. The terms that do not depend on the stage are computed once per micro-batching."""
+    "kind", "values", "reason"}`` (``rejection``). The terms that do not depend on the stage are computed
+    once per micro-batching."""
     dp, pp, tp = layout["dp"], layout["pp"], layout["tp"]
     ep, cp = layout.get("ep", 1), layout.get("cp", 1)
     schedule, virtual, rc = layout["schedule"], layout["virtual"], layout["recompute"]
@@ -130,8 +174,9 @@ def _choose_microbatches(model, cluster, batch, layout: dict, zeros, sp: bool, o
     counts = [m for m in _divisors(batch // dp) if (schedule != "interleaved-1f1b" or m % pp == 0)
               and (schedule not in V_SCHEDULES or m >= 2 * pp)]
     if not counts:
-        need = f"microbatches % pp {pp} == 0" if schedule == "interleaved-1f1b" else f"microbatches >= 2 pp = {2 * pp}"
-        return [{"plan": layout, "reason": f"{schedule} needs {need}; batch / dp = {batch // dp} has no such divisor"}]
+        if schedule == "interleaved-1f1b":
+            return [rejection(layout, "interleaved-m", schedule=schedule, pp=pp, rows=batch // dp)]
+        return [rejection(layout, "v-m", schedule=schedule, need=2 * pp, rows=batch // dp)]
     bases = {m: _step_base(model, cluster, batch, dp, pp, tp, m, schedule, virtual, rc, ep, cp, split, ends)
              for m in counts}
     rows = []
@@ -157,10 +202,9 @@ def _choose_microbatches(model, cluster, batch, layout: dict, zeros, sp: bool, o
                 lightest = (mem, m, b)
         else:
             mem, m, b = lightest
-            rows.append({"plan": layout | {"zero": zero, "microbatches": m, "micro_batch": b},
-                         "reason": f"needs {mem['total'] / GB:.1f} GB > {cluster.gpu_mem_gb:g} GB (ZeRO-{zero}, "
-                                   f"stage {mem['stage']}; the lightest of every micro-batching tried: "
-                                   f"{m} x {b} sequences)"})
+            rows.append(rejection(layout | {"zero": zero, "microbatches": m, "micro_batch": b}, "memory",
+                                  need_gb=mem["total"] / GB, limit_gb=cluster.gpu_mem_gb, zero=zero,
+                                  stage=mem["stage"], microbatches=m, micro_batch=b))
     return rows
 
 
@@ -201,7 +245,8 @@ def plan(model: memory.ModelConfig, cluster: Cluster, batch: int, *, schedules=S
     number of micro-batches m (a divisor of ``batch / dp``) with the shortest predicted step that
     fits in memory is kept. ``overlap``: the share of a backward that DP/ZeRO communication can hide
     behind (``cost.OVERLAP_SHARE``; 0: none). Returns ``{"plans": [...fastest first...],
-    "rejected": [{"plan": {...}, "reason": "..."}], "feasible", "considered"}``; a plan has ``dp,
+    "rejected": [{"plan": {...}, "kind", "values", "reason": "..."}], "feasible", "considered"}`` (a
+    rejection's reason in English, ``reason_text`` in the language of the moment); a plan has ``dp,
     pp, tp, ep, cp, zero, microbatches, micro_batch, schedule, virtual, recompute, sequence_parallel,
     step_s, memory_gb, breakdown, memory``. A layout that cannot work at all is rejected once,
     without schedule; a memory rejection (per ZeRO stage) quotes the lightest micro-batching tried.
@@ -241,14 +286,12 @@ def plan(model: memory.ModelConfig, cluster: Cluster, batch: int, *, schedules=S
                 shape = {"dp": dp, "pp": pp, "tp": tp} | ({"ep": 1, "cp": c} if tagged else {})
                 reason = _structural_reason(model, cluster, batch, dp, pp, tp, c, ends)
                 if reason:
-                    rejected.append({"plan": shape, "reason": reason})
+                    rejected.append(rejection(shape, reason[0], **reason[1]))
                     continue
                 stages = zeros if dp * c > 1 else (min(zeros),)
                 for e in eps:
                     if dp % e:
-                        rejected.append({"plan": shape | {"ep": e},
-                                         "reason": f"dp {dp} % ep {e} != 0: expert parallel groups are "
-                                                   f"carved out of the data-parallel group"})
+                        rejected.append(rejection(shape | {"ep": e}, "ep-dp", dp=dp, ep=e))
                         continue
                     for schedule, virtual in _variants(model, pp, schedules):
                         for rc in recompute:
@@ -259,7 +302,7 @@ def plan(model: memory.ModelConfig, cluster: Cluster, batch: int, *, schedules=S
                                 layout["split"] = list(memory_model.light_ends_split(model.layers, pp))
                             for row in _choose_microbatches(model, cluster, batch, layout, stages,
                                                             sequence_parallel and tp > 1, overlap, ends):
-                                (rejected if "reason" in row else plans).append(row)
+                                (rejected if "kind" in row else plans).append(row)
     plans.sort(key=lambda p: (p["step_s"], p["memory_gb"]))
     return {"plans": plans if top is None else plans[:top], "feasible": len(plans),
             "rejected": rejected, "considered": considered}
@@ -317,5 +360,5 @@ def format_plans(result: dict, top: int = 5, rejected: int = 5) -> str:
                      + (f" {p['ep']:>3} {p['cp']:>3}" if wide else ""))
     lines.append(f"{result['feasible']} plans fit; {len(result['rejected'])} rejected, e.g.:")
     for r in result["rejected"][:rejected]:
-        lines.append(f"  {r['plan']}: {r['reason']}")
+        lines.append(f"  {r['plan']}: {reason_text(r)}")
     return "\n".join(lines)

@@ -28,9 +28,26 @@ import torch
 import torch.distributed as dist
 
 from parallel_lab.checks import positive_int
-from parallel_lab.i18n import _, ngettext
+from parallel_lab.i18n import N_, _, ngettext
 
 DIMS = ("dp", "pp", "tp")
+# The two ways a tensor-parallel group straddles nodes: ParallelDims raises them, the planner rejects a
+# layout with them (``tp_crossing``), each translated where it is shown.
+TP_OVER_NODE = N_("tp {tp} > devices_per_node {devices}: tensor parallel groups would cross nodes")
+TP_SPLITS_NODE = N_("devices_per_node {devices} % tp {tp} != 0: tensor parallel groups would cross nodes "
+                    "(ranks {first}..{last} span nodes 0 and 1)")
+
+
+def tp_crossing(tp: int, devices_per_node: int) -> tuple[str, dict] | None:
+    """``(message, values)`` when groups of ``tp`` adjacent ranks would straddle two nodes of
+    ``devices_per_node`` devices (``TP_OVER_NODE`` or ``TP_SPLITS_NODE``, English, ``_()`` translates
+    it), else None."""
+    if tp > devices_per_node:
+        return TP_OVER_NODE, {"tp": tp, "devices": devices_per_node}
+    if devices_per_node % tp:
+        first = devices_per_node - devices_per_node % tp  # the TP group that starts on node 0 and ends on node 1
+        return TP_SPLITS_NODE, {"tp": tp, "devices": devices_per_node, "first": first, "last": first + tp - 1}
+    return None
 
 
 class Coord(NamedTuple):
@@ -62,29 +79,29 @@ class ParallelDims:
         world = self.world_size
         if self.devices_per_node is None:
             if world % self.nodes:
-                raise ValueError(f"world_size {world} (dp {self.dp} x pp {self.pp} x tp {self.tp}) "
-                                 f"is not divisible by nodes {self.nodes}")
+                raise ValueError(_("world_size {world} (dp {dp} x pp {pp} x tp {tp}) is not divisible by nodes "
+                                   "{nodes}").format(world=world, dp=self.dp, pp=self.pp, tp=self.tp,
+                                                     nodes=self.nodes))
             object.__setattr__(self, "devices_per_node", world // self.nodes)
         dpn = positive_int("devices_per_node", self.devices_per_node)
         object.__setattr__(self, "devices_per_node", dpn)
         if self.nodes * dpn != world:
-            raise ValueError(f"world_size {self.nodes * dpn} != dp {self.dp} x pp {self.pp} x tp {self.tp} "
-                             f"(nodes {self.nodes} x devices_per_node {dpn} devices for "
-                             f"{world} ranks)")
-        if self.tp > dpn:
-            raise ValueError(f"tp {self.tp} > devices_per_node {dpn}: tensor parallel groups would "
-                             f"cross nodes")
-        if dpn % self.tp:
-            first = dpn - dpn % self.tp  # the TP group that starts on node 0 and ends on node 1
-            raise ValueError(f"devices_per_node {dpn} % tp {self.tp} != 0: tensor parallel groups would "
-                             f"cross nodes (ranks {first}..{first + self.tp - 1} span nodes 0 and 1)")
+            raise ValueError(_("world_size {devices} != dp {dp} x pp {pp} x tp {tp} (nodes {nodes} x "
+                               "devices_per_node {per_node} devices for {world} ranks)").format(
+                devices=self.nodes * dpn, dp=self.dp, pp=self.pp, tp=self.tp, nodes=self.nodes, per_node=dpn,
+                world=world))
+        crossing = tp_crossing(self.tp, dpn)
+        if crossing:
+            message, values = crossing
+            raise ValueError(_(message).format(**values))
 
     @classmethod
     def from_world(cls, world_size: int, tp: int = 1, pp: int = 1, nodes: int = 1) -> "ParallelDims":
         """Infer ``dp = world_size / (pp * tp)``, as launchers do."""
         world_size, tp, pp = (positive_int(n, v) for n, v in (("world_size", world_size), ("tp", tp), ("pp", pp)))
         if world_size % (pp * tp):
-            raise ValueError(f"world_size {world_size} is not divisible by pp {pp} x tp {tp}")
+            raise ValueError(_("world_size {world} is not divisible by pp {pp} x tp {tp}").format(
+                world=world_size, pp=pp, tp=tp))
         return cls(world_size // (pp * tp), pp, tp, nodes)
 
     # -- the grid -------------------------------------------------------------------------------

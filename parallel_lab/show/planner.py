@@ -17,8 +17,6 @@ formats, draws and wraps it for the lesson. Every table is deterministic text, s
 
 from __future__ import annotations
 
-import re
-
 import ipywidgets as w
 import plotly.graph_objects as go
 
@@ -131,41 +129,27 @@ def best_plan(plans: list[dict], **match) -> dict | None:
     return min(found, key=lambda p: p["step_s"]) if found else None
 
 
-_KINDS = (
-    (re.compile(r"^tp \d+ > devices_per_node"), N_("TP group would cross nodes")),
-    (re.compile(r"^layers \d+ % pp"), N_("layers do not split into pp equal stages")),
-    (re.compile(r"^heads \d+ % tp|^hidden \d+ % tp"), N_("heads or width do not split by tp")),
-    (re.compile(r"^batch \d+ % dp"), N_("batch does not split into dp replicas")),
-    (re.compile(r"^pp \d+ > "), N_("more stages than the simulator handles")),
-    (re.compile(r"^interleaved-1f1b needs"), N_("interleaving needs m % pp == 0")),
-    (re.compile(r"^needs [\d.]+ GB > "), N_("does not fit in memory")),
-)
-
-
-def rejection_kind(reason: str) -> str:
-    """The kind of a rejection reason (first matching pattern), or the reason itself."""
-    return next((kind for pattern, kind in _KINDS if pattern.search(reason)), reason)
-
-
 def rejections_table(result: dict) -> str:
-    """The planner's rejections grouped by kind: count, and one example (the first) with its reason.
-    A layout that cannot work at all counts once; a memory rejection once per schedule and
-    recomputation tried."""
+    """The planner's rejections grouped by kind (``planner.reason_group``): count, and one example
+    (the first) with its reason in the lesson's language (``planner.reason_text``, from the row's kind
+    and values). A layout that cannot work at all counts once; a memory rejection once per schedule and
+    recomputation tried, with the nearest miss (the least memory needed) beside the first."""
     groups: dict[str, list[dict]] = {}
     for r in result["rejected"]:
-        groups.setdefault(rejection_kind(r["reason"]), []).append(r)
+        groups.setdefault(planner.reason_group(r), []).append(r)
     lines = [_("{considered} candidates considered: {feasible} fit, {rejected} rejected").format(
         considered=result["considered"], feasible=result["feasible"], rejected=len(result["rejected"]))]
-    for kind, rows in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        lines.append(f"{len(rows):>4} x {_(kind)}")
+    for group, rows in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        lines.append(f"{len(rows):>4} x {_(group)}")
         examples = [(_("e.g."), rows[0])]
-        if kind == "does not fit in memory" and len(rows) > 1:  # the largest and the nearest miss
-            examples.append((_("nearest miss:"), min(rows, key=lambda r: float(r["reason"].split()[1]))))
+        memory_rows = [r for r in rows if r["kind"] == "memory"]
+        if len(memory_rows) > 1:  # the largest and the nearest miss
+            examples.append((_("nearest miss:"), min(memory_rows, key=lambda r: r["values"]["need_gb"])))
         for label, r in examples:
             layout = "dp {dp} x pp {pp} x tp {tp}".format(**r["plan"])
             extra = "".join(f", {r['plan'][k]}" for k in ("schedule", "recompute") if k in r["plan"])
             extra += f", ZeRO-{r['plan']['zero']}" if "zero" in r["plan"] else ""
-            lines.append(f"       {label} {layout}{extra}: {r['reason']}")
+            lines.append(f"       {label} {layout}{extra}: {planner.reason_text(r)}")
     return "\n".join(lines)
 
 
