@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from parallel_lab.checks import positive_int, positive_number
+from parallel_lab.i18n import _
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ class GPTConfig:
         for name in ("vocab", "seq", "hidden", "heads", "layers"):
             positive_int(name, getattr(self, name))
         if self.hidden % self.heads:
-            raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads}")
+            raise ValueError(_("hidden {hidden} is not divisible by heads {heads}").format(hidden=self.hidden,
+                                                                                            heads=self.heads))
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.experts:

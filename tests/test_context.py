@@ -173,6 +173,16 @@ def test_check_context_parallel_names_the_broken_invariant(cp, variant, seq, hea
         run.check_context_parallel(config, cp, variant)
 
 
+def test_a_refused_degree_reads_chinese_in_the_zh_hant_edition():
+    """Lesson 14's zh-Hant edition shows why Ulysses refuses cp 3, in Chinese, with the values."""
+    from parallel_lab.i18n import using
+
+    config = models.GPTConfig(vocab=8, seq=24, hidden=64, heads=8, layers=1)
+    with using("zh-Hant"), pytest.raises(ValueError) as caught:
+        run.check_context_parallel(config, 3, "ulysses")
+    assert str(caught.value) == "注意力頭數 heads 8 無法被 cp 3 整除（Ulysses 讓每個 rank 拿到 heads / cp 個注意力頭）"
+
+
 def test_run_context_rejects_bad_input_before_starting_ranks(monkeypatch):
     def no_launch(*args, **kwargs):
         raise AssertionError("ranks were started")

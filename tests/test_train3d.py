@@ -103,6 +103,24 @@ def test_bad_plans_fail_before_launch_naming_the_invariant(changes, world, error
         train3d.check(TINY.replace(**changes), world_size=world)
 
 
+# The same checks as lesson 11's zh-Hant edition shows them: the invariant and its values, in Chinese.
+BAD_ZH = [
+    (dict(pp=4, tp=1, layers=2, microbatches=4), 1e6, "無法把 gpt 切成 4 個模型階段"),
+    (dict(microbatches=3), 1e6, "每個副本 batch / dp = 8 列，無法被 microbatches 3 整除"),
+    (dict(tp=2, vocab=33), 1e6, "詞彙表大小 vocab 33 無法被 tp 2 整除"),
+    (dict(dp=1, pp=1, tp=2, nodes=2), 1e6, "tp 2 > devices_per_node 1：張量平行群組會跨越節點"),
+    (dict(hidden=64, batch=64), 0.001, "計畫放不下：階段 0 需要 0.00703 GB"),
+]
+
+
+@pytest.mark.parametrize("changes,limit,message", BAD_ZH, ids=[m for *_, m in BAD_ZH])
+def test_a_bad_config_names_its_invariant_in_chinese(changes, limit, message):
+    with using("zh-Hant"), pytest.raises(ValueError) as caught:
+        train3d.check(TINY.replace(**changes), memory_limit_gb=limit)
+    assert message in str(caught.value) and not re.search(r"divisible|cannot cut|does not fit|would cross",
+                                                          str(caught.value))
+
+
 def test_a_plan_that_does_not_fit_the_memory_limit_is_refused():
     cfg = TINY.replace(hidden=64, batch=64)
     need = config.predicted_memory(cfg)["total"]

@@ -39,6 +39,7 @@ from parallel_lab.context import blockwise
 from parallel_lab.context.cost import VARIANTS, context_cost
 from parallel_lab.context.ring import ring_attention
 from parallel_lab.context.ulysses import ulysses_attention
+from parallel_lab.i18n import _
 from parallel_lab.runtime import commlog, launcher
 
 DEFAULT_CONFIG = models.GPTConfig(vocab=8, seq=32, hidden=64, heads=8, layers=1)  # cp 1, 2, 4, 8
@@ -49,18 +50,19 @@ def check_context_parallel(config: models.GPTConfig, cp: int, variant: str) -> N
     """Raise ValueError naming the broken invariant, before any process starts."""
     positive_int("cp", cp)
     if cp > launcher.MAX_WORLD_SIZE:
-        raise ValueError(f"cp {cp} > {launcher.MAX_WORLD_SIZE}, the most ranks the launcher starts "
-                         f"(launcher.MAX_WORLD_SIZE)")
+        raise ValueError(_("cp {cp} > {most}, the most ranks the launcher starts (launcher.MAX_WORLD_SIZE)").format(
+            cp=cp, most=launcher.MAX_WORLD_SIZE))
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
     if variant == "ring" and config.seq % (2 * cp):
-        raise ValueError(f"seq {config.seq} is not divisible by 2·cp = {2 * cp} (the zig-zag split "
-                         f"gives each of the cp {cp} ranks two of 2·cp equal chunks)")
+        raise ValueError(_("seq {seq} is not divisible by 2·cp = {chunks} (the zig-zag split gives each of the cp "
+                           "{cp} ranks two of 2·cp equal chunks)").format(seq=config.seq, chunks=2 * cp, cp=cp))
     if variant == "ulysses" and config.heads % cp:
-        raise ValueError(f"heads {config.heads} is not divisible by cp {cp} (Ulysses gives each rank "
-                         f"heads / cp of the heads)")
+        raise ValueError(_("heads {heads} is not divisible by cp {cp} (Ulysses gives each rank heads / cp of the "
+                           "heads)").format(heads=config.heads, cp=cp))
     if variant == "ulysses" and config.seq % cp:
-        raise ValueError(f"seq {config.seq} is not divisible by cp {cp} (each rank holds seq / cp positions)")
+        raise ValueError(_("seq {seq} is not divisible by cp {cp} (each rank holds seq / cp positions)").format(
+            seq=config.seq, cp=cp))
 
 
 def shard(x, variant: str, cp: int, rank: int):

@@ -110,35 +110,39 @@ def check(cfg: Config, world_size: int | None = None, memory_limit_gb: float | N
     if world_size is not None:
         dims.check_world_size(world_size)
     if cfg.optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {cfg.optimizer!r}")
+        raise ValueError(_("optimizer must be one of {choices}, got {optimizer}").format(
+            choices=OPTIMIZERS, optimizer=repr(cfg.optimizer)))
     if cfg.dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {cfg.dtype!r}")
+        raise ValueError(_("dtype must be one of {choices}, got {dtype}").format(choices=tuple(DTYPES),
+                                                                                 dtype=repr(cfg.dtype)))
     if cfg.zero not in (0, 1):
-        raise ValueError(f"3D training shards at most the optimizer state: zero must be 0 or 1 (ZeRO-1), "
-                         f"got zero {cfg.zero!r} (stages 2-3 run on their own: parallel-lab run zero)")
+        raise ValueError(_("3D training shards at most the optimizer state: zero must be 0 or 1 (ZeRO-1), got zero "
+                           "{zero} (stages 2-3 run on their own: parallel-lab run zero)").format(zero=repr(cfg.zero)))
     if cfg.zero and cfg.optimizer != "adam":
-        raise ValueError(f"zero 1 shards Adam's moments; optimizer {cfg.optimizer!r} keeps no state to shard")
+        raise ValueError(_("zero 1 shards Adam's moments; optimizer {optimizer} keeps no state to shard").format(
+            optimizer=repr(cfg.optimizer)))
     for name in ("steps", "batch", "microbatches"):
         positive_int(name, getattr(cfg, name))
     schedule = validate(build(cfg.schedule, cfg.pp, cfg.microbatches, cfg.virtual))
     gpt = cfg.gpt  # positive sizes, hidden % heads
     check_blocks("gpt", cfg.layers, schedule.n_stages)
     if cfg.batch % cfg.dp:
-        raise ValueError(f"batch {cfg.batch} is not divisible by dp {cfg.dp} (replicas need equal rows)")
+        raise ValueError(_("batch {batch} is not divisible by dp {dp} (replicas need equal rows)").format(
+            batch=cfg.batch, dp=cfg.dp))
     if (cfg.batch // cfg.dp) % cfg.microbatches:
-        raise ValueError(f"batch / dp = {cfg.batch // cfg.dp} rows per replica are not divisible by "
-                         f"microbatches {cfg.microbatches} (micro-batches must be equal for the loss to "
-                         f"be the whole-batch mean)")
+        raise ValueError(_("batch / dp = {rows} rows per replica are not divisible by microbatches {m} (micro-batches "
+                           "must be equal for the loss to be the whole-batch mean)").format(
+            rows=cfg.batch // cfg.dp, m=cfg.microbatches))
 
     check_tensor_parallel(gpt, cfg.tp, cfg.sequence_parallel and cfg.tp > 1)
     if memory_limit_gb is not None:
         need = predicted_memory(cfg)
         if need["total"] > memory_limit_gb * memory.GB:
-            raise ValueError(f"plan does not fit: stage {need['stage']} needs {need['total'] / memory.GB:.3g} GB "
-                             f"(weights {need['weights'] / memory.GB:.3g}, "
-                             f"gradients {need['gradients'] / memory.GB:.3g}, "
-                             f"optimizer {need['optimizer'] / memory.GB:.3g}, activations "
-                             f"{need['activations'] / memory.GB:.3g}) > memory limit {memory_limit_gb:g} GB per device")
+            gb = {k: need[k] / memory.GB for k in ("total", "weights", "gradients", "optimizer", "activations")}
+            raise ValueError(_("plan does not fit: stage {stage} needs {total:.3g} GB (weights {weights:.3g}, "
+                               "gradients {gradients:.3g}, optimizer {optimizer:.3g}, activations {activations:.3g}) "
+                               "> memory limit {limit:g} GB per device").format(stage=need["stage"],
+                                                                              limit=memory_limit_gb, **gb))
     return schedule
 
 
@@ -153,7 +157,8 @@ def predicted_memory(cfg: Config) -> dict:
     model = memory.ModelConfig("tiny GPT", cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, cfg.seq)
     stages = cfg.pp * stages_per_rank(cfg.schedule, cfg.virtual)
     if cfg.layers % stages:
-        raise ValueError(f"the memory model needs equal stages: layers {cfg.layers} % {stages} stages != 0")
+        raise ValueError(_("the memory model needs equal stages: layers {layers} % {stages} stages != 0").format(
+            layers=cfg.layers, stages=stages))
     return memory_model.max_device_memory(
         model, micro_batch=cfg.batch // cfg.dp // cfg.microbatches, dp=cfg.dp, pp=cfg.pp, tp=cfg.tp,
         sequence_parallel=cfg.sequence_parallel, schedule=cfg.schedule, microbatches=cfg.microbatches,

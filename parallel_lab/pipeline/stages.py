@@ -32,6 +32,7 @@ from torch import nn
 
 from parallel_lab import models
 from parallel_lab.checks import positive_int
+from parallel_lab.i18n import N_, _
 
 MODELS = ("mlp", "gpt")
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -137,11 +138,11 @@ def check_blocks(model: str, blocks: int, n_stages: int) -> None:
     """Raise ValueError when ``blocks`` (the pieces balanced across stages: the MLP's Linear+GELU
     blocks, the GPT's transformer blocks) cannot fill ``n_stages`` stages, one at least each."""
     if n_stages > blocks:
-        kind = "Linear+GELU blocks" if model == "mlp" else "transformer blocks"
-        raise ValueError(
-            f"cannot cut {model} into {n_stages} model stages: it has only layers {blocks} "
-            f"{kind}, and every stage needs at least one (n_stages {n_stages} > layers {blocks})"
-        )
+        message = (N_("cannot cut {model} into {stages} model stages: it has only layers {blocks} Linear+GELU blocks, "
+                      "and every stage needs at least one (n_stages {stages} > layers {blocks})") if model == "mlp"
+                   else N_("cannot cut {model} into {stages} model stages: it has only layers {blocks} transformer "
+                           "blocks, and every stage needs at least one (n_stages {stages} > layers {blocks})"))
+        raise ValueError(_(message).format(model=model, stages=n_stages, blocks=blocks))
 
 
 def bounds(n_pieces: int, head: int, tail: int, n_stages: int) -> list[tuple[int, int]]:

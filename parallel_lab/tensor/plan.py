@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from parallel_lab import models
+from parallel_lab.i18n import N_, _
 from parallel_lab.runtime.prelaunch import MAX_WORLD_SIZE
 from parallel_lab.tensor import layers
 
@@ -158,15 +159,18 @@ def check_tensor_parallel(config: models.GPTConfig, tp: int, sequence_parallel: 
     if tp > MAX_WORLD_SIZE:
         raise ValueError(f"tp {tp} is larger than the {MAX_WORLD_SIZE} ranks available")
     needs = [
-        ("hidden", config.hidden, "each rank holds hidden/tp of the attention width"),
-        ("heads", config.heads, "each rank holds heads/tp whole heads"),
-        ("vocab", config.vocab, "each rank holds vocab/tp rows of the embedding and the LM head"),
+        (config.hidden, N_("hidden {size} is not divisible by tp {tp} (each rank holds hidden/tp of the attention "
+                           "width)")),
+        (config.heads, N_("heads {size} is not divisible by tp {tp} (each rank holds heads/tp whole heads)")),
+        (config.vocab, N_("vocab {size} is not divisible by tp {tp} (each rank holds vocab/tp rows of the embedding "
+                          "and the LM head)")),
     ]
     if sequence_parallel:
-        needs.append(("sequence length", config.seq, "each rank holds seq/tp positions between layers"))
-    for what, size, why in needs:
+        needs.append((config.seq, N_("sequence length {size} is not divisible by tp {tp} (each rank holds seq/tp "
+                                     "positions between layers)")))
+    for size, message in needs:
         if size % tp:
-            raise ValueError(f"{what} {size} is not divisible by tp {tp} ({why})")
+            raise ValueError(_(message).format(size=size, tp=tp))
     if config.dropout and tp > 1:
         raise ValueError(
             f"dropout {config.dropout} with tp {tp}: tensor-parallel dropout needs Megatron's RNG "
