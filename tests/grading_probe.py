@@ -2,7 +2,7 @@
 course exercise allows (os, open, fork, sleep), so that the sandbox, not the review, is what stops
 it. The checker imports this module by name (``grade(..., modules=("grading_probe",))``)."""
 
-from parallel_lab.exercises.check import Exercise, compile_answer, register, run_answer
+from parallel_lab.exercises.check import Exercise, compile_answer, failure, register, run_answer
 from parallel_lab.exercises.policy import Policy
 
 POLICY = Policy("probe", imports=("os", "sys", "time", "signal"), reflection=True)
@@ -18,7 +18,7 @@ def judge(source: str) -> tuple[bool, list]:
     if isinstance(per_rank, str):
         return False, [per_rank]
     said = per_rank[0]["said"]
-    return said == "ok", [f"probe: {'PASSED' if said == 'ok' else 'FAILED'}: it said {said}"]
+    return said == "ok", ["probe: PASSED: it said ok" if said == "ok" else failure(f"probe: FAILED: it said {said}")]
 
 
 EXERCISE = register(Exercise("probe", "probe", POLICY, judge, forbids="nothing: the sandbox stops it"))

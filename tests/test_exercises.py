@@ -235,6 +235,18 @@ def test_a_stub_is_a_raise_every_call_reaches_not_any_raise(source, stub):
     assert check.is_stub(source, "f") is stub
 
 
+def test_a_verdicts_reason_is_the_line_made_as_a_failure_whatever_its_words():
+    """Verdict.reason is found by what a line is (``check.failure``), not by the words FAILED / NOT YET
+    or their translation: a verdict in any language, or one whose passing line quotes such a word."""
+    wrong = check.failure("環狀 all-reduce，4 個 rank：答錯了")
+    verdict = check.Verdict(False, ["環狀 all-reduce，2 個 rank：正確", wrong, "  第 1 個 rank：得到 [0]，應為 [1]"])
+    assert verdict.reason == "環狀 all-reduce，4 個 rank：答錯了" and type(verdict.reason) is str
+    quoting = check.Verdict(False, ["x on 2 ranks: PASSED (your FAILED flag was ignored)", check.failure("x on 4: no")])
+    assert quoting.reason == "x on 4: no"
+    assert check.Verdict(False, ["a line nobody marked"]).reason == "a line nobody marked"
+    assert check.Verdict(True, ["x: PASSED"]).reason == ""
+
+
 def test_a_rank_cannot_send_back_anything_but_plain_data():
     assert rank_process.plain_loads(pickle.dumps({"a": [1, 2.5, "x", None, (3,)]})) == {"a": [1, 2.5, "x", None, (3,)]}
     with pytest.raises(pickle.UnpicklingError, match="a rank sent torch._utils._rebuild_tensor_v2"):

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tools"))
 import build_lessons  # noqa: E402
-from test_exercises import RING_BY_PARITY, RING_SOLUTION  # noqa: E402
+from test_exercises import RING, RING_BY_PARITY, RING_SOLUTION  # noqa: E402
 
 LESSON = ROOT / "lessons" / "src" / "01_ranks_and_collectives.py"
 NAME = "01_ranks_and_collectives.ipynb"
@@ -385,3 +385,83 @@ def test_the_feedback_on_a_wrong_number_gives_it_with_its_unit_in_the_editions_l
     assert chinese.startswith("schedule-search/uneven-ends (5 個區塊): 不太對。"), chinese
     assert english.startswith("schedule-search/uneven-ends (5 blocks): Not quite."), english
     assert runner._wrong_line(item, "five").startswith("schedule-search/uneven-ends: ")  # unreadable: no unit to give
+
+
+ZH_TENSOR = ROOT / "lessons" / "zh-Hant" / "02_tensor_parallelism.ipynb"
+G_WORLD_ONLY = '''class MyG(torch.autograd.Function):
+    """g: all-reduce forward, identity backward -- over the whole world, whatever group it is given."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        out = x.clone()
+        dist.all_reduce(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+'''
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(300)
+def test_a_zh_hant_submission_gets_its_points_and_reasons_from_the_verdicts_not_their_words(tmp_path, capsys):
+    """Lesson 02 handed in from its zh-Hant edition: the row-parallel forward right, the g operator
+    right on 2 ranks and wrong in groups of 2 on 4. The grader reads the verdicts the checking process
+    sends (passed, cases, reason: the line made as a failure), not the words in them: the row-parallel
+    check gets all its points and no reason, the g operator its partial credit and, as its reason, the
+    Chinese line of the 4-rank run, not the 2-rank one that passed before it."""
+    from exercise_support import lesson_solution
+
+    from parallel_lab.course.grading.policy import Policy, default_file
+
+    nb = nbformat.read(ZH_TENSOR, as_version=4)
+    nb = with_answer(nb, "row-parallel-forward", lesson_solution("02_tensor_parallelism.py", "row-parallel-forward"))
+    nb = with_answer(nb, "g-operator", G_WORLD_ONLY)
+    (tmp_path / "subs" / "mei").mkdir(parents=True)
+    nbformat.write(nb, tmp_path / "subs" / "mei" / ZH_TENSOR.name)
+    status = cli.main(["grade", str(tmp_path / "subs"), "--out", str(tmp_path / "g.csv"), "--reference",
+                       str(ZH_TENSOR), "--check-timeout", "120", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert status == 0
+    rows = {r["exercise"]: r for r in report["rows"]}
+    row, g = rows["row-parallel-forward"], rows["g-operator"]
+    assert (row["passed"], row["points"], row["max_points"], row["reason"]) == (True, 2, 2, "")
+    assert not g["passed"]
+    policy = Policy.load(default_file())
+    assert g["points"] == pytest.approx(policy.points("exercises", 2, False, (4, 6))) and 0 < g["points"] < 2
+    assert g["reason"].startswith("4 個 rank 上的 g 運算子：未通過（4 個案例中通過 2 個）："), g
+    feedback = (tmp_path / "feedback" / "mei.md").read_text(encoding="utf-8")
+    assert f"未通過：{g['reason']}" in feedback and "FAILED" not in feedback
+    with open(tmp_path / "g.csv", newline="", encoding="utf-8") as f:
+        csv_rows = {r["exercise"]: r for r in csv.DictReader(f)}
+    assert csv_rows["g-operator"]["cases_passed"] == "4" and csv_rows["g-operator"]["cases_tried"] == "6"
+    assert csv_rows["g-operator"]["lang"] == "zh-Hant" and csv_rows["g-operator"]["reason"] == g["reason"]
+
+
+def test_the_similarity_report_leaves_out_unwritten_answers_in_either_language():
+    """Two zh-Hant students who wrote the same lines and left the stub's raise in: "not yet" (尚未完成),
+    so not a pair to look at -- decided from the answer (its exercise's screen), not from the English
+    words NOT YET in the verdict. The same lines finished are a pair."""
+    from parallel_lab.course.grading import similarity
+    from parallel_lab.course.grading.runner import Row
+    from parallel_lab.i18n import using
+
+    body = ("    world, rank = dist.get_world_size(), dist.get_rank()\n    chunks = list(tensor.chunk(world))\n"
+            "    right, left = (rank + 1) % world, (rank - 1) % world\n    for step in range(world - 1):\n"
+            "        dist.send(chunks[(rank - step) % world], right)\n"
+            "        dist.recv(chunks[(rank - step - 1) % world], left)\n")
+    unfinished = f"def my_ring_all_reduce(tensor):\n{body}    # YOUR CODE HERE\n    raise NotImplementedError\n"
+    finished = f"def my_ring_all_reduce(tensor):\n{body}    return torch.cat(chunks)\n"
+    with using("zh-Hant"):
+        said = RING.check(unfinished)
+    assert said.not_yet and "NOT YET" not in str(said)
+
+    def row(student, answer, verdict):
+        return Row(student, "01_ranks_and_collectives", "ring-all-reduce", False, 0, 2, verdict.reason,
+                   detail=str(verdict), category="exercises", answer=answer, lang="zh-Hant")
+
+    stubs = [row("mei", unfinished, said), row("lin", unfinished, said)]
+    assert similarity.code_pairs(stubs, 0.9) == []
+    done = [row("mei", finished, said), row("lin", finished, said)]
+    assert [(p.student_a, p.student_b) for p in similarity.code_pairs(done, 0.9)] == [("mei", "lin")]

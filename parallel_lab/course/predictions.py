@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from parallel_lab.course.quiz.bank import localize, resolve
-from parallel_lab.exercises.check import Verdict
+from parallel_lab.exercises.check import Verdict, failure
 from parallel_lab.i18n import _, _l
 
 VARIABLE = "my_prediction"  # what every prediction's answer cell assigns
@@ -336,15 +336,16 @@ def grade(prediction_id: str, source: str) -> Verdict:
     reference the grader computes, FAILED outside it or when unreadable, NOT YET while None."""
     graded = GRADED.get(prediction_id)
     if graded is None:
-        return Verdict(False, [_("prediction {id}: FAILED: the grader knows no graded prediction {id!r}").format(
-            id=prediction_id)])
+        return Verdict(False, [failure(_("prediction {id}: FAILED: the grader knows no graded prediction "
+                                         "{id!r}").format(id=prediction_id))])
     try:
         value = read_prediction(source, graded.kind)
     except ValueError as err:
-        return Verdict(False, [_("prediction {id}: FAILED: {reason}").format(id=prediction_id, reason=err)])
+        return Verdict(False, [failure(_("prediction {id}: FAILED: {reason}").format(id=prediction_id, reason=err))])
     if value is None:
-        return Verdict(False, [_("prediction {id}: NOT YET: {variable} is still None; write your number in the cell "
-                                 "tagged answer:predict:{id}").format(id=prediction_id, variable=VARIABLE)],
+        return Verdict(False, [failure(_("prediction {id}: NOT YET: {variable} is still None; write your number in "
+                                         "the cell tagged answer:predict:{id}").format(id=prediction_id,
+                                                                                       variable=VARIABLE))],
                        not_yet=True)
     target = graded.reference()
     if graded.kind == "number":
@@ -353,5 +354,7 @@ def grade(prediction_id: str, source: str) -> Verdict:
     else:
         passed = matches(value, target)
         text = exact_comparison(value, target, str(graded.unit), _("reference"), str(graded.about))
-    line = _("prediction {id}: PASSED: {comparison}") if passed else _("prediction {id}: FAILED: {comparison}")
-    return Verdict(passed, [line.format(id=prediction_id, comparison=text)])
+    if passed:
+        return Verdict(True, [_("prediction {id}: PASSED: {comparison}").format(id=prediction_id, comparison=text)])
+    return Verdict(False, [failure(_("prediction {id}: FAILED: {comparison}").format(id=prediction_id,
+                                                                                       comparison=text))])

@@ -48,7 +48,16 @@ import math
 import secrets
 import statistics
 
-from parallel_lab.exercises.check import Exercise, NotYet, Verdict, answer_source, compile_answer, register, run_answer
+from parallel_lab.exercises.check import (
+    Exercise,
+    NotYet,
+    Verdict,
+    answer_source,
+    compile_answer,
+    failure,
+    register,
+    run_answer,
+)
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.i18n import _, _l
 
@@ -328,41 +337,44 @@ def judge(source: str) -> tuple[bool, list, tuple[int, int]]:
         return False, [answers], (0, 3)
     answer = answers[0]
     if "error" in answer:
-        return False, [_("{label}: FAILED: my_plan() {error}").format(label=label, error=answer["error"])], (0, 3)
+        line = failure(_("{label}: FAILED: my_plan() {error}").format(label=label, error=answer["error"]))
+        return False, [line], (0, 3)
     try:
         cfg = plan_config(answer["plan"])
     except ValueError as err:  # PlanError, the check's ValueError and ScheduleError
-        return False, [_("{label}: FAILED: the plan is refused: {reason}").format(
-            label=label, reason=str(err).splitlines()[0])], (0, 3)
+        return False, [failure(_("{label}: FAILED: the plan is refused: {reason}").format(
+            label=label, reason=str(err).splitlines()[0]))], (0, 3)
     lines, good = [_("{label}: your plan: {plan}").format(label=label, plan=cfg.describe())], 0
     try:
         run = train3d.train(cfg, progress=None)
     except (launcher.RankError, launcher.RanksHung, launcher.RankDied) as err:
-        return False, lines + [_("  FAILED: the plan did not run on {n} real ranks: {reason}").format(
-            n=cfg.world_size, reason=str(err).splitlines()[0])], (0, 3)
+        return False, lines + [failure(_("  FAILED: the plan did not run on {n} real ranks: {reason}").format(
+            n=cfg.world_size, reason=str(err).splitlines()[0]))], (0, 3)
     if run["losses_equal"] and run["weights_equal"]:
         good += 1
         lines.append(_("  PASSED: it runs on {n} real ranks and equals one process in fp64 (losses {loss:.1e}, "
                        "weights {weight:.1e} apart)").format(n=cfg.world_size, loss=run["max_loss_diff"],
                                                              weight=run["max_weight_diff"]))
     else:
-        lines.append(_("  FAILED: on {n} real ranks it does not equal one process (losses {loss:.1e}, weights "
+        lines.append(failure(_("  FAILED: on {n} real ranks it does not equal one process (losses {loss:.1e}, weights "
                        "{weight:.1e} apart)").format(n=cfg.world_size, loss=run["max_loss_diff"],
-                                                    weight=run["max_weight_diff"]))
+                                                    weight=run["max_weight_diff"])))
     record = read_record(hand.get("record", ""))
     if isinstance(record, str):
-        return False, lines + [_("  FAILED: {what}").format(what=record)], (good, 3)
+        return False, lines + [failure(_("  FAILED: {what}").format(what=record))], (good, 3)
     if record.get("digest") != digest(record):
-        return False, lines + [_("  FAILED: the record was edited after the run (its digest does not match its "
-                                 "contents): run section 3 again and keep its output as it is")], (good, 3)
+        return False, lines + [failure(_("  FAILED: the record was edited after the run (its digest does not match "
+                                         "its contents): run section 3 again and keep its output as it is"))], (good, 3)
     if record.get("plan") != plan_fields(cfg):
         theirs = record.get("plan") if isinstance(record.get("plan"), dict) else {}
         differ = sorted(k for k in FIELDS if theirs.get(k) != getattr(cfg, k))
-        return False, lines + [_("  FAILED: the record is of another plan ({fields} differ from my_plan's): predict "
-                                 "and run the plan you hand in").format(fields=", ".join(differ))], (good, 3)
+        return False, lines + [failure(_("  FAILED: the record is of another plan ({fields} differ from my_plan's): "
+                                         "predict and run the plan you hand in").format(
+            fields=", ".join(differ)))], (good, 3)
     for judged in (judge_prediction(cfg, record), judge_measurement(cfg, record, run["losses"])):
         good += judged[0]
-        lines.append((_("  PASSED: {what}") if judged[0] else _("  FAILED: {what}")).format(what=judged[1]))
+        lines.append(_("  PASSED: {what}").format(what=judged[1]) if judged[0] else
+                     failure(_("  FAILED: {what}").format(what=judged[1])))
     return good == 3, lines, (good, 3)
 
 

@@ -49,11 +49,23 @@ CHECK_TIMEOUT = 20.0  # seconds for one run of an answer on its ranks
 STUB = "# YOUR CODE HERE\nraise NotImplementedError"
 
 
+class Failure(str):
+    """A verdict line that says why a check did not pass (``failure(line)``, where the line is made):
+    a verdict's ``reason`` is its first, found by what the line is, never by the words in it (which
+    are the student's language)."""
+
+
+def failure(line: str) -> Failure:
+    """``line``, marked as one that says why the check failed (``Verdict.reason``)."""
+    return Failure(line)
+
+
 @dataclass
 class Verdict:
     """The outcome of one check: ``passed``, the lines printed for the student, ``not_yet`` when
     the answer is still the stub, and ``cases``: (cases passed, cases tried) -- (0, 0) when nothing
-    was tried (the answer was refused from its source, or is the stub)."""
+    was tried (the answer was refused from its source, or is the stub). ``reason``: the first of its
+    lines made as a ``failure``."""
 
     passed: bool
     lines: list
@@ -65,11 +77,12 @@ class Verdict:
 
     @property
     def reason(self) -> str:
-        """The first line that says why the check did not pass ("" when it passed)."""
+        """Why the check did not pass ("" when it passed): the first line made as a ``failure``, else
+        the first line. A plain str, so that it travels as data (the checker's record)."""
         if self.passed:
             return ""
-        words = ("FAILED", "NOT YET", _("FAILED"), _("NOT YET"))
-        return next((line for line in self.lines if any(word in line for word in words)), self.lines[0])
+        first = self.lines[0] if self.lines else ""
+        return str(next((line for line in self.lines if isinstance(line, Failure)), first))
 
 
 class NotYet(Exception):
@@ -103,15 +116,15 @@ class Exercise:
         Reads the source only: safe in any process, the grader's included."""
         copied = copy_of(source, self.copies)
         if copied:
-            return Verdict(False, [_("{label}: FAILED: your {defined} is a copy of the library's {copied} ({percent} "
-                                     "alike once names, layout, comments and docstrings are set aside); write {name} "
-                                     "yourself").format(label=str(self.label), defined=copied.defined,
-                                                        copied=copied.library_name, name=self.name,
-                                                        percent=f"{copied.ratio:.0%}")])
+            return Verdict(False, [failure(_("{label}: FAILED: your {defined} is a copy of the library's {copied} "
+                                             "({percent} alike once names, layout, comments and docstrings are set "
+                                             "aside); write {name} yourself").format(
+                label=str(self.label), defined=copied.defined, copied=copied.library_name, name=self.name,
+                percent=f"{copied.ratio:.0%}"))])
         reason = review(source, self.policy)
         if reason:
-            return Verdict(False, [_("{label}: FAILED: your answer {reason}").format(label=str(self.label),
-                                                                                   reason=reason)])
+            return Verdict(False, [failure(_("{label}: FAILED: your answer {reason}").format(
+                label=str(self.label), reason=reason))])
         if is_stub(source, self.name):
             return self.not_yet()
         return None
@@ -130,16 +143,17 @@ class Exercise:
         return Verdict(passed, lines, cases=cases)
 
     def not_yet(self) -> Verdict:
-        return Verdict(False, [_("{label}: NOT YET: {name} still raises NotImplementedError; write your code where "
-                                 "it says # YOUR CODE HERE (and remove that raise), then run this cell again").format(
-            label=str(self.label), name=self.name)], not_yet=True)
+        return Verdict(False, [failure(_("{label}: NOT YET: {name} still raises NotImplementedError; write your code "
+                                         "where it says # YOUR CODE HERE (and remove that raise), then run this cell "
+                                         "again").format(
+            label=str(self.label), name=self.name))], not_yet=True)
 
     def unsupported(self) -> Verdict:
         """The verdict on a written answer (not the stub) that raised NotImplementedError in a case the
         check tried: a case it does not handle, which fails like any other."""
-        return Verdict(False, [_("{label}: FAILED: {name} raised NotImplementedError in a case this check tries; "
-                                 "an answer handles every case the exercise asks for").format(
-            label=str(self.label), name=self.name)], cases=(0, 1))
+        return Verdict(False, [failure(_("{label}: FAILED: {name} raised NotImplementedError in a case this check "
+                                         "tries; an answer handles every case the exercise asks for").format(
+            label=str(self.label), name=self.name))], cases=(0, 1))
 
     def check_object(self, obj) -> Verdict:
         """The notebook's check: the verdict on the cell that defines ``obj``, printed and returned."""
@@ -345,7 +359,7 @@ def tallied(failures: list, tried: int, failed: str, passed: str) -> Judged:
     ``tried``) and the first failure, or ``passed`` (formatted with ``n``)."""
     cases = (tried - len(failures), tried)
     if failures:
-        return False, [failed.format(passed=cases[0], tried=tried), "  " + failures[0]], cases
+        return False, [failure(failed.format(passed=cases[0], tried=tried)), "  " + failures[0]], cases
     return True, [passed.format(n=tried)], cases
 
 
@@ -361,15 +375,16 @@ def run_answer(harness, source: str, name: str, world_size: int, label: str, arg
         if err.exc_type == "NotImplementedError":
             raise NotYet() from None
         message = str(err).splitlines()[0].split(": ", 1)[-1]
-        return "\n".join([_("{where}: FAILED: rank {rank} raised {error}: {message}").format(
-            where=where, rank=err.rank, error=err.exc_type, message=message), *answer_lines(err.remote_traceback)])
+        return failure("\n".join([_("{where}: FAILED: rank {rank} raised {error}: {message}").format(
+            where=where, rank=err.rank, error=err.exc_type, message=message), *answer_lines(err.remote_traceback)]))
     except launcher.RanksHung as err:
         blocked = "; ".join(_("rank {rank}: {what}").format(rank=r, what=what)
                             for r, what in sorted(err.blocked.items()))
-        return _("{where}: FAILED: did not finish within {timeout:g} s (a send without a matching recv, or a "
-                 "collective some rank skipped?): {blocked}").format(where=where, timeout=err.timeout, blocked=blocked)
+        return failure(_("{where}: FAILED: did not finish within {timeout:g} s (a send without a matching recv, or "
+                         "a collective some rank skipped?): {blocked}").format(where=where, timeout=err.timeout,
+                                                                               blocked=blocked))
     except launcher.RankDied as err:
-        return _("{where}: FAILED: {reason}").format(where=where, reason=str(err).splitlines()[0])
+        return failure(_("{where}: FAILED: {reason}").format(where=where, reason=str(err).splitlines()[0]))
 
 
 def judge_worlds(harness, source: str, name: str, label: str, worlds, judge_world, cases) -> Judged:

@@ -38,7 +38,16 @@ import math
 
 import torch
 
-from parallel_lab.exercises.check import Exercise, NotYet, Verdict, answer_error, compile_answer, register, run_answer
+from parallel_lab.exercises.check import (
+    Exercise,
+    NotYet,
+    Verdict,
+    answer_error,
+    compile_answer,
+    failure,
+    register,
+    run_answer,
+)
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.i18n import _, _l, ngettext
 from parallel_lab.planning import memory, memory_check, memory_model
@@ -344,8 +353,8 @@ def judge(source: str):
     failures = [f"{describe(case)}: {reason}" for case, answer in zip(CASES, mine)
                 if (reason := wrong(answer, case, expected(case)))]
     if failures:
-        lines = [_("device memory: FAILED ({good}/{total} plans equal the memory model)").format(
-                     good=len(CASES) - len(failures), total=len(CASES)),
+        lines = [failure(_("device memory: FAILED ({good}/{total} plans equal the memory model)").format(
+                     good=len(CASES) - len(failures), total=len(CASES))),
                  "  " + failures[0]]
     else:
         lines = [_("device memory: PASSED: {good}/{total} plans equal the memory model (parameters, "
@@ -371,7 +380,7 @@ def judge(source: str):
                               heads=BLOCK_CONFIG["heads"], mode=repr(case["recompute"]), measured=measured,
                               stats=stats, net=measured - stats, reason=reason))
     if real:
-        lines.append(_("device memory on the course GPT: FAILED: {reason}").format(reason=real[0]))
+        lines.append(failure(_("device memory on the course GPT: FAILED: {reason}").format(reason=real[0])))
     else:
         lines.append(_("device memory on the course GPT: PASSED: the first stage's parameters equal its real modules "
                        "(pp {pps}); one block's activations equal the bytes autograd saves, "

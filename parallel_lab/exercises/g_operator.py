@@ -17,6 +17,7 @@ from parallel_lab.exercises.check import (
     Verdict,
     compile_answer,
     counted,
+    failure,
     integers,
     judge_worlds,
     plain,
@@ -114,8 +115,8 @@ def judge_world(world: int, per_rank: list) -> tuple[bool, str, tuple[int, int]]
     cases = counted(wrong is None for wrong in wrongs)
     wrong = next((w for w in wrongs if w), None)
     if wrong:
-        return False, _("g operator on {world} ranks: FAILED ({passed}/{tried} cases): {wrong}").format(
-            world=world, passed=cases[0], tried=cases[1], wrong=wrong), cases
+        return False, failure(_("g operator on {world} ranks: FAILED ({passed}/{tried} cases): {wrong}").format(
+            world=world, passed=cases[0], tried=cases[1], wrong=wrong)), cases
     return True, _("g operator on {world} ranks: PASSED ({n}/{n} cases)").format(world=world, n=cases[1]), cases
 
 

@@ -24,7 +24,7 @@ may import nothing (``POLICY``). Every verdict line is deterministic (no timings
 
 from __future__ import annotations
 
-from parallel_lab.exercises.check import Exercise, Verdict, answer_error, compile_answer, register, run_answer
+from parallel_lab.exercises.check import Exercise, Verdict, answer_error, compile_answer, failure, register, run_answer
 from parallel_lab.exercises.one_f_one_b import _plain_rank, on_real_ranks, validated_order
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.i18n import _, _l
@@ -57,8 +57,8 @@ def harness(source: str, name: str) -> dict:
 def hand_case(answer: dict, p: int = P, m: int = M, name: str = POLICY.name) -> tuple[bool, list[str]]:
     """Judge the answer's schedule (the three steps of the module doc, in order): ``(passed, lines)``."""
     label = LABEL.format(p=p, m=m)
-    schedule, failed = validated_order(answer, p, m, name, label, True, raised=lambda error: _(
-        "{label}: FAILED: {name}() raised {error}").format(label=label, name=name, error=error))
+    schedule, failed = validated_order(answer, p, m, name, label, True, raised=lambda error: failure(_(
+        "{label}: FAILED: {name}() raised {error}").format(label=label, name=name, error=error)))
     if failed:
         return False, failed
     timeline = simulate(schedule, Costs(F=1, B=2))

@@ -45,6 +45,7 @@ from parallel_lab.exercises.check import (
     Verdict,
     compile_answer,
     counted,
+    failure,
     plain,
     register,
     run_answer,
@@ -265,16 +266,16 @@ def judge(source: str):
     wrong = next((w for w in direct if w), None)
     if wrong:
         passed = False
-        lines.append(_("lse merge, direct: FAILED ({passed}/{tried} cases): {wrong}").format(
-            passed=direct.count(None), tried=len(DIRECT), wrong=wrong))
+        lines.append(failure(_("lse merge, direct: FAILED ({passed}/{tried} cases): {wrong}").format(
+            passed=direct.count(None), tried=len(DIRECT), wrong=wrong)))
     else:
         lines.append(_("lse merge, direct: PASSED ({n}/{n} cases: {cases})").format(
             n=len(DIRECT), cases=", ".join(str(label) for _case, label in DIRECT)))
     wrong = next((w for w in ring if w), None)
     if wrong:
         passed = False
-        lines.append(_("lse merge in ring attention on {world} ranks: FAILED ({passed}/{tried} cases): "
-                       "{wrong}").format(world=WORLD, passed=ring.count(None), tried=len(RING), wrong=wrong))
+        lines.append(failure(_("lse merge in ring attention on {world} ranks: FAILED ({passed}/{tried} cases): "
+                       "{wrong}").format(world=WORLD, passed=ring.count(None), tried=len(RING), wrong=wrong)))
     else:
         lines.append(_("lse merge in ring attention on {world} ranks: PASSED ({n}/{n} cases: {cases}; output and q, "
                        "k, v gradients equal the dense attention in fp64)").format(

@@ -31,7 +31,16 @@ import numbers
 import torch
 import torch.distributed as dist
 
-from parallel_lab.exercises.check import Exercise, NotYet, Verdict, answer_error, compile_answer, register, run_answer
+from parallel_lab.exercises.check import (
+    Exercise,
+    NotYet,
+    Verdict,
+    answer_error,
+    compile_answer,
+    failure,
+    register,
+    run_answer,
+)
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.i18n import _, _l
 
@@ -237,8 +246,8 @@ def judge(source: str):
     if isinstance(per_rank, str):
         return False, [per_rank], (0, len(CASES))
     if any(not isinstance(rank, list) or len(rank) != len(CASES) for rank in per_rank):
-        return False, [_("mesh groups on {world} ranks: FAILED: the ranks did not return one result per mesh"
-                         ).format(world=WORLD)], \
+        return False, [failure(_("mesh groups on {world} ranks: FAILED: the ranks did not return one result per mesh"
+                         ).format(world=WORLD))], \
             (0, len(CASES))
     lines, passed, good = [], True, 0
     for index, (dp, pp, tp) in enumerate(CASES):
@@ -251,7 +260,7 @@ def judge(source: str):
         wrong = judge_case(dp, pp, tp, answer, found)
         if wrong:
             passed = False
-            lines.append(_("{label}: FAILED: {reason}").format(label=label, reason=wrong))
+            lines.append(failure(_("{label}: FAILED: {reason}").format(label=label, reason=wrong)))
             continue
         counts = ", ".join(f"{len(answer['groups'][axis])} {axis}" for axis in AXES)
         how = (_("an all-reduce of 2^rank over each summed exactly its members") if on_ranks else

@@ -36,6 +36,7 @@ from parallel_lab.exercises.check import (
     Verdict,
     answer_error,
     compile_answer,
+    failure,
     plain,
     register,
     run_answer,
@@ -249,15 +250,15 @@ def _queue_case(label: str, answer: dict, choices, experts: int, capacity: int) 
     if answer.get("not_yet"):
         raise NotYet()
     if "error" in answer:
-        return False, _("{head}: FAILED: {name} raised {error}").format(head=head, name=POLICY.name,
-                                                                         error=answer["error"])
+        return False, failure(_("{head}: FAILED: {name} raised {error}").format(head=head, name=POLICY.name,
+                                                                         error=answer["error"]))
     if "malformed" in answer:
-        return False, _("{head}: FAILED: {name} returned a {type}; expected a list of "
+        return False, failure(_("{head}: FAILED: {name} returned a {type}; expected a list of "
                         "{experts} queues, each a list of (token, choice) pairs").format(
-                            head=head, name=POLICY.name, type=answer["malformed"], experts=experts)
+                            head=head, name=POLICY.name, type=answer["malformed"], experts=experts))
     why = _diagnose(answer["queues"], choices, experts, capacity)
     if why:
-        return False, _("{head}: FAILED: {why}").format(head=head, why=why)
+        return False, failure(_("{head}: FAILED: {why}").format(head=head, why=why))
     ref = reference_queues(choices, experts, capacity)
     kept = sum(len(q) for q in ref)
     total = len(choices) * len(choices[0])
@@ -272,28 +273,29 @@ def _ep_case(results: list[dict], case: Case) -> tuple[bool, str]:
              "{n} tokens, top-{k}, capacity factor {factor:g})").format(
                  ep=EP, experts=case.experts, per=case.experts // EP, n=n, k=case.top_k, factor=case.capacity_factor)
     if any(r["ep"].get("skipped") for r in results):
-        return False, _("{head}: FAILED: not run: the queues above must be a list of lists of (token, choice) "
-                        "pairs").format(head=head)
+        return False, failure(_("{head}: FAILED: not run: the queues above must be a list of lists of (token, choice) "
+                        "pairs").format(head=head))
     ref = reference(case)
     with torch.no_grad():
         choices = models.top_k_routing(case.build().router(ref["x"].reshape(n, case.hidden)), case.top_k)[2]
     why = _diagnose(results[0]["ep"]["queues"], choices.tolist(), case.experts, ref["capacity"])
     if why:
-        return False, _("{head}: FAILED: {why}").format(head=head, why=why)
+        return False, failure(_("{head}: FAILED: {why}").format(head=head, why=why))
     want = ref["output"].reshape(n, case.hidden)
     per_rank = n // EP
     for rank, r in enumerate(results):
         got = tensor_of(r["ep"]["output"])
         expected = want[rank * per_rank:(rank + 1) * per_rank]
         if got is None or got.shape != expected.shape or (got - expected).abs().max().item() > EXACT:
-            return False, _("{head}: FAILED: rank {rank}'s output differs from models.MoE's on the whole batch: "
-                            "the all-to-alls sent the rows your queues name, and those are not the layer's").format(
-                                head=head, rank=rank)
+            return False, failure(_("{head}: FAILED: rank {rank}'s output differs from models.MoE's on the whole "
+                                    "batch: the all-to-alls sent the rows your queues name, and those are not the "
+                                    "layer's").format(
+                                head=head, rank=rank))
     sent = sum(r["ep"]["sent"] for r in results)
     kept = n * case.top_k - ref["dropped"]
     if sent != kept:
-        return False, _("{head}: FAILED: the dispatch sent {sent} token rows, models.MoE keeps {kept}").format(
-            head=head, sent=sent, kept=kept)
+        return False, failure(_("{head}: FAILED: the dispatch sent {sent} token rows, models.MoE keeps {kept}").format(
+            head=head, sent=sent, kept=kept))
     return True, _("{head}: PASSED: the dispatch and combine all-to-alls carried {sent} of {total} "
                    "assignments ({dropped} dropped) and the output equals models.MoE's on the whole "
                    "batch (fp64, to 1e-12)").format(head=head, sent=sent, total=n * case.top_k,

@@ -17,7 +17,16 @@ line is deterministic (no timings), so nbval compares it.
 
 from __future__ import annotations
 
-from parallel_lab.exercises.check import Exercise, NotYet, Verdict, answer_error, compile_answer, register, run_answer
+from parallel_lab.exercises.check import (
+    Exercise,
+    NotYet,
+    Verdict,
+    answer_error,
+    compile_answer,
+    failure,
+    register,
+    run_answer,
+)
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.i18n import _, _l
 from parallel_lab.pipeline.actions import ScheduleError, as_schedule
@@ -93,13 +102,13 @@ def validated_order(answer: dict, p: int, m: int, name: str, label: str, show_gr
     if "error" in answer:
         if raised is not None:
             return None, [raised(answer["error"])]
-        return None, [_("{label}: FAILED: {name}({p}, {m}) raised {error}").format(
-            label=label, name=name, p=p, m=m, error=answer["error"])]
+        return None, [failure(_("{label}: FAILED: {name}({p}, {m}) raised {error}").format(
+            label=label, name=name, p=p, m=m, error=answer["error"]))]
     try:
         return validate(as_schedule(answer["ranks"], p, m, name)), None
     except ScheduleError as err:
         first, *grid = str(err).splitlines()
-        return None, [_("{label}: FAILED: {reason}").format(label=label, reason=first)] + \
+        return None, [failure(_("{label}: FAILED: {reason}").format(label=label, reason=first))] + \
             (_indent("\n".join(grid)) if show_grid else [])
 
 
@@ -112,19 +121,21 @@ def on_real_ranks(schedule, label: str, p: int, stash="simulated", differ=None, 
     try:
         result = run_pipeline(schedule, timeout=timeout)
     except (launcher.RankError, launcher.RanksHung, launcher.RankDied) as err:
-        return None, [_("{label}: FAILED on {p} real ranks: {reason}").format(
-            label=label, p=p, reason=str(err).splitlines()[0])]
+        return None, [failure(_("{label}: FAILED on {p} real ranks: {reason}").format(
+            label=label, p=p, reason=str(err).splitlines()[0]))]
     if not (result["max_grad_diff"] < EXACT and result["loss_diff"] < EXACT):
         worst = max(result["grad_diffs"], key=result["grad_diffs"].get)
         if differ is not None:
             return None, [differ(worst)]
-        return None, [_("{label}: FAILED on {p} real ranks: the loss or the gradients differ from the single-process "
-                        "model (first at parameter {parameter})").format(label=label, p=p, parameter=worst)]
+        return None, [failure(_("{label}: FAILED on {p} real ranks: the loss or the gradients differ from the "
+                                "single-process model (first at parameter {parameter})").format(
+            label=label, p=p, parameter=worst))]
     if stash is not None:
         simulated = result["peak_activations_predicted"] if stash == "simulated" else stash
         if result["peak_activations"] != simulated:
-            return None, [_("{label}: FAILED on {p} real ranks: measured stash {measured}, simulated {simulated}"
-                            ).format(label=label, p=p, measured=result["peak_activations"], simulated=simulated)]
+            return None, [failure(_("{label}: FAILED on {p} real ranks: measured stash {measured}, simulated "
+                                    "{simulated}"
+                            ).format(label=label, p=p, measured=result["peak_activations"], simulated=simulated))]
     return result, None
 
 
@@ -145,23 +156,24 @@ def one_f_one_b_case(answer: dict, p: int, m: int, name: str, show_grid: bool = 
     if over:
         r = over[0]
         shape = _(" (GPipe's shape: all forwards before any backward)") if mine.peak_activations == [m] * p else ""
-        return False, [_("{label}: FAILED: stage {stage} stashes up to {held} micro-batches at once, 1F1B at most "
-                         "min(m, p−r) = {limit}{shape}; start each backward as soon as its gradient can arrive "
-                         "(stash per stage {stash}, 1F1B {limits})").format(
+        return False, [failure(_("{label}: FAILED: stage {stage} stashes up to {held} micro-batches at once, 1F1B at "
+                                 "most min(m, p−r) = {limit}{shape}; start each backward as soon as its gradient can "
+                                 "arrive (stash per stage {stash}, 1F1B {limits})").format(
             label=label, stage=r, held=mine.peak_activations[r], limit=limit[r], shape=shape,
-            stash=mine.peak_activations, limits=limit)]
+            stash=mine.peak_activations, limits=limit))]
     if mine.makespan > ref.makespan + 1e-9:
-        return False, [_("{label}: FAILED: the step takes {step:g} time units (F=1, B=2), 1F1B takes {ref:g}: "
+        return False, [failure(_("{label}: FAILED: the step takes {step:g} time units (F=1, B=2), 1F1B takes {ref:g}: "
                          "bubble {bubble:.1%} instead of {ref_bubble:.1%}; run the p−r−1 warm-up forwards first, "
                          "then alternate").format(label=label, step=mine.makespan, ref=ref.makespan,
-                                                  bubble=mine.bubble_fraction, ref_bubble=ref.bubble_fraction)]
+                                                  bubble=mine.bubble_fraction, ref_bubble=ref.bubble_fraction))]
     shape = _("valid; stash per stage {stash} = min(m, p−r); bubble {bubble:.1%} as 1F1B").format(
         stash=mine.peak_activations, bubble=mine.bubble_fraction)
 
     result, failed = on_real_ranks(sched, label, p, stash=mine.peak_activations,
-                                   differ=lambda worst: _("{label}: FAILED on {p} real ranks: gradients differ from "
-                                                          "the single-process model (first at parameter {parameter})"
-                                                          ).format(label=label, p=p, parameter=worst))
+                                   differ=lambda worst: failure(_("{label}: FAILED on {p} real ranks: gradients "
+                                                                  "differ from the single-process model (first at "
+                                                                  "parameter {parameter})"
+                                                          ).format(label=label, p=p, parameter=worst)))
     if failed:
         return False, failed
     return True, [_("{label}: PASSED: {shape}; on {p} real ranks: gradients equal the single-process model, "

@@ -23,6 +23,7 @@ from parallel_lab.exercises.check import (
     Verdict,
     compile_answer,
     counted,
+    failure,
     judge_worlds,
     plain,
     register,
@@ -89,8 +90,9 @@ def judge_world(world: int, per_rank: list) -> tuple[bool, str, tuple[int, int]]
     numel, wrong = next(((n, w) for n, w in wrongs if w), (None, None))
     if wrong:
         size = ngettext("tensor of {n} element", "tensor of {n} elements", numel).format(n=numel)
-        return False, _("ring all-reduce on {world} ranks: FAILED ({passed}/{tried} cases): {size}: {wrong}").format(
-            world=world, passed=cases[0], tried=cases[1], size=size, wrong=wrong), cases
+        return False, failure(_("ring all-reduce on {world} ranks: FAILED"
+                                " ({passed}/{tried} cases): {size}: {wrong}").format(
+            world=world, passed=cases[0], tried=cases[1], size=size, wrong=wrong)), cases
     return True, _("ring all-reduce on {world} ranks: PASSED ({n}/{n} cases; send/recv only, 2(p−1)/p of the tensor "
                    "per rank)").format(world=world, n=len(CASES)), cases
 

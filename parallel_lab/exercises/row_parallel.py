@@ -18,6 +18,7 @@ from parallel_lab.exercises.check import (
     Verdict,
     compile_answer,
     counted,
+    failure,
     judge_worlds,
     plain,
     register,
@@ -100,8 +101,9 @@ def judge_world(world: int, per_rank: list) -> tuple[bool, str, tuple[int, int]]
     cases = counted(wrong is None for wrong in wrongs)
     wrong = next((w for w in wrongs if w), None)
     if wrong:
-        return False, _("row-parallel forward on {world} ranks: FAILED ({passed}/{tried} cases): {wrong}").format(
-            world=world, passed=cases[0], tried=cases[1], wrong=wrong), cases
+        return False, failure(_("row-parallel forward on {world} ranks: FAILED"
+                                " ({passed}/{tried} cases): {wrong}").format(
+            world=world, passed=cases[0], tried=cases[1], wrong=wrong)), cases
     passed = _("row-parallel forward on {world} ranks: PASSED ({n}/{n} cases)").format(world=world, n=cases[1])
     return True, passed, cases
 

@@ -30,7 +30,7 @@ order. Every verdict line is deterministic (no timings), so nbval compares it.
 
 from __future__ import annotations
 
-from parallel_lab.exercises.check import Exercise, Verdict, compile_answer, register, run_answer
+from parallel_lab.exercises.check import Exercise, Verdict, compile_answer, failure, register, run_answer
 from parallel_lab.exercises.one_f_one_b import on_real_ranks, plain_orders, validated_order
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.i18n import _, _l
@@ -69,27 +69,28 @@ def design_case(answer: dict, p: int, m: int, cap: float, target: float, name: s
     """Judge the answer's schedule for one case (the four conditions of the module doc, in order);
     ``(passed, lines)``."""
     label = LABEL.format(p=p, m=m, cap=f"{cap:g}")
-    schedule, failed = validated_order(answer, p, m, name, label, show_grid, raised=lambda error: _(
+    schedule, failed = validated_order(answer, p, m, name, label, show_grid, raised=lambda error: failure(_(
         "{label}: FAILED: {name}({p}, {m}, {cap}) raised {error}").format(
-            label=label, name=name, p=p, m=m, cap=f"{cap:g}", error=error))
+            label=label, name=name, p=p, m=m, cap=f"{cap:g}", error=error)))
     if failed:
         return False, failed
     judged = evaluate(make_problem(p, m, cap), schedule, check=False)
     over = [r for r, held in enumerate(judged.peaks) if held > cap + 1e-9]
     if over:
         r = over[0]
-        return False, [_("{label}: FAILED: rank {rank} holds up to {held:g} micro-batches of activations at once, "
-                         "over the cap {cap:g} (counted until W: an I frees M_B − M_W, its W the rest); peak per "
-                         "rank {peaks}: start fewer forwards before their backward, or run a pending W before "
-                         "the next F").format(label=label, rank=r, held=round(judged.peaks[r], 3), cap=cap,
-                                              peaks=_numbers(judged.peaks))]
+        return False, [failure(_("{label}: FAILED: rank {rank} holds up to {held:g} micro-batches of activations at "
+                                 "once, over the cap {cap:g} (counted until W: an I frees M_B − M_W, its W the rest); "
+                                 "peak per rank {peaks}: start fewer forwards before their backward, or run a pending "
+                                 "W before the next F").format(
+            label=label, rank=r, held=round(judged.peaks[r], 3), cap=cap, peaks=_numbers(judged.peaks)))]
     bubble = judged.steady_bubble(synchronised=True)
     idle = [judged.makespan - busy for busy in judged.busy]
     if bubble > target + 1e-9:
-        return False, [_("{label}: FAILED: bubble {bubble:.1%} with F = I = W = 1, the target is at most {target:.1%} "
-                         "(step {step:g}, idle per rank {idle}); let no rank wait while it could run a forward the "
-                         "cap allows, an input gradient that has arrived, or a pending W").format(
-            label=label, bubble=bubble, target=target, step=judged.makespan, idle=_numbers(idle))]
+        return False, [failure(_("{label}: FAILED: bubble {bubble:.1%} with F = I = W = 1, the target is at most "
+                                 "{target:.1%} (step {step:g}, idle per rank {idle}); let no rank wait while it could "
+                                 "run a forward the cap allows, an input gradient that has arrived, or a pending "
+                                 "W").format(
+            label=label, bubble=bubble, target=target, step=judged.makespan, idle=_numbers(idle)))]
     shape = _("valid; peak per rank {peaks} <= {cap:g}; bubble {bubble:.1%} <= {target:.1%}").format(
         peaks=_numbers(judged.peaks), cap=cap, bubble=bubble, target=target)
     result, failed = on_real_ranks(schedule, label, p, timeout=RUN_TIMEOUT)

@@ -28,7 +28,7 @@ the source). Every verdict line is deterministic (no timings), so nbval compares
 
 from __future__ import annotations
 
-from parallel_lab.exercises.check import Exercise, Verdict, register
+from parallel_lab.exercises.check import Exercise, Verdict, failure, register
 from parallel_lab.exercises.one_f_one_b import judge_orders, on_real_ranks, validated_order
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.i18n import _, _l
@@ -128,10 +128,10 @@ def zb_h1_case(answer: dict, p: int, m: int, name: str, show_grid: bool = True) 
     full = next(((r, a) for r, _step, a in sched.actions() if a.kind == "B"), None)
     if full is not None:
         r, a = full
-        return False, [_("{label}: FAILED: rank {rank} runs the full backward {action}: ZB-H1 splits every backward "
-                         "into I (input gradient, '{i}') and W (weight gradient, '{w}'), so that the W's can fill the "
-                         "bubble").format(label=label, rank=r, action=a, i=f"{a.stage}I{a.microbatch}",
-                                          w=f"{a.stage}W{a.microbatch}")]
+        return False, [failure(_("{label}: FAILED: rank {rank} runs the full backward {action}: ZB-H1 splits every "
+                                 "backward into I (input gradient, '{i}') and W (weight gradient, '{w}'), so that the "
+                                 "W's can fill the bubble").format(
+            label=label, rank=r, action=a, i=f"{a.stage}I{a.microbatch}", w=f"{a.stage}W{a.microbatch}"))]
 
     ref_sched = zb_h1(p, m)
     mine, ref = simulate(sched, SPLIT), simulate(ref_sched, SPLIT)
@@ -144,16 +144,16 @@ def zb_h1_case(answer: dict, p: int, m: int, name: str, show_grid: bool = True) 
             what = _(", 1F1B's bubble (1F1B with full backwards B = I + W idles as long)")
         else:
             what = ""
-        return False, [_("{label}: FAILED: with F = I = W = 1 each rank idles {idle} time units{what}; ZB-H1 idles "
-                         "{ref_idle}; {hint}").format(label=label, idle=_numbers(idle), what=what,
-                                                     ref_idle=_numbers(ref_idle), hint=_bubble_hint(sched, ref_sched))]
+        return False, [failure(_("{label}: FAILED: with F = I = W = 1 each rank idles {idle} time units{what}; ZB-H1 "
+                                 "idles {ref_idle}; {hint}").format(label=label, idle=_numbers(idle), what=what,
+                                                     ref_idle=_numbers(ref_idle), hint=_bubble_hint(sched, ref_sched)))]
     over = [s for s in range(p) if mine.peak_activations[s] > ref.peak_activations[s] + 1e-9]
     if over:
         s = over[0]
-        return False, [_("{label}: FAILED: stage {stage} holds up to {held} micro-batches of activations at once "
-                         "(counted until W: I frees M_B − M_W, W the rest), ZB-H1 {ref}; {hint}").format(
+        return False, [failure(_("{label}: FAILED: stage {stage} holds up to {held} micro-batches of activations at "
+                                 "once (counted until W: I frees M_B − M_W, W the rest), ZB-H1 {ref}; {hint}").format(
             label=label, stage=s, held=mine.peak_activations[s], ref=ref.peak_activations[s],
-            hint=_memory_hint(sched, ref_sched))]
+            hint=_memory_hint(sched, ref_sched)))]
     shape = _("valid, every backward split into I and W; idle per rank {idle} with F = I = W = 1 as ZB-H1 (1F1B "
               "idles {plain}); peak stash {peaks} M_B, within ZB-H1's").format(
         idle=_numbers(idle), plain=_numbers(_idle(plain)), peaks=mine.peak_activations)

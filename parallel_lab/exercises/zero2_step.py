@@ -35,7 +35,16 @@ import ast
 import torch
 import torch.distributed as dist
 
-from parallel_lab.exercises.check import Exercise, Verdict, compile_answer, counted, judge_worlds, register, short
+from parallel_lab.exercises.check import (
+    Exercise,
+    Verdict,
+    compile_answer,
+    counted,
+    failure,
+    judge_worlds,
+    register,
+    short,
+)
 from parallel_lab.exercises.policy import Policy
 from parallel_lab.i18n import _, _l
 from parallel_lab.runtime import commlog
@@ -184,7 +193,7 @@ def judge_case(numel: int, steps: int, world: int, answers: list[dict]) -> str |
 def judge(source: str):
     reason = static_reason(source)
     if reason:
-        line = _("{label}: FAILED: your answer {reason}").format(label=str(EXERCISE.label), reason=reason)
+        line = failure(_("{label}: FAILED: your answer {reason}").format(label=str(EXERCISE.label), reason=reason))
         return False, [line], (0, 0)
     return judge_worlds(harness, source, POLICY.name, "ZeRO-2 step", WORLD_SIZES, judge_world,
                         lambda world: len(CASES))
@@ -195,8 +204,9 @@ def judge_world(world: int, per_rank: list) -> tuple[bool, str, tuple[int, int]]
     cases = counted(wrong is None for _numel, wrong in wrongs)
     numel, wrong = next(((n, w) for n, w in wrongs if w), (None, None))
     if wrong:
-        return False, _("ZeRO-2 step on {world} ranks: FAILED ({passed}/{tried} cases): n = {numel}: {wrong}").format(
-            world=world, passed=cases[0], tried=cases[1], numel=numel, wrong=wrong), cases
+        return False, failure(_("ZeRO-2 step on {world} ranks: FAILED"
+                                " ({passed}/{tried} cases): n = {numel}: {wrong}").format(
+            world=world, passed=cases[0], tried=cases[1], numel=numel, wrong=wrong)), cases
     return True, _("ZeRO-2 step on {world} ranks: PASSED ({n}/{n} cases, {steps} Adam steps each: equal to one "
                    "process; one reduce-scatter of n and one all-gather of n/N per step; optimizer state 2n/N values "
                    "per rank)").format(world=world, n=len(CASES), steps=CASES[0][1]), cases

@@ -283,7 +283,7 @@ def _grade_submission(path: Path, reference: Reference, student: str, sandbox: S
         screened = exercise.screen(str(sources[c.id])) if exercise is not None else None
         if screened is not None:
             records[c.id] = {"id": c.id, "passed": False, "not_yet": screened.not_yet, "lines": screened.lines,
-                             "cases": list(screened.cases)}
+                             "cases": list(screened.cases), "reason": screened.reason}
         else:
             jobs.append({"id": c.id, "source": str(sources[c.id])})
     checked, why = run_checks(jobs, sandbox, limits, modules, env, reference.lang) if jobs else ({}, "")
@@ -300,8 +300,9 @@ def _grade_submission(path: Path, reference: Reference, student: str, sandbox: S
         elif check.id in records:
             record = records[check.id]
             text = "\n".join(record["lines"])
-            reason = "" if record["passed"] else record.get("reason") or next(
-                (line for line in record["lines"] if "FAILED" in line or "NOT YET" in line), record["lines"][0])
+            # The verdict's own reason (Verdict.reason: the line made as a failure), never a search for
+            # words, which are in the submission's language.
+            reason = "" if record["passed"] else str(record.get("reason") or first_line(text))
             rows.append(row(check, bool(record["passed"]), reason, text, tuple(record.get("cases") or (0, 0))))
         elif any(j["id"] == check.id for j in jobs):
             rows.append(row(check, False, _("not checked: {why}").format(why=why)))

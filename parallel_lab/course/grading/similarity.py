@@ -36,6 +36,7 @@ from pathlib import Path
 import nbformat
 
 from parallel_lab.course import tags
+from parallel_lab.exercises import REGISTRY
 from parallel_lab.exercises.copies import similarity, tokens
 
 MIN_OWN_TOKENS = 20
@@ -86,6 +87,19 @@ def scaffolds(references) -> dict:
     return out
 
 
+def unwritten(row) -> bool:
+    """Whether a row's answer is still its lesson's stub: its exercise says "not yet" from the source
+    alone (``Exercise.screen``), whatever language the verdict was written in."""
+    exercise = REGISTRY.get(row.exercise)
+    if exercise is None:
+        return False
+    try:
+        screened = exercise.screen(row.answer)
+    except (SyntaxError, ValueError):
+        return False
+    return screened is not None and screened.not_yet
+
+
 def code_pairs(rows, threshold: float, references=None) -> list[Pair]:
     """Near-identical exercise answers, per lesson and check, most alike first."""
     frames = scaffolds(references)
@@ -93,7 +107,7 @@ def code_pairs(rows, threshold: float, references=None) -> list[Pair]:
     for r in rows:
         if r.category == "quizzes" or r.exercise.startswith(("quiz:", "predict:")) or not r.answer:
             continue
-        if r.detail and "NOT YET" in r.detail.splitlines()[0]:
+        if unwritten(r):
             continue
         own = own_tokens(r.answer, frames.get((r.lesson, r.exercise), ()))
         if len(own) >= MIN_OWN_TOKENS:
