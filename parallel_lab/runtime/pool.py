@@ -153,13 +153,12 @@ class Pool:
                 raise self._hung(pending, timeout)
             for rank in self._ready(pending, remaining):
                 answer = self._answer(rank)
-                if answer is None or answer["kind"] == "error":
-                    pending.discard(rank)
-                    if answer is not None:
-                        results[rank] = answer
-                    raise self._failure(results, pending, doing)
-                results[rank] = answer
                 pending.discard(rank)
+                if answer is None:
+                    raise self._failure(results, pending, doing, ended={rank})
+                results[rank] = answer
+                if answer["kind"] == "error":
+                    raise self._failure(results, pending, doing, ended=set())
         forward_output(results)
         return [results[rank]["value"] for rank in sorted(results)]
 
@@ -169,7 +168,8 @@ class Pool:
         return sorted({handles[h] for h in mp.connection.wait(list(handles), timeout=timeout)})
 
     def _answer(self, rank) -> dict | None:
-        """The rank's answer, or None when it died without one."""
+        """The rank's answer, or None when it ended without one: its process is gone, or its end of
+        the pipe closed, which a rank does only by ending."""
         if not self.conns[rank].poll():
             return None
         try:
@@ -181,27 +181,39 @@ class Pool:
         except Exception as exc:  # what an untrusted rank sent is not plain data: its failure
             return rank_process.unreadable(exc)
 
-    def _failure(self, results, pending, doing, grace=0.3) -> Exception:
+    def _take(self, ready, results, pending, ended) -> None:
+        """Read the ranks in ``ready``: an answer goes to ``results``, an end without one to ``ended``."""
+        for rank in ready:
+            answer = self._answer(rank)
+            if answer is None:
+                ended.add(rank)
+            else:
+                results[rank] = answer
+            pending.discard(rank)
+
+    def _failure(self, results, pending, doing, ended, grace=0.3) -> Exception:
         """Ranks often fail together (the same bug on every rank, or the peers of a dead rank, who
         then see "connection closed by peer"): give the others a moment, then report the cause -- a
         rank that died first, else the lowest rank that raised -- so the report does not depend on
-        which message happened to arrive first."""
+        which message happened to arrive first.
+
+        ``ended``: ranks that ended without an answer. A rank's death shows first as the end of its
+        pipe, and only later as its exit status (the forkserver, its parent, must reap it and pass
+        the status on, which a loaded machine delays), so a rank counts as dead from the end of its
+        pipe on; its exit status is then waited for, up to ``LOST_PEER_S``."""
         end = time.monotonic() + grace
         while pending and (ready := self._ready(pending, max(0.0, end - time.monotonic()))):
-            for rank in ready:
-                answer = self._answer(rank)
-                if answer is not None:
-                    results[rank] = answer
-                pending.discard(rank)
+            self._take(ready, results, pending, ended)
+        if not ended and pending and any(rank_process.lost_peer(a) for a in results.values()):
+            # a peer's "connection reset" can arrive before the dead rank's end shows at all (a
+            # loaded machine tears a process down slowly): wait for a pending rank's end a little longer
+            end = time.monotonic() + LOST_PEER_S
+            while pending and not ended and (ready := self._ready(pending, max(0.0, end - time.monotonic()))):
+                self._take(ready, results, pending, ended)
         forward_output(results)
-        dead = self._dead(results)
-        if not dead and pending and any(rank_process.lost_peer(a) for a in results.values()):
-            # a peer's "connection reset" can arrive before its own death shows (a loaded machine
-            # tears a process down slowly): wait for a pending rank's end a little longer
-            mp.connection.wait([self.procs[r].sentinel for r in pending], timeout=LOST_PEER_S)
-            dead = self._dead(results)
+        dead = sorted(ended | set(self._dead(results)))
         if dead:
-            self.procs[dead[0]].join(1.0)
+            self.procs[dead[0]].join(LOST_PEER_S)
             return RankDied(dead[0], self.procs[dead[0]].exitcode, doing, self._report(exclude={dead[0]}))
         rank = min(r for r, a in results.items() if a["kind"] == "error")
         answer = results[rank]

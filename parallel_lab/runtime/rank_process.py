@@ -74,10 +74,15 @@ def unreadable(exc: Exception) -> dict:
     return {"kind": "error", "type": type(exc).__name__, "message": str(exc), "traceback": "", "out": "", "err": ""}
 
 
+# How gloo words a peer's connection that went away (its pair.cc: a read that failed with ECONNRESET,
+# a peer that closed its socket, a write that failed with EPIPE).
+LOST_PEER_WORDS = ("connection reset by peer", "connection closed by peer", "broken pipe")
+
+
 def lost_peer(answer: dict) -> bool:
     """Whether a rank's error says a peer's connection went away (that peer likely died)."""
-    message = answer.get("message", "") if answer.get("kind") == "error" else ""
-    return any(words in message for words in ("Connection reset by peer", "Connection closed by peer"))
+    message = str(answer.get("message", "")).lower() if answer.get("kind") == "error" else ""
+    return any(words in message for words in LOST_PEER_WORDS)
 
 
 def write_status(slot, text: str) -> None:
