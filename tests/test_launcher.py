@@ -7,10 +7,13 @@ a notebook), so every test also checks that the *next* call works.
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from multiprocessing import forkserver
 
 import psutil
 import pytest
@@ -101,6 +104,26 @@ def test_a_dead_rank_is_the_cause_even_when_its_peers_report_first():
     # rank 0's "connection reset by peer" arrives 0.6 s before rank 1's death shows
     with pytest.raises(launcher.RankDied) as info:
         launcher.run(demos.die_after_peer_noticed, 4, kwargs={"delay": 0.6})
+    assert info.value.rank == 1 and info.value.exitcode == 3
+    assert launcher.run(demos.rank_id, 4) == [0, 1, 2, 3]
+
+
+@pytest.mark.skipif(launcher.pools.start_method() != "forkserver", reason="the forkserver holds the exit status")
+def test_a_dead_rank_is_the_cause_while_its_exit_status_is_still_on_the_way():
+    # A rank's exit status reaches us through the forkserver, its parent, which reaps it: on a loaded
+    # machine that comes late, after the peers' "connection closed by peer". Stopping the forkserver
+    # for a second holds the status back: the rank's closed pipe already tells its death.
+    launcher.run(demos.rank_id, 4)
+    server = forkserver._forkserver._forkserver_pid
+    resume = threading.Timer(1.0, os.kill, (server, signal.SIGCONT))
+    os.kill(server, signal.SIGSTOP)
+    resume.start()
+    try:
+        with pytest.raises(launcher.RankDied) as info:
+            launcher.run(demos.die_on, 4, args=(1, "exit"))
+    finally:
+        resume.join()
+        os.kill(server, signal.SIGCONT)
     assert info.value.rank == 1 and info.value.exitcode == 3
     assert launcher.run(demos.rank_id, 4) == [0, 1, 2, 3]
 
