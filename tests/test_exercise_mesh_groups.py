@@ -9,6 +9,7 @@ from exercise_support import lesson_solution
 
 from parallel_lab.exercises import REGISTRY, check_mesh_groups
 from parallel_lab.exercises.mesh_groups import CASES, EXERCISE, WORLD, expected_group, judge_case, plain_groups
+from parallel_lab.i18n import translations, using
 from parallel_lab.runtime import demos, launcher
 from parallel_lab.runtime.mesh import ParallelDims
 
@@ -250,3 +251,16 @@ def test_the_lessons_printed_groups_and_answers_of_the_wrong_shape_fail_without_
         "mesh groups dp 1 × pp 2 × tp 2 on 4 ranks: FAILED: my_mesh_groups(1, 2, 2) raised NameError: name "
         "'undefined_name' is not defined")
     assert launcher.run(demos.rank_id, 2) == [0, 1]  # the next run works
+
+
+@ranks
+@pytest.mark.timeout(300)
+def test_the_reason_worded_on_a_rank_is_in_the_lessons_language():
+    # plain_groups runs on rank 0 beside the answer: its reason comes back in the language of the check
+    zh = translations("zh-Hant").gettext
+    with using("zh-Hant"):
+        a_list = EXERCISE.check(answer("    return [[r] for r in range(dp * pp * tp)]"))
+    reason = zh("returned {value}, not a dict {{'dp': [...], 'pp': [...], 'tp': [...]}} of the groups along each "
+                "axis").format(value=zh("a {type}").format(type="list"))
+    assert reason != "returned a list, not a dict {'dp': [...], 'pp': [...], 'tp': [...]} of the groups along each axis"
+    assert a_list.lines[0].endswith("my_mesh_groups(1, 2, 2) " + reason)

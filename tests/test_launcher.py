@@ -19,6 +19,7 @@ import psutil
 import pytest
 import torch
 
+from parallel_lab.i18n import translations, using
 from parallel_lab.runtime import demos, launcher, rank_process
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(180)]
@@ -316,6 +317,7 @@ def test_task_messages_use_plain_pickle():
     # Tensors come back as copies (plain pickle), never as shared-memory handles that could leak.
     blob = rank_process.encode_task(demos.echo, (torch.ones(2),), {})
     assert pickle.loads(blob)[2][0].sum() == 2
+    assert pickle.loads(blob)[4] == "en"  # the language travels as a plain string
 
 
 def test_what_ranks_print_is_shown_prefixed_in_rank_order(capsys):
@@ -328,3 +330,37 @@ def test_when_every_rank_raises_the_lowest_rank_is_reported():
         with pytest.raises(launcher.RankError) as info:
             launcher.run(demos.fail_on_all, 4)
         assert info.value.rank == 0
+
+
+# -------------------------------------------------------------------------------------------------
+# Ranks speak the language of the process that sent them the task (a lesson's, a grader's block).
+
+def test_ranks_speak_the_language_of_the_process_that_sent_the_task(capsys):
+    message = "hello from rank {rank} of {world}"
+    chinese = translations("zh-Hant").gettext(message)
+    assert chinese != message
+    with using("zh-Hant"):
+        assert launcher.run(demos.words, 2, args=(message,)) == [chinese, chinese]
+        assert launcher.run(demos.words, 2, args=(message,), untrusted=True) == [chinese, chinese]
+        launcher.run(demos.say_hello, 2)
+    assert capsys.readouterr().out == "".join(f"[rank {r}] {chinese.format(rank=r, world=2)}\n" for r in range(2))
+    assert launcher.run(demos.words, 2, args=(message,)) == [message, message]  # the same pool, English again
+    assert rank_process.encode_task(demos.words, (), {}, "zh-Hant")  # a language the course has
+    with pytest.raises(ValueError, match="not one of the course's"):
+        rank_process.encode_task(demos.words, (), {}, "fr")
+
+
+def test_what_the_launcher_reports_about_ranks_is_in_the_lessons_language():
+    launcher.run(demos.rank_id, 4)  # the pool is up: the 3 s are the task's
+    with using("zh-Hant"), pytest.raises(launcher.RanksHung) as hung:
+        launcher.run(demos.skipped_collective, 4, timeout=3)
+    running = translations("zh-Hant").gettext("running {name}").format(name="skipped_collective")
+    assert hung.value.blocked[3] == running and running in str(hung.value)
+    with using("zh-Hant"), pytest.raises(launcher.RankDied) as died:
+        launcher.run(demos.die_on, 4, args=(1, "exit"))
+    assert str(died.value).splitlines()[0] == "rank 1 結束了（結束狀態 3），當時正在執行 die_on"
+    with using("zh-Hant"), pytest.raises(launcher.RankError) as error:
+        launcher.run(demos.fail_on, 4, args=(2, demos.OUT_OF_MEMORY))
+    assert error.value.message == "假裝這個 rank 的記憶體用完了"
+    assert "rank 0：barrier()（持續 " in error.value.others
+    assert launcher.run(demos.rank_id, 4) == [0, 1, 2, 3]

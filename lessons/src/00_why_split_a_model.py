@@ -244,11 +244,12 @@ sum_guess.versus(results[0]["sum"])
 # the others wait for it in a barrier:
 
 # %%
+from parallel_lab.show.collectives import failed_rank_text
+
 try:
     launcher.run(demos.fail_on, 4, args=(2, "pretend this rank ran out of memory"))
 except launcher.RankError as err:
-    print(str(err).splitlines()[0])
-    print("the failing rank:", err.rank)
+    print(failed_rank_text(err))  # the error's first line, then err.rank: the rank that failed
 
 # %%
 launcher.shutdown()  # stop the rank processes (a Binder pod has little memory)

@@ -1,7 +1,9 @@
 """Small functions to run on ranks: the launcher's hello world and its failure modes.
 
 Lesson 01 runs them to show what a student sees when a rank fails or hangs; the launcher's tests
-run them to check that every failure is reported by rank and that no process is left behind.
+run them to check that every failure is reported by rank and that no process is left behind. What
+they print or raise is in the lesson's language: a rank runs its task in the language of the process
+that sent it (``rank_process``).
 """
 
 import ctypes
@@ -15,7 +17,11 @@ import time
 import torch
 import torch.distributed as dist
 
+from parallel_lab.i18n import N_, _
 from parallel_lab.runtime import commlog, shared_memory, transport
+
+# What lesson 00 has a rank raise (``fail_on``): in the catalog, so the rank shows it translated.
+OUT_OF_MEMORY = N_("pretend this rank ran out of memory")
 
 
 def hello():
@@ -36,10 +42,11 @@ def echo(*args, **kwargs):
     return {"rank": dist.get_rank(), "args": args, "kwargs": kwargs}
 
 
-def fail_on(rank, message="something went wrong"):
-    """Raises ValueError on ``rank``; the other ranks then wait in a barrier that never completes."""
+def fail_on(rank, message=N_("something went wrong")):
+    """Raises ValueError on ``rank``; the other ranks then wait in a barrier that never completes.
+    A ``message`` the catalog has (``OUT_OF_MEMORY``) is raised in the lesson's language."""
     if dist.get_rank() == rank:
-        raise ValueError(message)
+        raise ValueError(_(message))
     dist.barrier()
 
 
@@ -82,6 +89,11 @@ def die_after_peer_noticed(delay: float = 0.6):
     return dist.get_rank()
 
 
+def words(message: str) -> str:
+    """``_(message)`` on this rank (the tests' proof that a rank speaks the language of its task)."""
+    return _(message)
+
+
 def sleep(seconds):
     """Sleeps on every rank (used to test interrupting a running call)."""
     time.sleep(seconds)
@@ -98,9 +110,9 @@ def heap_refaults(blocks: int = 3, megabytes: int = 12, rounds: int = 3) -> list
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
     size, faults = megabytes * 2**20, []
-    for _ in range(rounds):
+    for _round in range(rounds):
         before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-        held = [libc.malloc(size) for _ in range(blocks)]
+        held = [libc.malloc(size) for _block in range(blocks)]
         for address in held:
             ctypes.memset(address, 1, size)
         for address in held:
@@ -123,7 +135,7 @@ def unpicklable_result():
 
 def say_hello():
     """Prints on every rank: the notebook shows each line prefixed with its rank, in rank order."""
-    print(f"hello from rank {dist.get_rank()} of {dist.get_world_size()}")
+    print(_("hello from rank {rank} of {world}").format(rank=dist.get_rank(), world=dist.get_world_size()))
     return dist.get_rank()
 
 

@@ -22,6 +22,7 @@ import time
 from contextlib import contextmanager
 from multiprocessing import forkserver, resource_tracker
 
+from parallel_lab.i18n import _
 from parallel_lab.runtime import rank_process
 from parallel_lab.runtime.errors import RankDied, RankError, RanksHung, describe_exit
 
@@ -113,10 +114,10 @@ class Pool:
                     self._start(ctx, rank, timeout)
             # Rendezvous: rank 0 opens the TCP store on a port the OS picks (so two kernels never
             # collide) and tells us; we pass it on.
-            port = self._collect([0], timeout, "starting the process group")[0]
+            port = self._collect([0], timeout, _("starting the process group"))[0]
             for conn in self.conns[1:]:
                 conn.send_bytes(pickle.dumps(port))
-            self._collect(range(world_size), timeout, "starting the process group")
+            self._collect(range(world_size), timeout, _("starting the process group"))
         except BaseException:
             self.kill()
             raise
@@ -140,7 +141,7 @@ class Pool:
         """Send ``task`` (``rank_process.encode_task``) to every rank; their values, indexed by rank."""
         for conn in self.conns:
             conn.send_bytes(task)
-        return self._collect(range(self.world_size), timeout, f"running {name}")
+        return self._collect(range(self.world_size), timeout, _("running {name}").format(name=name))
 
     def _collect(self, ranks, timeout, doing) -> list:
         """One answer from each of ``ranks``, or an error naming the rank (see the module doc)."""
@@ -225,8 +226,10 @@ class Pool:
         return [r for r in range(self.world_size) if r not in results and not self.procs[r].is_alive()]
 
     def status(self, rank) -> tuple[str, float]:
-        """What ``rank`` is doing now and for how many seconds (from its shared status slot)."""
-        return rank_process.read_status(self.statuses[rank])
+        """What ``rank`` is doing now, in this process's language, and for how many seconds (from its
+        shared status slot)."""
+        text, seconds = rank_process.read_status(self.statuses[rank])
+        return rank_process.shown(text), seconds
 
     def _report(self, exclude=()) -> str:
         lines = []
@@ -234,10 +237,12 @@ class Pool:
             if rank in exclude:
                 continue
             if not proc.is_alive():
-                lines.append(f"  rank {rank}: exited, {describe_exit(proc.exitcode)}")
+                lines.append("  " + _("rank {rank}: exited, {exit}").format(rank=rank,
+                                                                             exit=describe_exit(proc.exitcode)))
                 continue
             text, seconds = self.status(rank)
-            lines.append(f"  rank {rank}: {text} (for {seconds:.1f} s)")
+            lines.append("  " + _("rank {rank}: {doing} (for {seconds:.1f} s)").format(rank=rank, doing=text,
+                                                                                      seconds=seconds))
         return "\n".join(lines)
 
     def _hung(self, pending, timeout) -> RanksHung:

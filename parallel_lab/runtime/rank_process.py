@@ -3,11 +3,16 @@
 A rank (``main``, the target ``pool.Pool`` starts) joins the gloo process group, then serves tasks
 from its pipe until it is told to stop, or until its parent is gone:
 
-    parent -> rank   ``encode_task(fn, args, kwargs)``: run ``fn(*args, **kwargs)``; ``STOP``: leave
+    parent -> rank   ``encode_task(fn, args, kwargs, lang)``: run ``fn(*args, **kwargs)`` speaking ``lang``;
+                     ``STOP``: leave
     rank -> parent   an answer: ``{"kind": "ok", "value": ..., "out": ..., "err": ...}``, or
                      ``{"kind": "error", "type", "message", "traceback", "out", "err"}``
 
-Messages are plain pickles (tensors travel as copies, never as shared-memory handles). What a rank
+A task carries the parent's language (``i18n.language()`` where it was encoded: the lesson's, or a
+grader's ``using`` block), and the rank runs it inside ``i18n.using(lang)``, so that what a rank
+function shows through ``_()`` (what it prints, the text of what it raises) is in the lesson's
+language. The language travels from parent to rank only, as a plain string; an answer stays plain
+data. Messages are plain pickles (tensors travel as copies, never as shared-memory handles). What a rank
 prints travels back with its answer, so the notebook shows it in rank order. A rank also writes what
 it is doing into a small shared status slot (``write_status`` / ``read_status``), which the parent
 reads when ranks hang, to say which operation each one is blocked in (``commlog`` keeps it current).
@@ -33,10 +38,15 @@ import traceback
 from contextlib import redirect_stderr, redirect_stdout
 from datetime import timedelta
 
+from parallel_lab.i18n import _, check_language, language, using
 from parallel_lab.runtime.allocator import keep_freed_memory
 
 STATUS_BYTES = 240
+# What a rank's status slot says outside its communication calls. The rank writes these English
+# keys (a task's language is not known before the first task); the parent words them (``shown``).
 IDLE = "idle"
+STARTING = "starting the process group"
+RUNNING, FINISHED = "running ", "finished "
 STOP = pickle.dumps(("stop",))
 
 
@@ -44,11 +54,13 @@ STOP = pickle.dumps(("stop",))
 # The messages.
 
 
-def encode_task(fn, args: tuple, kwargs: dict) -> bytes:
-    """The message that runs ``fn(*args, **kwargs)`` on every rank; a TypeError, before any process
-    starts, when an argument cannot be sent."""
+def encode_task(fn, args: tuple, kwargs: dict, lang: str | None = None) -> bytes:
+    """The message that runs ``fn(*args, **kwargs)`` on every rank in ``lang`` (default: this
+    process's language now, ``i18n.language()``); a TypeError, before any process starts, when an
+    argument cannot be sent."""
+    lang = check_language(lang or language())
     try:
-        return pickle.dumps(("run", fn, args, kwargs))
+        return pickle.dumps(("run", fn, args, kwargs, lang))
     except Exception as exc:  # pickle raises several types; all mean the same here
         raise TypeError(
             f"the arguments for {getattr(fn, '__name__', fn)} cannot be sent to ranks: {exc}. Pass "
@@ -88,6 +100,19 @@ def lost_peer(answer: dict) -> bool:
 def write_status(slot, text: str) -> None:
     """Record in ``slot`` (a shared char array of ``STATUS_BYTES``) what this rank does from now on."""
     slot.value = f"{time.time():.3f}|{text}".encode()[: STATUS_BYTES - 1]
+
+
+def shown(status: str) -> str:
+    """A status as the parent shows it, in its language: the keys above translated, a communication
+    call (``send(dst=1, ...)``, what commlog writes) as it is."""
+    if status == IDLE:
+        return _("idle")
+    if status == STARTING:
+        return _("starting the process group")
+    for key, words in ((RUNNING, _("running {name}")), (FINISHED, _("finished {name}"))):
+        if status.startswith(key):
+            return words.format(name=status.removeprefix(key))
+    return status
 
 
 def read_status(slot) -> tuple[str, float]:
@@ -130,7 +155,7 @@ def main(rank, world_size, conn, status, parent_pid, timeout):
         write_status(status, text or current[0])
 
     try:
-        set_status("starting the process group")
+        set_status(STARTING)
         backend, _ = backend_and_device(world_size, rank)
         # The store: rank 0 listens on a port chosen by the OS, the others learn it from the parent.
         if rank == 0:
@@ -164,24 +189,30 @@ def _serve(conn, current, set_status):
             os._exit(0)  # the kernel is gone: nobody to say goodbye to
         if message[0] == "stop":
             return
-        _, fn, args, kwargs = message
-        current[0] = f"running {getattr(fn, '__qualname__', fn)}"
+        _, fn, args, kwargs, lang = message
+        current[0] = RUNNING + getattr(fn, "__qualname__", str(fn))
         set_status(None)
-        out, err = io.StringIO(), io.StringIO()
+        with using(lang):
+            _run_task(conn, fn, args, kwargs)
+        current[0] = FINISHED + getattr(fn, "__qualname__", str(fn))
+        set_status(None)
+
+
+def _run_task(conn, fn, args, kwargs):
+    """Run one task and send its answer (what it printed travels with it)."""
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            result = fn(*args, **kwargs)
+    except BaseException as exc:  # report everything, even SystemExit, instead of vanishing
+        _send_error(conn, exc, out=out.getvalue(), err=err.getvalue())
+    else:
         try:
-            with redirect_stdout(out), redirect_stderr(err):
-                result = fn(*args, **kwargs)
-        except BaseException as exc:  # report everything, even SystemExit, instead of vanishing
-            _send_error(conn, exc, out=out.getvalue(), err=err.getvalue())
-        else:
-            try:
-                conn.send_bytes(pickle.dumps({"kind": "ok", "value": result,
-                                              "out": out.getvalue(), "err": err.getvalue()}))
-            except Exception as exc:
-                _send_error(conn, exc, "the return value could not be sent back: ",
-                            out=out.getvalue(), err=err.getvalue())
-        current[0] = f"finished {getattr(fn, '__qualname__', fn)}"
-        set_status(None)
+            conn.send_bytes(pickle.dumps({"kind": "ok", "value": result,
+                                          "out": out.getvalue(), "err": err.getvalue()}))
+        except Exception as exc:
+            _send_error(conn, exc, _("the return value could not be sent back: "),
+                        out=out.getvalue(), err=err.getvalue())
 
 
 def _send_error(conn, exc, prefix="", out="", err=""):

@@ -56,6 +56,11 @@ def hello_text(results: list[dict]) -> str:
         rank=r["rank"], world=r["world_size"], total=r["sum"]) for r in results)
 
 
+def failed_rank_text(err) -> str:
+    """A ``launcher.RankError``'s first line (which rank raised what), then ``err.rank``."""
+    return str(err).splitlines()[0] + "\n" + _("the failing rank: {rank}").format(rank=err.rank)
+
+
 def hung_text(err) -> str:
     """A ``launcher.RanksHung``: its first line, then the operation each rank was blocked in."""
     return "\n".join([str(err).splitlines()[0]] + ["  " + _("rank {rank} was blocked in {operation}").format(
