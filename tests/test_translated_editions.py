@@ -142,6 +142,41 @@ def test_a_prediction_speaks_the_lessons_language(capsys):
     assert compared.startswith("預測 gpipe-bubble：模擬 0.25；沒有記錄預測"), compared
 
 
+def test_a_predictions_unit_that_is_a_word_reads_chinese(capsys):
+    """A unit a lesson writes as a plain string is a word in Chinese where it is one (lesson 01's ms);
+    symbols stay (GB); English is unchanged."""
+    from parallel_lab.show.predict import predict
+
+    question = {"en": "the all-reduce's time", "zh-Hant": "all-reduce 的時間"}
+    with i18n.using(LANG):
+        predict("unit-ms", None, question, unit="ms")
+        predict("unit-gb", 2.0, question, unit="GB").versus(2.5)
+    shown = capsys.readouterr().out
+    assert "（單位：毫秒）" in shown and "2 GB" in shown and " ms" not in shown, shown
+    predict("unit-ms", 1.5, question, unit="ms")
+    assert "1.5 ms" in capsys.readouterr().out
+
+
+def test_lessons_09_12_and_16_show_the_librarys_words_in_chinese():
+    """The cut names of lesson 09's figures, lesson 12's four-way figure and lesson 16's rejection table
+    and measured grid, as the zh-Hant editions stored them."""
+    def stream(name: str) -> str:
+        nb = nbformat.read(editions.EDITIONS[LANG] / f"{name}.ipynb", as_version=4)
+        return "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+
+    curves = next(f for f in _outputs(editions.EDITIONS[LANG] / "09_balancing_stages.ipynb", PLOTLY)
+                  if len(f["data"]) == 4)
+    assert [t["name"] for t in curves["data"]][::2] == ["均分區塊", "平衡切法"]
+    titles = [f["layout"]["title"]["text"] for f in _outputs(editions.EDITIONS[LANG] / "12_zero_sharding.ipynb", PLOTLY)
+              if f["layout"].get("title", {}).get("text")]
+    assert any(t.startswith("GPT-3 6.7B 在 64 個 GPU 上") for t in titles), titles
+    planner = stream("16_planner")
+    assert "張量平行群組會跨越節點" in planner and "相對誤差中位數" in planner
+    assert not re.search(r"would cross nodes|lightest of every|median relative error", planner)
+    mesh = stream("11_3d_parallelism")
+    assert "無法把 gpt 切成 4 個模型階段" in mesh and not re.search(r"divisible|cannot cut|does not fit", mesh)
+
+
 def _course():
     import importlib.util
 

@@ -298,7 +298,7 @@ from parallel_lab.show.predict import predict
 
 order_guess = predict("cut-order", my_prediction, {"en": "the three cuts by step time on 4 real ranks, fastest first",
                                                    "zh-Hant": "三種切法在 4 個真實 rank 上依一步時間排序，最快的在前"},
-                      order=("even blocks", "DeepSpeed parameters", "time-balanced"))
+                      order=balance_figures.cut_choices("even blocks", "DeepSpeed parameters", "time-balanced"))
 
 # %%
 cuts = {"even blocks": balance.default_parts(spec, 4),

@@ -89,8 +89,7 @@ zf.stage_memory_figure()
 # tensor or sequence parallelism, lesson 02, are the tools for those).
 
 # %%
-zf.stage_memory_figure(zf.four_way("GPT-3 6.7B", dp=64),
-                       title="GPT-3 6.7B on 64 GPUs, one 2048-token sequence each: bytes per GPU")
+zf.four_way_figure("GPT-3 6.7B", dp=64)
 
 # %% [markdown]
 # ## 2. Every stage on real ranks, against one process

@@ -7,15 +7,38 @@ from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from parallel_lab.i18n import _, pad
+from parallel_lab.i18n import LANGUAGES, _, _l, pad, using
 from parallel_lab.i18n import width as text_width
+
+# The names lesson 09 gives its cuts (the keys of its dicts of runs and curves, what its prediction
+# orders): shown in the lesson's language; any other name is shown as it is.
+CUT_NAMES = {"even blocks": _l("even blocks"), "balanced": _l("balanced"), "time-balanced": _l("time-balanced"),
+             "DeepSpeed parameters": _l("DeepSpeed parameters")}
+
+
+def cut_name(name: str) -> str:
+    """A cut's name in the lesson's language (``CUT_NAMES``), or ``name`` itself."""
+    return str(CUT_NAMES.get(name, name))
+
+
+def cut_choices(*names: str) -> tuple[dict, ...]:
+    """The cuts as a prediction's choices, one text per language (``{"en": ..., "zh-Hant": ...}``):
+    the prediction asks for them, and accepts them, in either language, and shows them in the lesson's."""
+    choices = []
+    for name in names:
+        text = {}
+        for lang in LANGUAGES:
+            with using(lang):
+                text[lang] = cut_name(name)
+        choices.append(text)
+    return tuple(choices)
 
 
 def measured_table(results: Mapping[str, dict]) -> str:
     """One line per run of ``run_cut``: its cut, each stage's measured F + B per micro-batch (ms,
     thread CPU time), the slowest stage over the mean, and the bubble and makespan measured on the
     virtual clock (with the simulator's prediction from the same measured costs)."""
-    width = max(text_width(name) for name in [*results, _("cut")])
+    width = max(text_width(cut_name(name)) for name in [*results, _("cut")])
     lines = [f"{pad(_('cut'), width)}  {pad(_('parts'), 17)} {pad(_('F+B per stage, ms'), 26)} "
              f"{pad(_('max/mean'), 8, '>')} {pad(_('bubble'), 7, '>')} {pad(_('(pred.)'), 7, '>')} "
              f"{pad(_('step, ms'), 8, '>')}"]
@@ -23,7 +46,7 @@ def measured_table(results: Mapping[str, dict]) -> str:
         loads = [f + b for f, b in zip(r["costs"]["F"], r["costs"]["B"])]
         ratio = max(loads) / (sum(loads) / len(loads))
         text = " ".join(f"{x * 1e3:5.2f}" for x in loads)
-        lines.append(f"{pad(name, width)}  {str(r['parts']):<17} {text:<26} {ratio:>8.2f} "
+        lines.append(f"{pad(cut_name(name), width)}  {str(r['parts']):<17} {text:<26} {ratio:>8.2f} "
                      f"{r['bubble_measured']:>7.1%} {r['bubble_predicted']:>7.1%} "
                      f"{r['makespan_measured'] * 1e3:>8.1f}")
     return "\n".join(lines)
@@ -38,7 +61,7 @@ def bubble_figure(microbatches: Sequence[int], curves: Mapping[str, Sequence[flo
     fig = go.Figure()
     for i, (name, ys) in enumerate(curves.items()):
         color = colors[i % len(colors)]
-        fig.add_trace(go.Scatter(x=list(microbatches), y=[round(y, 4) for y in ys], name=name,
+        fig.add_trace(go.Scatter(x=list(microbatches), y=[round(y, 4) for y in ys], name=cut_name(name),
                                  mode="lines+markers", line=dict(color=color)))
         if limits and name in limits:
             fig.add_trace(go.Scatter(x=[microbatches[0], microbatches[-1]], y=[round(limits[name], 4)] * 2,
@@ -100,8 +123,8 @@ def speedup_text(runs: Mapping[str, dict], fast: str, others: Sequence[str]) -> 
     """How many times faster the run ``fast`` is than each of ``others`` (step time on the virtual clock)."""
     step = {name: r["makespan_measured"] for name, r in runs.items()}
     return _("in this run, {fast} is {ratios} on this model").format(
-        fast=fast, ratios=_(", ").join(_("{x:.2f}x faster than {other}").format(x=step[o] / step[fast], other=o)
-                                       for o in others))
+        fast=cut_name(fast), ratios=_(", ").join(_("{x:.2f}x faster than {other}").format(
+            x=step[o] / step[fast], other=cut_name(o)) for o in others))
 
 
 def profile_text(records, names: Sequence[str], block_s: float) -> str:
@@ -116,7 +139,7 @@ def costs_text(costs) -> str:
 
 def gantt_title(name: str, timeline) -> str:
     return _("1F1B, {name}: stage loads {loads}, bubble {bubble:.1%}").format(
-        name=name, loads=timeline.costs.F, bubble=timeline.bubble_fraction)
+        name=cut_name(name), loads=timeline.costs.F, bubble=timeline.bubble_fraction)
 
 
 def step_compare_text(unbalanced, balanced) -> str:
@@ -128,7 +151,7 @@ def step_compare_text(unbalanced, balanced) -> str:
 def curves_text(microbatches, curves, limits) -> str:
     lines = ["m:          " + " ".join(f"{m:>6}" for m in microbatches)]
     for name, ys in curves.items():
-        lines.append(f"{name:<12}" + " ".join(f"{y:>6.1%}" for y in ys)
+        lines.append(pad(cut_name(name), 12) + " ".join(f"{y:>6.1%}" for y in ys)
                      + "   " + _("limit {limit:.1%}").format(limit=limits[name]))
     return "\n".join(lines)
 
@@ -151,13 +174,13 @@ def times_table(records, names) -> str:
 
 def match_text(runs: Mapping[str, dict]) -> str:
     return "\n".join(_("{name}: loss and all {n} gradients match one process: {ok}").format(
-        name=pad(name, 20), n=len(r["grad_diffs"]), ok=r["loss_diff"] < 1e-12 and r["max_grad_diff"] < 1e-12)
+        name=pad(cut_name(name), 20), n=len(r["grad_diffs"]), ok=r["loss_diff"] < 1e-12 and r["max_grad_diff"] < 1e-12)
         for name, r in runs.items())
 
 
 def run_title(name: str, run: dict) -> str:
     return _("{name} {parts}: bubble {bubble:.1%} (virtual clock)").format(
-        name=name, parts=run["parts"], bubble=run["bubble_measured"])
+        name=cut_name(name), parts=run["parts"], bubble=run["bubble_measured"])
 
 
 def buckets_text(tensors: int, buckets: int, bucket_bytes: int) -> str:

@@ -59,7 +59,7 @@ from parallel_lab.course.predictions import (
     number,
 )
 from parallel_lab.course.quiz.bank import localize
-from parallel_lab.i18n import _, _l, language, ngettext
+from parallel_lab.i18n import _, _l, language, ngettext, pgettext
 
 # The names a lesson gives its measurement in ``versus`` ("simulated"): translated when shown.
 NAMES = {"measured": _l("measured"), "simulated": _l("simulated"), "reference": _l("reference"),
@@ -73,6 +73,20 @@ def _text(value) -> str:
     if isinstance(value, str):
         return str(NAMES.get(value, value))
     return localize(value, language()) if isinstance(value, dict) else str(value)
+
+
+# Units a lesson may write as a plain string that are words in Chinese (the symbols GB, MB, Ψ, × and
+# the names GPU stay as they are): shown in the lesson's language.
+UNITS = {"ms": lambda: pgettext("unit", "ms"), "s": lambda: pgettext("unit", "s"),
+         "µs": lambda: pgettext("unit", "µs"),
+         "steps": lambda: pgettext("unit", "steps"), "bytes": lambda: pgettext("unit", "bytes")}
+
+
+def _unit(value) -> str:
+    """A prediction's unit in the lesson's language: a text of the lesson, or one of ``UNITS``."""
+    if isinstance(value, str) and value in UNITS:
+        return UNITS[value]()
+    return _text(value)
 
 
 def _english(value) -> str:
@@ -110,7 +124,7 @@ class Prediction:
             graded = ["  " + ngettext("Graded: {points:g} point if it is right.", "Graded: {points:g} points if it "
                                       "is right.", 1 if self.graded.points == 1 else 2).format(
                 points=self.graded.points)]
-        unit = _text(self.unit)
+        unit = _unit(self.unit)
         if self.value is None:
             if self.kind == "choice":
                 ask = _("Predict {question}: write one of {choices}.").format(
@@ -132,7 +146,7 @@ class Prediction:
 
     def comparison(self, measured, name="measured") -> str:
         """The prediction against ``measured`` (what ``versus`` prints)."""
-        unit, name = _text(self.unit), _text(name)
+        unit, name = _unit(self.unit), _text(name)
         measured = self._reference(measured)
         value = self.value
         if self.kind != "number":  # choices written {"en": ..., "zh-Hant": ...} are shown in the language

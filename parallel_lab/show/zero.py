@@ -23,7 +23,7 @@ from typing import Mapping
 import plotly.graph_objects as go
 
 from parallel_lab.hardware import SYSTEMS
-from parallel_lab.i18n import _, _l, pad
+from parallel_lab.i18n import _, _l, ngettext, pad, pgettext
 from parallel_lab.i18n import width as text_width
 from parallel_lab.planning import memory as planning_memory
 from parallel_lab.show.pipeline import plain_layout
@@ -73,6 +73,16 @@ def four_way(model: str = "GPT-3 6.7B", dp: int = 64, micro_batch: int = 1) -> l
     m = planning_memory.MODELS[model]
     acts = planning_memory.activations(m, micro_batch)
     return stage_memory(m.params, dp, 2, 12, acts)
+
+
+def four_way_figure(model: str = "GPT-3 6.7B", dp: int = 64, micro_batch: int = 1) -> go.Figure:
+    """``stage_memory_figure`` of ``four_way``'s rows, titled with the model, the GPUs and the sequences
+    each GPU holds, in the lesson's language."""
+    seq = planning_memory.MODELS[model].seq
+    sequences = ngettext("one {seq}-token sequence each", "{n} {seq}-token sequences each", micro_batch).format(
+        n=micro_batch, seq=seq)
+    return stage_memory_figure(four_way(model, dp, micro_batch), title=_(
+        "{model} on {dp} GPUs, {sequences}: bytes per GPU").format(model=model, dp=dp, sequences=sequences))
 
 
 def stage_memory_figure(rows=None, title: str | None = None) -> go.Figure:
@@ -264,7 +274,9 @@ def overlap_gantt(report: dict, which: str = "virtual", title: str | None = None
             kinds.setdefault(("comm", op), []).append((lane["network"].format(rank=r), start, end, label))
     shades = {"F": "#4c78a8", "B": "#72b7b2", "adam": "#9d755d", "start": "#bab0ac", "step": "#bab0ac"}
     for (where, kind), bars in kinds.items():
-        name = {"F": _("forward"), "B": _("backward"), "adam": "Adam"}.get(kind, OP_NAMES.get(kind, kind))
+        name = {"F": _("forward"), "B": _("backward"), "adam": "Adam", "start": pgettext("zero timeline", "start"),
+                "step": pgettext("zero timeline", "step"), "end": pgettext("zero timeline", "end")}.get(
+            kind, OP_NAMES.get(kind, kind))
         color = COLORS.get(kind) if where == "comm" else shades.get(kind, "#bab0ac")
         fig.add_bar(name=name, orientation="h", y=[b[0] for b in bars],
                     x=[round((b[2] - b[1]) * 1e3, 4) for b in bars], base=[round(b[1] * 1e3, 4) for b in bars],
