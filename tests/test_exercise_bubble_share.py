@@ -38,12 +38,13 @@ def test_the_stub_is_not_yet_and_the_library_is_refused():
 
 
 @ranks
-def test_an_answer_that_refuses_a_case_with_not_implemented_error_is_written_and_fails():
+def test_an_answer_that_refuses_a_case_with_not_implemented_error_is_written_and_fails_that_case():
     """A raise NotImplementedError under an else: is the answer's own refusal of a case, not the
-    lesson's stub: the check runs it, and the case it refuses fails like any other case."""
+    lesson's stub: the check runs it, and each case it refuses fails like any error, the others count."""
     partial = ("def my_bubble_share(p, m, v=1):\n    if v == 1:\n        return (p - 1) / (m + p - 1)\n"
                "    else:\n        raise NotImplementedError('interleaving is not supported')\n")
     verdict = EXERCISE.check(partial)
-    assert not verdict.passed and not verdict.not_yet, str(verdict)
-    assert verdict.reason == ("bubble share: FAILED: my_bubble_share raised NotImplementedError in a case this check "
-                              "tries; an answer handles every case the exercise asks for")
+    plain = sum(v == 1 for _p, _m, v in CASES)
+    assert not verdict.passed and not verdict.not_yet and verdict.cases == (plain, len(CASES)), str(verdict)
+    assert verdict.reason == f"bubble share: FAILED ({plain}/{len(CASES)} cases)"
+    assert "p 4, m 8, v 2: NotImplementedError: interleaving is not supported" in str(verdict)

@@ -376,6 +376,23 @@ def my_ring_all_reduce(tensor):
     raise NotImplementedError
 
 
+@pytest.mark.ranks
+@pytest.mark.timeout(300)
+def test_an_answer_raising_not_implemented_error_on_its_ranks_fails_that_run_not_yet_nothing():
+    """Written, not the stub (its raise is under an if): on 4 ranks it refuses, and that run fails with
+    the rank's error and the answer's line, while the 2-rank run counts its cases."""
+    refusing = RING_SOLUTION.replace("def my_ring_all_reduce(tensor):\n", "def my_ring_all_reduce(tensor):\n"
+                                     "    if dist.get_world_size() == 4:\n"
+                                     "        raise NotImplementedError('two ranks only')\n", 1)
+    assert refusing != RING_SOLUTION and not check.is_stub(refusing, "my_ring_all_reduce")
+    verdict = RING.check(refusing)
+    assert not verdict.passed and not verdict.not_yet, str(verdict)
+    assert verdict.lines[0].startswith("ring all-reduce on 2 ranks: PASSED")
+    assert verdict.reason.startswith("ring all-reduce on 4 ranks: FAILED: rank 0 raised NotImplementedError: two "
+                                     "ranks only\n  your answer, line 7, in my_ring_all_reduce: raise "), verdict.reason
+    assert 0 < verdict.cases[0] < verdict.cases[1]
+
+
 def test_the_notebook_check_reads_the_function_and_prints_the_verdict(capsys):
     verdict = exercises.check_ring_all_reduce(my_ring_all_reduce)
     assert verdict.not_yet and capsys.readouterr().out == str(verdict) + "\n"

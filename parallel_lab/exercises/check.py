@@ -85,10 +85,6 @@ class Verdict:
         return str(next((line for line in self.lines if isinstance(line, Failure)), first))
 
 
-class NotYet(Exception):
-    """The answer still raises NotImplementedError."""
-
-
 Judged = tuple  # (passed, lines, (cases passed, cases tried)): what a judge returns; (passed, lines) is one case
 
 
@@ -134,11 +130,7 @@ class Exercise:
         screened = self.screen(source)
         if screened is not None:
             return screened
-        try:
-            judged = self.judge(source)
-        except NotYet:  # the source is no stub (screen): the answer refuses a case it was given
-            return self.unsupported()
-        passed, lines, *counts = judged  # a judge that counts no cases is one case
+        passed, lines, *counts = self.judge(source)  # a judge that counts no cases is one case
         cases = tuple(counts[0]) if counts else (int(bool(passed)), 1)
         return Verdict(passed, lines, cases=cases)
 
@@ -147,13 +139,6 @@ class Exercise:
                                          "where it says # YOUR CODE HERE (and remove that raise), then run this cell "
                                          "again").format(
             label=str(self.label), name=self.name))], not_yet=True)
-
-    def unsupported(self) -> Verdict:
-        """The verdict on a written answer (not the stub) that raised NotImplementedError in a case the
-        check tried: a case it does not handle, which fails like any other."""
-        return Verdict(False, [failure(_("{label}: FAILED: {name} raised NotImplementedError in a case this check "
-                                         "tries; an answer handles every case the exercise asks for").format(
-            label=str(self.label), name=self.name))], cases=(0, 1))
 
     def check_object(self, obj) -> Verdict:
         """The notebook's check: the verdict on the cell that defines ``obj``, printed and returned."""
@@ -365,15 +350,14 @@ def tallied(failures: list, tried: int, failed: str, passed: str) -> Judged:
 
 def run_answer(harness, source: str, name: str, world_size: int, label: str, args=()) -> list | str:
     """``harness(source, name, *args)`` on ``world_size`` fresh untrusted ranks: their raw results
-    (one per rank), or the FAILED line that says what went wrong. Raises NotYet when the answer
-    raised NotImplementedError."""
+    (one per rank), or the FAILED line that says what went wrong. An answer that raised
+    NotImplementedError is no exception: the stub never gets here (``Exercise.screen``), so it is the
+    answer's own refusal of a case, which fails like any error."""
     where = ngettext("{label} on {n} rank", "{label} on {n} ranks", world_size).format(label=str(label), n=world_size)
     timeout = float(os.environ.get("PARALLEL_LAB_CHECK_TIMEOUT") or CHECK_TIMEOUT)  # the grader may set it
     try:
         return launcher.run(harness, world_size, args=(source, name, *args), timeout=timeout, untrusted=True)
     except launcher.RankError as err:
-        if err.exc_type == "NotImplementedError":
-            raise NotYet() from None
         message = str(err).splitlines()[0].split(": ", 1)[-1]
         return failure("\n".join([_("{where}: FAILED: rank {rank} raised {error}: {message}").format(
             where=where, rank=err.rank, error=err.exc_type, message=message), *answer_lines(err.remote_traceback)]))

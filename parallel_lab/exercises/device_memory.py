@@ -40,7 +40,6 @@ import torch
 
 from parallel_lab.exercises.check import (
     Exercise,
-    NotYet,
     Verdict,
     answer_error,
     compile_answer,
@@ -125,9 +124,6 @@ def harness(source: str, name: str, cases) -> list[dict]:
         kwargs = {k: v for k, v in case.items() if k not in ("name", "model")}
         try:
             got = fn(dict(case["model"]), **kwargs)
-        except NotImplementedError:
-            out.append({"not_yet": True})
-            continue
         except Exception as err:  # the answer's own error: reported per case
             out.append({"error": answer_error(err)})
             continue
@@ -313,8 +309,6 @@ def why(field: str, got: float, case: dict, want: dict) -> str:
 
 def wrong(answer: dict, case: dict, want: dict, fields=FIELDS) -> str | None:
     """Why the answer to one case is wrong, or None (``fields``: the ones compared, in order)."""
-    if answer.get("not_yet"):
-        raise NotYet()
     if "error" in answer:
         return _("{name} raised {error}").format(name=POLICY.name, error=answer["error"])
     if "values" not in answer:

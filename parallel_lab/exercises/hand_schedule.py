@@ -39,7 +39,7 @@ LABEL = _l("hand schedule p={p}, m={m}")
 
 def harness(source: str, name: str) -> dict:
     """On a rank: ``fn()`` as ``{"ranks": [...]}`` of plain actions, or ``{"error": ...}`` when the
-    answer raised (``{"not_yet": True}`` for NotImplementedError)."""
+    answer raised."""
     fn = compile_answer(source, name)
     try:
         ranks = fn()
@@ -48,8 +48,6 @@ def harness(source: str, name: str) -> dict:
         if isinstance(ranks, str) or not isinstance(ranks, (list, tuple)):
             return {"ranks": ranks if isinstance(ranks, str) else repr(ranks)}
         return {"ranks": [_plain_rank(entry) for entry in ranks]}
-    except NotImplementedError:
-        return {"not_yet": True}
     except Exception as err:  # the answer's own error
         return {"error": answer_error(err)}
 

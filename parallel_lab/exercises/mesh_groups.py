@@ -33,7 +33,6 @@ import torch.distributed as dist
 
 from parallel_lab.exercises.check import (
     Exercise,
-    NotYet,
     Verdict,
     answer_error,
     compile_answer,
@@ -154,8 +153,8 @@ def harness(source: str, name: str, cases=CASES) -> list[dict]:
     """On a rank. Rank 0 runs the answer for each ``(dp, pp, tp)`` case and broadcasts its groups as
     plain data; then for each case of this world's size whose groups split the ranks, every rank
     creates every group (``dist.new_group``, same order everywhere) and all-reduces ``2**rank`` over
-    each group it is in. Per case: ``{"answer": ...}`` (rank 0's groups, a reason, an error or
-    not_yet) and ``{"found": {axis: the ranks its all-reduce summed}}`` (empty for larger meshes)."""
+    each group it is in. Per case: ``{"answer": ...}`` (rank 0's groups, a reason or an error) and
+    ``{"found": {axis: the ranks its all-reduce summed}}`` (empty for larger meshes)."""
     rank = dist.get_rank()
     box = [None]
     if rank == 0:
@@ -165,8 +164,6 @@ def harness(source: str, name: str, cases=CASES) -> list[dict]:
             try:
                 groups = plain_groups(fn(dp, pp, tp))
                 answers.append({"groups": groups} if isinstance(groups, dict) else {"wrong": groups})
-            except NotImplementedError:
-                answers.append({"not_yet": True})
             except Exception as err:  # the answer's own error: reported per case
                 answers.append({"error": answer_error(err)})
         box = [answers]
@@ -200,8 +197,6 @@ def judge_case(dp: int, pp: int, tp: int, answer: dict, found: list[dict] | None
     (None for a mesh judged as lists only)."""
     world = dp * pp * tp
     call = f"{POLICY.name}({dp}, {pp}, {tp})"
-    if answer.get("not_yet"):
-        raise NotYet()
     if "error" in answer:
         return _("{call} raised {error}").format(call=call, error=answer["error"])
     if "wrong" in answer:

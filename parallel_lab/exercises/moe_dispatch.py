@@ -32,7 +32,6 @@ import torch.distributed as dist
 from parallel_lab import models
 from parallel_lab.exercises.check import (
     Exercise,
-    NotYet,
     Verdict,
     answer_error,
     compile_answer,
@@ -89,8 +88,6 @@ def _queues(fn, choices, experts: int, capacity: int) -> dict:
     """The answer's queues for one routing as plain lists, or what went wrong."""
     try:
         got = fn(torch.tensor(choices, dtype=torch.long), experts, capacity)
-    except NotImplementedError:
-        return {"not_yet": True}
     except Exception as err:  # the answer's own error
         return {"error": answer_error(err)}
     try:
@@ -247,8 +244,6 @@ def _diagnose(queues, choices, experts: int, capacity: int) -> str | None:
 
 def _queue_case(label: str, answer: dict, choices, experts: int, capacity: int) -> tuple[bool, str]:
     head = _("MoE dispatch, {label}").format(label=label)
-    if answer.get("not_yet"):
-        raise NotYet()
     if "error" in answer:
         return False, failure(_("{head}: FAILED: {name} raised {error}").format(head=head, name=POLICY.name,
                                                                          error=answer["error"]))

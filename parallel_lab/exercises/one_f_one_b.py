@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from parallel_lab.exercises.check import (
     Exercise,
-    NotYet,
     Verdict,
     answer_error,
     compile_answer,
@@ -61,14 +60,15 @@ def _plain_rank(entry):
 
 def harness(source: str, name: str, cases=CASES) -> list[dict]:
     """On a rank: ``fn(p, m)`` for each case, as ``{"ranks": [...]}`` of strings, tuples and None, or
-    ``{"error": ...}`` when the answer raised (``{"not_yet": True}`` for NotImplementedError)."""
+    ``{"error": ...}`` when the answer raised."""
     return plain_orders(compile_answer(source, name), cases)
 
 
 def plain_orders(fn, cases, error=answer_error) -> list[dict]:
     """On a rank: ``fn(*case)`` for each case, as ``{"ranks": [...]}`` of plain actions (a dict of
-    ranks taken in rank order), ``{"not_yet": True}`` for NotImplementedError, or ``{"error":
-    error(exception)}`` when the answer raised. The schedule-order exercises' harnesses all read so."""
+    ranks taken in rank order), or ``{"error": error(exception)}`` when the answer raised (a
+    NotImplementedError too: the stub never runs, ``check.is_stub``). The schedule-order exercises'
+    harnesses all read so."""
     out = []
     for case in cases:
         try:
@@ -76,8 +76,6 @@ def plain_orders(fn, cases, error=answer_error) -> list[dict]:
             if isinstance(ranks, dict):
                 ranks = [ranks[key] for key in sorted(ranks)]
             out.append({"ranks": [_plain_rank(entry) for entry in ranks]})
-        except NotImplementedError:
-            out.append({"not_yet": True})
         except Exception as err:  # the answer's own error: reported per case
             out.append({"error": error(err)})
     return out
@@ -95,10 +93,8 @@ def validated_order(answer: dict, p: int, m: int, name: str, label: str, show_gr
     """The answer's order for one case as a validated Schedule: ``(schedule, None)``, or ``(None,
     FAILED lines)`` when it raised or does not validate (with the grid, marked, if ``show_grid``).
     ``raised(error)`` is the line for an answer that raised (by default ``name(p, m) raised ...``).
-    Raises NotYet for a stub. Every schedule-order exercise (1F1B, ZB-H1, the hand schedule, the
+    Every schedule-order exercise (1F1B, ZB-H1, the hand schedule, the
     designed schedule) reads its answer so."""
-    if answer.get("not_yet"):
-        raise NotYet()
     if "error" in answer:
         if raised is not None:
             return None, [raised(answer["error"])]

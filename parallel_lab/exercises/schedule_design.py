@@ -51,7 +51,7 @@ LABEL = _l("schedule p={p}, m={m}, cap {cap}")
 
 def harness(source: str, name: str, cases=CASES) -> list[dict]:
     """On a rank: ``fn(p, m, cap)`` for each case, as ``{"ranks": [...]}`` of plain actions, or
-    ``{"error": ...}`` when the answer raised (``{"not_yet": True}`` for NotImplementedError)."""
+    ``{"error": ...}`` when the answer raised."""
     return plain_orders(compile_answer(source, name), [(p, m, cap) for p, m, cap, _target in cases],
                         error=lambda err: f"{type(err).__name__}: {err}")
 
