@@ -2,6 +2,7 @@
 0 on success and non-zero with a one-line reason on stderr otherwise."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,24 @@ def test_run_tensor_bad_input_fails_before_launch():
     out = cli("run", "tensor", "--tp", "5", "--model", "mlp")
     assert out.returncode == 2
     assert "is not divisible by tp 5" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_plan_speaks_the_language_of_its_environment():
+    """A lesson's kernel sets $PARALLEL_LAB_LANG (course.notebook.setup), so lesson 16's zh-Hant edition
+    runs parallel-lab plan in Chinese: its table's heads, its count and its rejections' reasons; the
+    JSON keeps the English reason beside the kind and values."""
+    args = [EXE, "plan", "--layers", "8", "--hidden", "1024", "--heads", "8", "--vocab", "1000", "--seq", "512",
+            "--batch", "16", "--nodes", "2", "--gpus-per-node", "4", "--gpu-mem-gb", "80", "--top", "2"]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PARALLEL_LAB_LANG": "zh-Hant"})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "排程" in lines[0] and "重新計算" in lines[0] and "個計畫放得下" in out.stdout, out.stdout
+    assert "張量平行群組會跨越節點" in out.stdout and "would cross" not in out.stdout
+    report = json.loads(subprocess.run(args + ["--json"], capture_output=True, text=True, timeout=120,
+                                       env={**os.environ, "PARALLEL_LAB_LANG": "zh-Hant"}).stdout)
+    crossing = next(r for r in report["rejected"] if r["kind"] == "tp-over-node")
+    assert crossing["reason"].endswith("tensor parallel groups would cross nodes") and crossing["values"]["tp"] == 8
 
 
 def test_plan_json_contract_and_rejections_with_reasons():

@@ -171,8 +171,8 @@ def test_lessons_09_12_and_16_show_the_librarys_words_in_chinese():
               if f["layout"].get("title", {}).get("text")]
     assert any(t.startswith("GPT-3 6.7B 在 64 個 GPU 上") for t in titles), titles
     planner = stream("16_planner")
-    assert "張量平行群組會跨越節點" in planner and "相對誤差中位數" in planner
-    assert not re.search(r"would cross nodes|lightest of every|median relative error", planner)
+    assert "張量平行群組會跨越節點" in planner and "相對誤差中位數" in planner and "個計畫放得下" in planner
+    assert not re.search(r"would cross nodes|lightest of every|median relative error|plans fit", planner)
     mesh = stream("11_3d_parallelism")
     assert "無法把 gpt 切成 4 個模型階段" in mesh and not re.search(r"divisible|cannot cut|does not fit", mesh)
 

@@ -25,6 +25,7 @@ def setup(seed: int = 0, ranks: bool = True, lang: str = "en") -> None:
     nbval compares figure data), no stray warnings on stderr, and everything the library shows in
     ``lang`` (the lesson's language: "en" or "zh-Hant"; ranks need none, verdicts are made here)."""
     i18n.set_language(lang)
+    os.environ[i18n.translate.ENVIRONMENT] = lang  # a program the lesson starts (parallel-lab plan) speaks it too
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # before numpy and torch start their thread pools
     # The forkserver imports torch (~3 s here) while this kernel imports it on the other core: the
     # first cell that runs ranks then only forks them (measured on 2 cores: ~0.1 s for 4 ranks,

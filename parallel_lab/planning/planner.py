@@ -44,7 +44,7 @@ from dataclasses import asdict
 
 from parallel_lab.checks import positive_int
 from parallel_lab.hardware import Cluster
-from parallel_lab.i18n import N_, _
+from parallel_lab.i18n import N_, _, pad
 from parallel_lab.pipeline.schedules import MAX_STAGES
 from parallel_lab.planning import memory, memory_model
 from parallel_lab.planning.cost import CLOSED_FORMS, OVERLAP_SHARE, _step_base, with_dp
@@ -348,17 +348,20 @@ def plan_from_args(layers: int, hidden: int, heads: int, vocab: int, seq: int, b
 
 
 def format_plans(result: dict, top: int = 5, rejected: int = 5) -> str:
-    """A text table of the fastest plans and a few rejections (the CLI's output without --json)."""
+    """A text table of the fastest plans and a few rejections (the CLI's output without --json), in
+    the language of the moment."""
     wide = any(p.get("ep", 1) > 1 or p.get("cp", 1) > 1 for p in result["plans"][:top])  # EP/CP columns
-    lines = [f"{'dp':>4} {'pp':>3} {'tp':>3} {'zero':>4} {'m':>5} {'b':>3} {'schedule':<18} {'recompute':<9} "
-             f"{'step s':>8} {'DP exp.':>8} {'hidden':>7} {'GB':>6}" + (f" {'ep':>3} {'cp':>3}" if wide else "")]
+    lines = [f"{'dp':>4} {'pp':>3} {'tp':>3} {'zero':>4} {'m':>5} {'b':>3} {pad(_('schedule'), 18)} "
+             f"{pad(_('recompute'), 9)} {pad(_('step s'), 8, '>')} {pad(_('DP exp.'), 8, '>')} "
+             f"{pad(_('hidden'), 7, '>')} {'GB':>6}" + (f" {'ep':>3} {'cp':>3}" if wide else "")]
     for p in result["plans"][:top]:
         name = p["schedule"] + (f" (v={p['virtual']})" if p["virtual"] > 1 else "")
         lines.append(f"{p['dp']:>4} {p['pp']:>3} {p['tp']:>3} {p['zero']:>4} {p['microbatches']:>5} "
                      f"{p['micro_batch']:>3} {name:<18} {p['recompute']:<9} {p['step_s']:>8.2f} "
                      f"{p['breakdown']['dp_comm_s']:>8.2f} {p['breakdown']['dp_hidden_s']:>7.2f} {p['memory_gb']:>6.1f}"
                      + (f" {p['ep']:>3} {p['cp']:>3}" if wide else ""))
-    lines.append(f"{result['feasible']} plans fit; {len(result['rejected'])} rejected, e.g.:")
+    lines.append(_("{feasible} plans fit; {rejected} rejected, e.g.:").format(feasible=result["feasible"],
+                                                                         rejected=len(result["rejected"])))
     for r in result["rejected"][:rejected]:
         lines.append(f"  {r['plan']}: {reason_text(r)}")
     return "\n".join(lines)
