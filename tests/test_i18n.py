@@ -219,3 +219,37 @@ def test_the_extractor_finds_messages_inside_f_strings():
                                                  comment_tags=("Translators:",))]
     assert found == [("stage", ["Translators: a table header"], None), ("plain", [], None), ("lazy", [], None),
                      (("one {n}", "{n} many"), [], None), ("Run", [], "menu")], found
+
+
+def test_a_printed_function_shows_its_docstring_in_the_lessons_language():
+    """Lesson 01 prints library functions with ``i18n.source``: the code as ``inspect.getsource`` has
+    it, the docstring translated when the module lists the function in ``SHOWN_DOCSTRINGS`` (the
+    extractor then puts that docstring in the catalog)."""
+    import inspect
+    import io
+
+    from babel.messages.extract import extract
+
+    from parallel_lab.i18n.extract import extract_python
+    from parallel_lab.runtime import demos
+
+    source = (b'SHOWN_DOCSTRINGS = ("shown",)\n\n\ndef shown():\n    """First line\n\n    and more."""\n\n\n'
+              b'def other():\n    """Not listed."""\n')
+    found = [(m[0], m[1]) for m in extract(extract_python, io.BytesIO(source), keywords={"_": None})]
+    assert found == [(5, "First line\n\nand more.")], found
+    with pytest.raises(ValueError, match="'gone', which is no documented function"):
+        list(extract(extract_python, io.BytesIO(b'SHOWN_DOCSTRINGS = ("gone",)\n'), keywords={"_": None}))
+
+    for fn in (demos.hello, demos.unmatched_send):
+        english = inspect.getsource(fn)
+        assert i18n.source(fn) == english
+        with i18n.using("zh-Hant"):
+            chinese = i18n.source(fn)
+        doc = inspect.cleandoc(fn.__doc__)
+        words = i18n.translations("zh-Hant").gettext(doc)
+        assert words != doc and words.splitlines()[0] in chinese and doc.splitlines()[0] not in chinese
+        code = [line for line in english.splitlines() if '"""' not in line and line.strip() not in doc]
+        assert all(line in chinese.splitlines() for line in code)  # the code itself is unchanged
+        assert len(chinese.splitlines()) == len(english.splitlines())
+    with i18n.using("zh-Hant"):
+        assert i18n.source(demos.rank_id) == inspect.getsource(demos.rank_id)  # not listed: as it is

@@ -25,12 +25,11 @@ setup()
 # ranks are separate processes and import it by name.
 
 # %%
-import inspect
-
+from parallel_lab.i18n import source
 from parallel_lab.runtime import demos, launcher
 from parallel_lab.show import collectives as collective_figures
 
-print(inspect.getsource(demos.hello))
+print(source(demos.hello))  # inspect.getsource, the docstring in the lesson's language
 results = launcher.run(demos.hello, world_size=4)
 print(collective_figures.hello_text(results))
 
@@ -48,7 +47,7 @@ _ = launcher.run(demos.say_hello, world_size=4)
 # operation every rank is blocked in. Below, rank 0 sends a message nobody receives:
 
 # %%
-print(inspect.getsource(demos.unmatched_send))
+print(source(demos.unmatched_send))
 try:
     launcher.run(demos.unmatched_send, world_size=2, timeout=2)
 except launcher.RanksHung as err:

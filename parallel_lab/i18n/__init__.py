@@ -12,6 +12,8 @@ the default, and the msgid itself is the English text. The catalogs are gettext 
 templates with Babel (``tools/catalogs.py``); they are compiled in memory at first use, so no binary
 ``.mo`` is committed that could go stale. ``translations(lang)`` is a ``gettext.NullTranslations``
 for Jinja2's i18n extension (``env.install_gettext_translations(translations("zh-Hant"))``).
+``source(fn)`` is a function's source with its docstring translated, for a lesson that prints it
+(``SHOWN_DOCSTRINGS``, ``extract``).
 """
 
 from parallel_lab.i18n.translate import (
@@ -29,10 +31,11 @@ from parallel_lab.i18n.translate import (
     pad,
     pgettext,
     set_language,
+    source,
     translations,
     using,
     width,
 )
 
 __all__ = ["N_", "DEFAULT", "LANGUAGES", "LazyString", "_", "_l", "check_language", "gettext", "language",
-           "lazy_gettext", "ngettext", "pad", "pgettext", "set_language", "translations", "using", "width"]
+           "lazy_gettext", "ngettext", "pad", "pgettext", "set_language", "source", "translations", "using", "width"]

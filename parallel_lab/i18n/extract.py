@@ -6,6 +6,10 @@ reach the catalog, and nothing would say so. Walking the syntax tree finds every
 is. Keywords: the names Babel gives the method (its defaults, plus ``-k _l -k lazy_gettext``); only
 string literals are messages. Comments starting with a tag (``# Translators: ...``) on the lines
 just above a call go to the translator.
+
+A module whose functions a lesson prints with their source (``i18n.source``) names them in a
+module-level ``SHOWN_DOCSTRINGS = ("hello", ...)``: their docstrings (cleaned as ``inspect.cleandoc``
+does) are messages too, so that the printed source shows them in the lesson's language.
 """
 
 from __future__ import annotations
@@ -29,12 +33,35 @@ def _comments(lines: list[str], lineno: int, tags) -> list[str]:
     return found[start:] if tags and start is not None else []
 
 
+def shown_docstrings(tree: ast.Module) -> list[tuple[int, str, str]]:
+    """``(line, function, docstring)`` for each function the module lists in ``SHOWN_DOCSTRINGS``."""
+    listed = []
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SHOWN_DOCSTRINGS" for t in node.targets)
+                and isinstance(node.value, (ast.Tuple, ast.List))):
+            listed = [_literal(item) for item in node.value.elts]
+    functions = {node.name: node for node in tree.body
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    found = []
+    for name in listed:
+        doc = ast.get_docstring(functions[name]) if name in functions else None
+        if doc is None:
+            raise ValueError(f"SHOWN_DOCSTRINGS names {name!r}, which is no documented function of the module")
+        found.append((functions[name].body[0].lineno, name, doc))
+    return found
+
+
 def extract_python(fileobj, keywords, comment_tags, options):
-    """Yield ``(lineno, funcname, messages, comments)`` for every call of a keyword in the file."""
+    """Yield ``(lineno, funcname, messages, comments)`` for every call of a keyword in the file, and
+    for every docstring the module lists in ``SHOWN_DOCSTRINGS``."""
     source = fileobj.read().decode(options.get("encoding", "utf-8"))
     lines = source.splitlines()
     names = set(keywords)
-    calls = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+    tree = ast.parse(source)
+    for lineno, name, doc in shown_docstrings(tree):
+        yield lineno, "_", doc, [f"Translators: the docstring of {name}, printed with its source: keep the "
+                                 "``code`` as it is and the line breaks where they are"]
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
              and isinstance(node.func, ast.Name) and node.func.id in names]
     for node in sorted(calls, key=lambda n: (n.lineno, n.col_offset)):
         messages = tuple(_literal(arg) for arg in node.args)

@@ -3,9 +3,12 @@ Babel in memory at first use). See the package's docstring for how to mark a str
 
 from __future__ import annotations
 
+import ast
 import gettext as _gettext
+import inspect
 import io
 import os
+import textwrap
 import unicodedata
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -179,3 +182,22 @@ def pad(text, columns: int, align: str = "<") -> str:
     text = str(text)
     fill = " " * max(0, columns - width(text))
     return text + fill if align == "<" else fill + text
+
+
+def source(obj) -> str:
+    """``inspect.getsource(obj)`` with its docstring in this process's language, for a lesson that
+    prints a library function: the code as it is, the docstring translated where the catalog has it
+    (its module lists the function in ``SHOWN_DOCSTRINGS``, see ``i18n.extract``), else unchanged."""
+    text = inspect.getsource(obj)
+    doc = inspect.cleandoc(obj.__doc__) if obj.__doc__ else None
+    words = gettext(doc) if doc else None
+    if words is None or words == doc:
+        return text
+    lines = text.splitlines(keepends=True)
+    node = ast.parse(textwrap.dedent(text)).body[0].body[0]  # the docstring's expression
+    first = lines[node.lineno - 1]
+    indent = first[: len(first) - len(first.lstrip())]
+    body = [indent + line if line else "" for line in words.splitlines()]
+    body[0] = indent + '"""' + body[0].removeprefix(indent)
+    body[-1] += '"""'
+    return "".join(lines[: node.lineno - 1]) + "\n".join(body) + "\n" + "".join(lines[node.end_lineno:])

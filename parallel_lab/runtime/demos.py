@@ -22,6 +22,8 @@ from parallel_lab.runtime import commlog, shared_memory, transport
 
 # What lesson 00 has a rank raise (``fail_on``): in the catalog, so the rank shows it translated.
 OUT_OF_MEMORY = N_("pretend this rank ran out of memory")
+# Lesson 01 prints these functions (``i18n.source``): their docstrings are in the catalog too.
+SHOWN_DOCSTRINGS = ("hello", "unmatched_send")
 
 
 def hello():
