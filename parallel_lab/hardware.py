@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 
 from parallel_lab.checks import positive_int, positive_number
+from parallel_lab.i18n import N_
 
 
 def ring_all_reduce_time(n_bytes: float, world_size: int, alpha_s: float, bandwidth_bytes_per_s: float) -> float:
@@ -63,24 +64,25 @@ PCIE4 = Link("PCIe 4.0 x16", 25e9, 10e-6)
 # hosts. Lesson 12 prices its CPU ranks' collectives on it: the ranks compute thousands of times
 # slower than a GPU, and this link is thousands of times slower than NVLink, which keeps the proportion.
 GIGABIT_ETHERNET = Link("Gigabit Ethernet", 125e6, 50e-6)
+# A preset's name is English (N_: JSON, the command line); a table or figure shows it as _(link.name).
 LINKS = {
     # NVIDIA A100 Tensor Core GPU datasheet (2020): 3rd-generation NVLink, 600 GB/s per GPU, both
     # directions together; DGX A100: one ConnectX-6 port per GPU, InfiniBand HDR 200 Gb/s (25 GB/s).
-    "nvlink3": Link("NVLink 3 (A100, in an 8-GPU node)", 300e9, 3e-6),
-    "hdr": Link("InfiniBand HDR (200 Gb/s per GPU, between nodes)", 25e9, 10e-6),
+    "nvlink3": Link(N_("NVLink 3 (A100, in an 8-GPU node)"), 300e9, 3e-6),
+    "hdr": Link(N_("InfiniBand HDR (200 Gb/s per GPU, between nodes)"), 25e9, 10e-6),
     # NVIDIA H100 Tensor Core GPU datasheet (2022) and H200 datasheet (2024): 4th-generation NVLink,
     # 900 GB/s per GPU, both directions together.
-    "nvlink4": Link("NVLink 4 (H100/H200, in an 8-GPU node)", 450e9, 3e-6),
+    "nvlink4": Link(N_("NVLink 4 (H100/H200, in an 8-GPU node)"), 450e9, 3e-6),
     # NVIDIA Blackwell architecture technical brief (2024), DGX B200 and GB200 NVL72 datasheets:
     # 5th-generation NVLink, 1.8 TB/s per GPU, both directions together.
     "nvlink5": Link("NVLink 5 (B200/GB200)", 900e9, 3e-6),
     # NVIDIA DGX H100 / DGX B200 datasheets: one ConnectX-7 port per GPU, InfiniBand NDR 400 Gb/s
     # (50 GB/s); also the GPU's scale-out port in GB200 NVL72.
-    "ndr": Link("InfiniBand NDR (400 Gb/s per GPU, between nodes)", 50e9, 10e-6),
+    "ndr": Link(N_("InfiniBand NDR (400 Gb/s per GPU, between nodes)"), 50e9, 10e-6),
     # NVIDIA GB300 NVL72 (Blackwell Ultra, shipping since the second half of 2025) and DGX B300: one
     # ConnectX-8 SuperNIC per GPU at 800 Gb/s (100 GB/s); "NVIDIA GB300 NVL72 Enterprise Reference
     # Architecture", System Hardware & Components: 4 ConnectX-8 per compute tray of 4 GPUs.
-    "xdr": Link("ConnectX-8 (800 Gb/s per GPU, between NVLink domains)", 100e9, 10e-6),
+    "xdr": Link(N_("ConnectX-8 (800 Gb/s per GPU, between NVLink domains)"), 100e9, 10e-6),
 }
 # The share of the datasheet's dense BF16 peak a large training run achieves, as model FLOPs
 # utilisation (MFU: the model's own FLOPs per second over the peak): 38-43 % for Llama 3 405B on 16K

@@ -158,8 +158,9 @@ def test_a_predictions_unit_that_is_a_word_reads_chinese(capsys):
 
 
 def test_lessons_09_12_and_16_show_the_librarys_words_in_chinese():
-    """The cut names of lesson 09's figures, lesson 12's four-way figure and lesson 16's rejection table
-    and measured grid, as the zh-Hant editions stored them."""
+    """The cut names of lesson 09's figures, lesson 12's four-way figure, lesson 16's rejection table,
+    measured grid and command line, lesson 11's refused plans and the links of lessons 02 and 13, as the
+    zh-Hant editions stored them."""
     def stream(name: str) -> str:
         nb = nbformat.read(editions.EDITIONS[LANG] / f"{name}.ipynb", as_version=4)
         return "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
@@ -173,6 +174,8 @@ def test_lessons_09_12_and_16_show_the_librarys_words_in_chinese():
     planner = stream("16_planner")
     assert "張量平行群組會跨越節點" in planner and "相對誤差中位數" in planner and "個計畫放得下" in planner
     assert not re.search(r"would cross nodes|lightest of every|median relative error|plans fit", planner)
+    links = stream("13_mixture_of_experts") + stream("02_tensor_parallelism")  # hardware.LINKS' names
+    assert "InfiniBand NDR（每個 GPU 400 Gb/s，節點之間）" in links and "between nodes" not in links
     mesh = stream("11_3d_parallelism")
     assert "無法把 gpt 切成 4 個模型階段" in mesh and not re.search(r"divisible|cannot cut|does not fit", mesh)
 

@@ -230,7 +230,7 @@ def cost_table(rows: Sequence[dict]) -> str:
             f"{pad(_('TP MB sent'), 10, '>')} {pad(_('TP ms'), 7, '>')}")
     lines = [head, "-" * text_width(head)]
     for r in rows:
-        lines.append(f"{r['link']:<52} {r['ep_sent_mb']:>10.1f} {r['ep_ms']:>7.3f} {r['tp_sent_mb']:>10.1f} "
+        lines.append(f"{pad(_(r['link']), 52)} {r['ep_sent_mb']:>10.1f} {r['ep_ms']:>7.3f} {r['tp_sent_mb']:>10.1f} "
                      f"{r['tp_ms']:>7.3f}")
     return "\n".join(lines)
 

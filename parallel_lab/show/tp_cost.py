@@ -52,7 +52,7 @@ def summary(link: Link, hidden: int, tp: int, tokens: int, flops: float, bytes_p
     c, m = tp_layer_step(tokens, hidden, tp, link, flops, bytes_per_value)
     return _("{link}, {bandwidth:.3g} GB/s, α {alpha}, {tflops:.0f} TFLOP/s: compute {compute}, communication "
              "{communication} per layer (forward + backward) -> comm/compute = {ratio:.2g}").format(
-        link=link.name, bandwidth=link.bandwidth / 1e9, alpha=_time(link.latency), tflops=flops / 1e12,
+        link=_(link.name), bandwidth=link.bandwidth / 1e9, alpha=_time(link.latency), tflops=flops / 1e12,
         compute=_time(c), communication=_time(m), ratio=m / c)
 
 
@@ -97,7 +97,7 @@ def cost_figure(link: Link, hidden: int, tp: int, tokens: int, flops: float, byt
     fig.update_yaxes(type="log", title=_("ms per layer, forward + backward"))
     fig.update_layout(
         title=dict(text=_("{link}: at t = {t}, compute {compute}, communication {communication} "
-                          "(ratio {ratio:.2g})").format(link=link.name, t=tp, compute=_time(c),
+                          "(ratio {ratio:.2g})").format(link=_(link.name), t=tp, compute=_time(c),
                                                         communication=_time(m), ratio=m / c), font=dict(size=13)),
         template="plotly_white", height=420, width=720, margin=dict(l=60, r=20, t=60, b=100),
         legend=dict(orientation="h", x=0, y=-0.22, yanchor="top"))
@@ -125,7 +125,7 @@ def cost_widget(machine: dict | None = None):
                                description=_("tokens b·s"), style=style, layout=layout)
     value_bytes = w.Dropdown(options=[(_("bf16 / fp16 (2 bytes)"), 2), (_("fp32 (4 bytes)"), 4)],
                              value=d["bytes_per_value"], description=_("activations"), style=style, layout=layout)
-    preset = w.Dropdown(options=[(chosen.name, key) for key, (chosen, _flops) in presets.items()], value="nvlink4",
+    preset = w.Dropdown(options=[(_(chosen.name), key) for key, (chosen, _flops) in presets.items()], value="nvlink4",
                         description=_("link"), style=style, layout=layout)
     bandwidth = w.BoundedFloatText(min=1e-3, max=1e5, description=_("bandwidth (GB/s)"), style=style, layout=layout)
     alpha = w.BoundedFloatText(min=0.0, max=1e6, description=_("latency α (µs)"), style=style, layout=layout)
