@@ -180,7 +180,22 @@ def test_bad_arguments_fail_before_any_process_starts(call, error, words):
     assert time.monotonic() - start < 1.0
     assert psutil.Process().children(recursive=True) == before == []
     if "defined" in words:
-        assert "parallel_lab.exercises" in str(info.value)  # says what to do instead
+        assert "cells.run(fn, N)" in str(info.value)  # says what to do instead
+
+
+def test_a_launch_refused_before_it_starts_says_why_in_the_lessons_language():
+    zh = translations("zh-Hant").gettext
+    with using("zh-Hant"):
+        with pytest.raises(ValueError) as lambda_error:
+            launcher.run(lambda: 1, 2)
+        with pytest.raises(ValueError) as world_error:
+            launcher.run(demos.rank_id, 9)
+        with pytest.raises(TypeError) as pickle_error:
+            launcher.run(demos.echo, 2, args=((x for x in "ab"),))
+    assert str(lambda_error.value).startswith(zh("cannot run a lambda on ranks.") + " 每個 rank 都是獨立的行程")
+    assert str(world_error.value).startswith("world_size 必須在 1..8 之間")
+    assert str(world_error.value).endswith("收到 9")
+    assert str(pickle_error.value).startswith("echo 的引數無法送到 rank：")
 
 
 # -------------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ import linecache
 import re
 import sys
 
+from parallel_lab.i18n import _
 from parallel_lab.runtime import launcher
 from parallel_lab.runtime.errors import RankDied, RankError, RanksHung
 from parallel_lab.runtime.prelaunch import check_timeout, check_world_size
@@ -64,12 +65,13 @@ def cell_source(fn) -> tuple[str, str]:
     else:
         code = getattr(inspect.unwrap(fn), "__code__", None)
     if code is None:
-        raise TypeError(f"expected a function or class you wrote, got {type(fn).__name__}: {fn!r}")
+        raise TypeError(_("expected a function or class you wrote, got {type}: {value}").format(
+            type=type(fn).__name__, value=repr(fn)))
     filename = code.co_filename
     lines = linecache.getlines(filename)
     if not lines:
-        raise ValueError(f"cannot read the source of {fn.__name__} ({filename}): define it in a notebook cell "
-                         f"or a .py file")
+        raise ValueError(_("cannot read the source of {name} ({file}): define it in a notebook cell or a .py "
+                           "file").format(name=fn.__name__, file=filename))
     return "".join(lines), display_name(filename)
 
 
@@ -142,7 +144,7 @@ def on_rank(units: list, name: str | None, args: tuple, kwargs: dict):
         exec(compile(tree, filename, "exec"), namespace)
     if name is not None:
         if name not in namespace:
-            raise NameError(f"the cell defines no {name!r} at its top level")
+            raise NameError(_("the cell defines no {name} at its top level").format(name=repr(name)))
         return _plain(namespace[name](*args, **kwargs))
     if last is not None:
         return _plain(eval(compile(ast.Expression(last.value), filename, "eval"), namespace))
@@ -232,8 +234,8 @@ def run(fn, world_size: int = 4, args: tuple = (), kwargs: dict | None = None, *
     name = getattr(fn, "__name__", None)
     sent = definitions(source, filename)
     if name is None or not re.search(rf"^(async\s+)?(def|class)\s+{re.escape(name)}\b", sent, re.M):
-        raise ValueError(f"{name} is not defined at the top level of its cell: ranks run the cell's top-level "
-                         f"definitions (def {name}(...): at the start of a line)")
+        raise ValueError(_("{name} is not defined at the top level of its cell: ranks run the cell's top-level "
+                           "definitions (def {name}(...): at the start of a line)").format(name=name))
     return _launch([(sent, filename)], name, world_size, args, kwargs, timeout)
 
 

@@ -7,13 +7,16 @@ message that says why and what to do instead.
 - ``check_timeout``: a positive number of seconds.
 
 Arguments that cannot be pickled are refused when the task is encoded (``rank_process.encode_task``), also
-before any process starts. ``launcher.run`` makes all of these checks.
+before any process starts. ``launcher.run`` makes all of these checks. A student meets these messages
+in a lesson (a function written in a cell, a world size chosen too large): they are in its language.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+
+from parallel_lab.i18n import _
 
 MAX_WORLD_SIZE = 8
 
@@ -29,40 +32,41 @@ def cores() -> int:
 
 def check_world_size(world_size) -> None:
     if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise TypeError(f"world_size must be an int, got {world_size!r}")
+        raise TypeError(_("world_size must be an int, got {value}").format(value=repr(world_size)))
     if not 1 <= world_size <= MAX_WORLD_SIZE:
-        raise ValueError(
-            f"world_size must be in 1..{MAX_WORLD_SIZE} (simulated ranks share this machine's "
-            f"{os.cpu_count()} cores), got {world_size}"
-        )
+        raise ValueError(_("world_size must be in 1..{most} (simulated ranks share this machine's {cores} cores), "
+                           "got {value}").format(most=MAX_WORLD_SIZE, cores=os.cpu_count(), value=world_size))
 
 
 def check_timeout(timeout) -> None:
     if not timeout or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        raise ValueError(_("timeout must be a positive number of seconds, got {value}").format(value=repr(timeout)))
 
 
 def check_importable(fn) -> None:
     """Ranks receive ``fn`` by reference (module + name), so it must be importable from a module."""
     if not callable(fn):
-        raise TypeError(f"fn must be a function, got {type(fn).__name__}: {fn!r}")
+        raise TypeError(_("fn must be a function, got {type}: {value}").format(type=type(fn).__name__,
+                                                                                value=repr(fn)))
     name = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
     module = getattr(fn, "__module__", None)
-    advice = (
-        "Ranks are separate processes: they import the function by module and name. Define it in "
-        "a module (a .py file, e.g. in parallel_lab) and import it; code written in a notebook cell "
-        "is checked with the exercise helpers in parallel_lab.exercises, which send its source."
-    )
+    advice = _("Ranks are separate processes: they import the function by module and name. Define it in a "
+               "module (a .py file, e.g. in parallel_lab) and import it; run a function written in a notebook "
+               "cell with parallel_lab.runtime.cells.run(fn, N), or a whole cell with %%ranks N, which send "
+               "its source.")
     if "<lambda>" in name:
-        raise ValueError(f"cannot run a lambda on ranks. {advice}")
+        raise ValueError(_("cannot run a lambda on ranks.") + " " + advice)
     if module in (None, "__main__") or "<locals>" in name:
-        where = "a notebook cell or script (__main__)" if module in (None, "__main__") else "another function"
-        raise ValueError(f"cannot run {name!r} on ranks: it is defined in {where}. {advice}")
+        where = _("a notebook cell or script (__main__)") if module in (None, "__main__") else _("another function")
+        raise ValueError(_("cannot run {name} on ranks: it is defined in {where}.").format(name=repr(name), where=where)
+                         + " " + advice)
     try:
         found = importlib.import_module(module)
         for part in name.split("."):
             found = getattr(found, part)
     except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot run {module}.{name} on ranks: it cannot be imported ({exc}). {advice}") from None
+        raise ValueError(_("cannot run {name} on ranks: it cannot be imported ({error}).").format(
+            name=f"{module}.{name}", error=exc) + " " + advice) from None
     if found is not fn:
-        raise ValueError(f"cannot run {module}.{name} on ranks: that name now refers to another object. {advice}")
+        raise ValueError(_("cannot run {name} on ranks: that name now refers to another object.").format(
+            name=f"{module}.{name}") + " " + advice)

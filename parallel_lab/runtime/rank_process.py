@@ -62,10 +62,9 @@ def encode_task(fn, args: tuple, kwargs: dict, lang: str | None = None) -> bytes
     try:
         return pickle.dumps(("run", fn, args, kwargs, lang))
     except Exception as exc:  # pickle raises several types; all mean the same here
-        raise TypeError(
-            f"the arguments for {getattr(fn, '__name__', fn)} cannot be sent to ranks: {exc}. Pass "
-            f"tensors, numbers, strings and containers of them (ranks are separate processes)."
-        ) from None
+        raise TypeError(_("the arguments for {name} cannot be sent to ranks: {error}. Pass tensors, numbers, "
+                          "strings and containers of them (ranks are separate processes).").format(
+                              name=getattr(fn, "__name__", fn), error=exc)) from None
 
 
 class _PlainUnpickler(pickle.Unpickler):
