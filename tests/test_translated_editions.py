@@ -221,7 +221,7 @@ def test_course_py_start_in_chinese_opens_the_edition_with_jupyterlabs_chinese_l
 def test_an_exercises_not_yet_verdict_is_chinese_in_a_chinese_lesson():
     """Lesson 01's exercise as its zh-Hant edition will run it: the first cell's setup() in
     zh-Hant, the student's stub, the check cell, in a kernel: the verdict is Chinese."""
-    from nbclient import NotebookClient
+    from notebook_client import notebook_client
 
     source = ROOT / "lessons" / "src" / "01_ranks_and_collectives.py"
     cells = build_lessons.parse(source.read_text(encoding="utf-8"))
@@ -232,8 +232,7 @@ def test_an_exercises_not_yet_verdict_is_chinese_in_a_chinese_lesson():
         nbformat.v4.new_code_cell(editions.with_language(first.source, LANG).replace("setup(", "setup(ranks=False, ")),
         nbformat.v4.new_code_cell(build_lessons.student_source(answer.source)),
         nbformat.v4.new_code_cell(check.source)], metadata=dict(build_lessons.METADATA))
-    NotebookClient(nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "lessons")}}
-                   ).execute()
+    notebook_client(nb, timeout=240, resources={"metadata": {"path": str(ROOT / "lessons")}}).execute()
     shown = "".join(o.get("text", "") for o in nb.cells[2].outputs)
     assert shown.startswith("環狀 all-reduce：尚未完成：my_ring_all_reduce 仍然引發 NotImplementedError"), shown
     assert "NOT YET" not in shown

@@ -69,7 +69,7 @@ from pathlib import Path
 import jupytext
 import nbformat
 import render_static  # tools/, beside this file
-from nbclient import NotebookClient
+from notebook_client import notebook_client  # tools/: nbclient that cannot miss a kernel reply
 
 from parallel_lab import i18n
 from parallel_lab.course import codetext, editions, hidden, load, predictions, tags
@@ -242,8 +242,7 @@ def build(source: Path, edition: str = "student", directory: Path = LESSONS, lan
     # the notebook is written.
     where = LESSONS if lang == i18n.DEFAULT else editions.EDITIONS[lang]
     where.mkdir(parents=True, exist_ok=True)
-    NotebookClient(nb, timeout=600, kernel_name="python3", record_timing=False,
-                   resources={"metadata": {"path": str(where)}}).execute()
+    notebook_client(nb, timeout=600, record_timing=False, resources={"metadata": {"path": str(where)}}).execute()
     # No saved widget state either: a FigureWidget's state embeds plotly.js (megabytes), and widgets
     # come alive when the student runs the cell. (nbclient's store_widget_state=False breaks on
     # Output widgets, so the state is dropped here.)

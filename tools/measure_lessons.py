@@ -31,7 +31,7 @@ from pathlib import Path
 
 import nbformat
 import psutil
-from nbclient import NotebookClient
+from notebook_client import notebook_client  # tools/, beside this file: nbclient that cannot miss a kernel reply
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = ROOT / "lessons"
@@ -91,8 +91,7 @@ def measure(path: Path, from_source: bool = False, timeout: int = 600, lang: str
     """Execute one lesson in a fresh kernel, in its edition's folder; seconds, peak PSS, and the
     slowest cell."""
     notebook = load(path, from_source, lang)
-    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
+    client = notebook_client(notebook, timeout=timeout, resources={"metadata": {"path": str(path.parent)}})
     sampler = PeakPss()
     cells: list[tuple[float, str]] = []
     start = time.perf_counter()
