@@ -160,3 +160,15 @@ def test_a_verdict_for_an_answer_that_raises_shows_the_line_of_the_answer():
     order = "def my_one_f_one_b(p, m):\n    ranks = []\n    return ranks[p]\n"
     verdict = one_f_one_b.EXERCISE.check(order)
     assert "  your answer, line 3, in my_one_f_one_b: return ranks[p]" in str(verdict), str(verdict)
+
+
+def test_a_malformed_ranks_line_is_explained_in_the_lessons_language():
+    from parallel_lab.course import notebook
+    from parallel_lab.i18n import using
+
+    with pytest.raises(ValueError, match=r"^%%ranks N \[--with NAME.*; got %%ranks four$"):
+        notebook._ranks_arguments("four")
+    with using("zh-Hant"), pytest.raises(ValueError) as info:
+        notebook._ranks_arguments("4 --width f")
+    assert str(info.value).startswith("%%ranks N [--with NAME[,NAME...]] [--timeout SECONDS]：在 N 個 rank")
+    assert str(info.value).endswith("；收到的是 %%ranks 4 --width f")

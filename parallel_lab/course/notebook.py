@@ -13,7 +13,7 @@ import sys
 import warnings
 
 from parallel_lab import i18n
-from parallel_lab.i18n import _
+from parallel_lab.i18n import N_, _
 from parallel_lab.runtime import cells, launcher
 
 PLOTLY_RENDERER = "plotly_mimetype"  # figures as JSON: no embedded plotly.js, and nbval compares the data
@@ -23,7 +23,8 @@ def setup(seed: int = 0, ranks: bool = True, lang: str = "en") -> None:
     """One thread per process, the ranks' forkserver started in the background (``ranks``: the
     lesson starts ranks), every generator seeded, plotly figures as JSON (notebooks stay small and
     nbval compares figure data), no stray warnings on stderr, and everything the library shows in
-    ``lang`` (the lesson's language: "en" or "zh-Hant"; ranks need none, verdicts are made here)."""
+    ``lang`` (the lesson's language: "en" or "zh-Hant"; ranks speak it too, since every task carries
+    the language it was sent in, and verdicts are made here)."""
     i18n.set_language(lang)
     os.environ[i18n.translate.ENVIRONMENT] = lang  # a program the lesson starts (parallel-lab plan) speaks it too
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # before numpy and torch start their thread pools
@@ -48,8 +49,8 @@ def setup(seed: int = 0, ranks: bool = True, lang: str = "en") -> None:
     register_magics()
 
 
-RANKS_USAGE = ("%%ranks N [--with NAME[,NAME...]] [--timeout SECONDS]: run this cell on N ranks (1-8), after the "
-               "cells that define the functions named, e.g. %%ranks 4 --with my_ring_all_reduce")
+RANKS_USAGE = N_("%%ranks N [--with NAME[,NAME...]] [--timeout SECONDS]: run this cell on N ranks (1-8), "
+                 "after the cells that define the functions named, e.g. %%ranks 4 --with my_ring_all_reduce")
 
 
 def _ranks_arguments(line: str) -> tuple[int, list, float]:
@@ -66,7 +67,7 @@ def _ranks_arguments(line: str) -> tuple[int, list, float]:
             else:
                 raise ValueError(option)
     except (IndexError, ValueError):
-        raise ValueError(f"{RANKS_USAGE}; got %%ranks {line.strip()}") from None
+        raise ValueError(_("{usage}; got %%ranks {line}").format(usage=_(RANKS_USAGE), line=line.strip())) from None
     return world, using, timeout
 
 
@@ -86,8 +87,8 @@ def register_magics(shell=None) -> None:
         world, names, timeout = _ranks_arguments(line)
         missing = [name for name in names if not callable(shell.user_ns.get(name))]
         if missing:
-            raise NameError(f"%%ranks --with {','.join(missing)}: no such function here yet (run the cell that "
-                            f"defines it first)")
+            raise NameError(_("%%ranks --with {names}: no such function here yet (run the cell that defines it "
+                              "first)").format(names=",".join(missing)))
         # A blank first line keeps the cell's line numbers: line 1 is the %%ranks line.
         name = f"Cell In[{shell.execution_count}]"
         try:
