@@ -101,10 +101,10 @@ from parallel_lab.pipeline.simulate import Costs, simulate, unit_grid
 
 costs = Costs(F=1, B=2)
 timeline = simulate(naive, costs)
+from parallel_lab.show import runs
+
 print(format_grid(unit_grid(timeline)))
-print(f"\nstep: {timeline.makespan:g} units; every rank works {timeline.busy[0]:g} of them")
-print(f"bubble = idle share of the p × step box = 1 − {sum(timeline.busy):g} / (4 × {timeline.makespan:g})"
-      f" = {timeline.bubble_fraction:.2f}")
+runs.naive_step(timeline)
 guess.versus(timeline.makespan, "simulated")
 
 # %% [markdown]
@@ -223,11 +223,9 @@ from parallel_lab.pipeline import run
 print(inspect.getsource(run.pipeline_rank))
 
 # %%
-print("running the naive schedule on 4 ranks (the first start takes a few seconds) ...")
+runs.running_naive(4)
 result = run.run_pipeline("naive", 4, 1, batch=16)
-print("loss equals the single-process model:", result["loss_diff"] < 1e-10)
-print("gradients equal the single-process model:", result["max_grad_diff"] < 1e-10)
-print("micro-batches stashed at once per stage:", result["peak_activations"])
+runs.naive_ran(result)
 
 # %% [markdown]
 # The gradients match one process running the whole model (in fp64, exactly: same operations, same
@@ -251,9 +249,7 @@ print("micro-batches stashed at once per stage:", result["peak_activations"])
 # %% tags=["nbval-ignore-output"]
 import os
 
-print(f"bubble on the virtual clock (p dedicated devices): {result['bubble_measured']:.3f}")
-print(f"bubble predicted by the simulator, measured costs:  {result['bubble_predicted']:.3f}")
-print(f"bubble on the wall clock ({os.cpu_count()} cores shared by 4 ranks): {result['bubble_wall']:.3f}")
+runs.two_clocks(result, os.cpu_count(), 4)
 figures.compare(result)
 
 # %% [markdown]

@@ -103,7 +103,7 @@ from parallel_lab.pipeline.simulate import Costs
 
 for loads in ([5, 4, 4, 6], [4, 5, 5, 5]):
     cut = search(4, 8, max_activations=4, costs=Costs(F=loads, B=[2 * x for x in loads], I=loads, W=loads))
-    print(f"stage costs {loads}: step {cut.makespan:g}, bubble {cut.bubble_fraction:.1%}")
+    print(sf.uneven_text(loads, cut))
 
 # %% [markdown]
 # The same work, 19 units per micro-batch, takes a 15 % shorter step once no stage is heavier than
@@ -212,11 +212,7 @@ sf.front_figure(fronts, fixed(4, 8))
 from parallel_lab.pipeline.run import run_pipeline
 
 result = run_pipeline(found.schedule)
-equal = result["max_grad_diff"] < 1e-10 and result["loss_diff"] < 1e-10
-print("loss and gradients equal one process (< 1e-10):", equal)
-print("measured peak activations equal the simulated ones:",
-      result["peak_activations"] == result["peak_activations_predicted"])
-print("under the cap of 3 on every rank:", max(result["peak_activations"]) <= 3)
+print(sf.ran_text(result, cap=3))
 
 # %% [markdown]
 # **How to measure the bubble.** Give each rank's actions a clock of their own — here the *virtual
@@ -229,9 +225,7 @@ print("under the cap of 3 on every rank:", max(result["peak_activations"]) <= 3)
 from parallel_lab.show import pipeline as figures
 
 spans = [max(e for _, _, e in row) - min(s for _, s, _ in row) for row in result["timeline"]["virtual"]]
-print(f"bubble measured {result['bubble_measured']:.1%}, predicted {result['bubble_predicted']:.1%}")
-print(f"step {1e3 * result['makespan_measured']:.3f} ms with the synchronisation, "
-      f"{1e3 * max(spans):.3f} ms without it (the longest span)")
+print(sf.measured_text(result, max(spans)))
 figures.compare(result)
 
 # %% [markdown]
@@ -249,10 +243,8 @@ from parallel_lab.pipeline.pytorch_runtime import run_csv
 
 text = to_csv(found.schedule)
 print("\n".join(row[:70] + " …" for row in text.splitlines()))
-print("read back equal:", from_csv(text, found.schedule.name) == found.schedule)
-torch_run = run_csv(found.schedule)
-print("PyTorch's runtime, loss and gradients equal one process:",
-      torch_run["max_grad_diff"] < 1e-10 and torch_run["loss_diff"] < 1e-10)
+print(sf.read_back_text(from_csv(text, found.schedule.name) == found.schedule))
+print(sf.pytorch_ran_text(run_csv(found.schedule)))
 
 # %% [markdown]
 # ## 7. Exercise: design a schedule under a memory cap
@@ -326,13 +318,10 @@ from parallel_lab.pipeline.search.problem import evaluate, make_problem
 
 try:
     mine = evaluate(make_problem(4, 8, 3), as_schedule(my_schedule(4, 8, 3), p=4, m=8, name="my_schedule"))
-    print(f"cap 3: step {mine.makespan:g}, bubble {mine.steady_bubble():.1%}, "
-          f"peak per rank {[round(x, 3) for x in mine.peaks]}, fits: {mine.fits}")
-    tried = run_pipeline(mine.schedule)
-    print("on 4 real ranks, loss and gradients equal one process:",
-          tried["max_grad_diff"] < 1e-10 and tried["loss_diff"] < 1e-10)
+    print(sf.designed_text(mine, cap=3))
+    print(sf.designed_ran_text(run_pipeline(mine.schedule), p=4))
 except NotImplementedError:
-    print("my_schedule is not written yet: fill it in above, run its cell, then this one")
+    print(sf.not_written_text("my_schedule"))
 except ScheduleError as err:
     print(err)
 

@@ -1,5 +1,6 @@
-"""What the pipeline lessons print about a simulated step and a run on real ranks (lessons 04 and 05,
-lessons/04_gpipe_microbatching.ipynb, lessons/05_1f1b_memory.ipynb), in the lesson's language.
+"""What the pipeline lessons print about a simulated step and a run on real ranks (lessons 03, 04 and
+05, lessons/03_pipeline_bubble.ipynb, lessons/04_gpipe_microbatching.ipynb, lessons/05_1f1b_memory.ipynb),
+in the lesson's language.
 
     from parallel_lab.show import runs
     runs.step_summary(timeline)                 # step, busy time per rank and bubble of a timeline
@@ -26,6 +27,40 @@ EXACT = 1e-10  # fp64 pipeline vs one process
 
 def _yes(value: bool) -> str:
     return _("yes") if value else _("no")
+
+
+def naive_step(timeline) -> None:
+    """Lesson 03: the naive schedule's step, the work of one rank, and the bubble as the idle share of
+    the p × step box."""
+    p = len(timeline.busy)
+    print()
+    print(_("step: {step:g} units; every rank works {busy:g} of them").format(
+        step=timeline.makespan, busy=timeline.busy[0]))
+    print(_("bubble = idle share of the p × step box = 1 − {busy:g} / ({p} × {step:g}) = {bubble:.2f}").format(
+        busy=sum(timeline.busy), p=p, step=timeline.makespan, bubble=timeline.bubble_fraction))
+
+
+def running_naive(p: int) -> None:
+    """Lesson 03: the line printed before the naive schedule's first run on ranks."""
+    print(_("running the naive schedule on {p} ranks (the first start takes a few seconds) ...").format(p=p))
+
+
+def naive_ran(result: Mapping) -> None:
+    """Lesson 03: a run's loss and gradients against the single-process model (True/False as Python
+    says them), and the micro-batches each stage stashed at once."""
+    print(_("loss equals the single-process model: {equal}").format(equal=result["loss_diff"] < EXACT))
+    print(_("gradients equal the single-process model: {equal}").format(equal=result["max_grad_diff"] < EXACT))
+    print(_("micro-batches stashed at once per stage: {peaks}").format(peaks=result["peak_activations"]))
+
+
+def two_clocks(result: Mapping, cores: int, p: int) -> None:
+    """Lesson 03: a run's bubble on the virtual clock, predicted from its measured costs, and on the
+    wall clock of this machine. Measured: for a cell nbval does not compare."""
+    print(_("bubble on the virtual clock (p dedicated devices): {bubble:.3f}").format(bubble=result["bubble_measured"]))
+    print(_("bubble predicted by the simulator, measured costs:  {bubble:.3f}").format(
+        bubble=result["bubble_predicted"]))
+    print(_("bubble on the wall clock ({cores} cores shared by {p} ranks): {bubble:.3f}").format(
+        cores=cores, p=p, bubble=result["bubble_wall"]))
 
 
 def step_summary(timeline) -> None:

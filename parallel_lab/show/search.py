@@ -8,6 +8,7 @@ synchronisation does to a zero-bubble schedule.
     sf.front_figure({"wave": front(4, 8, caps), "v": front(4, 8, caps, "v")}, fixed(4, 8))
     sf.two_steps(search(4, 12, 8), synchronised=True)           # two steps, the all-reduce between
     print(sf.costs_table(profile_stages(4)))                    # costs measured on ranks, in µs
+    print(sf.ran_text(run_pipeline(found.schedule), cap=3))     # a found schedule on real ranks
 
 Everything drawn from a search or a simulation with the costs given is deterministic (the search
 counts its work in actions, not seconds), rounded for print, so nbval compares it; only the tables
@@ -170,3 +171,65 @@ def two_steps(found, synchronised: bool = True, sync: float = 0.0, title: str | 
     fig.update_xaxes(range=[0, _num(end) + 1])
     _rank_axis(fig, len(timed))
     return fig
+
+
+EXACT = 1e-10  # fp64 pipeline vs one process
+
+
+def _equal(result: Mapping) -> bool:
+    return result["max_grad_diff"] < EXACT and result["loss_diff"] < EXACT
+
+
+def uneven_text(loads: Sequence[float], found) -> str:
+    """A search's step and bubble for stages of the given costs."""
+    return _("stage costs {loads}: step {step:g}, bubble {bubble:.1%}").format(
+        loads=list(loads), step=found.makespan, bubble=found.bubble_fraction)
+
+
+def ran_text(result: Mapping, cap: int) -> str:
+    """A searched schedule's run on real ranks: loss and gradients against one process, the measured
+    peak activations against the simulated ones and the cap (True/False as Python says them)."""
+    return "\n".join([
+        _("loss and gradients equal one process (< 1e-10): {equal}").format(equal=_equal(result)),
+        _("measured peak activations equal the simulated ones: {equal}").format(
+            equal=result["peak_activations"] == result["peak_activations_predicted"]),
+        _("under the cap of {cap} on every rank: {fits}").format(cap=cap, fits=max(result["peak_activations"]) <= cap)])
+
+
+def measured_text(result: Mapping, longest_span: float) -> str:
+    """A run's bubble measured and predicted, and its step with the optimizer's synchronisation and
+    without it (the longest span of one rank's actions, in seconds). Measured: for a cell nbval does
+    not compare."""
+    return "\n".join([
+        _("bubble measured {measured:.1%}, predicted {predicted:.1%}").format(
+            measured=result["bubble_measured"], predicted=result["bubble_predicted"]),
+        _("step {step:.3f} ms with the synchronisation, {span:.3f} ms without it (the longest span)").format(
+            step=1e3 * result["makespan_measured"], span=1e3 * longest_span)])
+
+
+def read_back_text(equal: bool) -> str:
+    """Whether a schedule written as PyTorch's CSV reads back as the same schedule."""
+    return _("read back equal: {equal}").format(equal=equal)
+
+
+def pytorch_ran_text(result: Mapping) -> str:
+    """A schedule's step in PyTorch's pipelining runtime against one process."""
+    return _("PyTorch's runtime, loss and gradients equal one process: {equal}").format(equal=_equal(result))
+
+
+def designed_text(mine, cap: int) -> str:
+    """The exercise's schedule evaluated under its cap: step, steady-state bubble, peaks, and whether it
+    fits."""
+    return _("cap {cap}: step {step:g}, bubble {bubble:.1%}, peak per rank {peaks}, fits: {fits}").format(
+        cap=cap, step=mine.makespan, bubble=mine.steady_bubble(),
+        peaks=[round(x, 3) for x in mine.peaks], fits=mine.fits)
+
+
+def designed_ran_text(result: Mapping, p: int) -> str:
+    """The exercise's schedule on real ranks against one process."""
+    return _("on {p} real ranks, loss and gradients equal one process: {equal}").format(p=p, equal=_equal(result))
+
+
+def not_written_text(name: str = "my_schedule") -> str:
+    """What the try-it cell says while the exercise is still a stub."""
+    return _("{name} is not written yet: fill it in above, run its cell, then this one").format(name=name)
