@@ -349,6 +349,25 @@ def test_g_wrong_solutions_fail_with_the_first_wrong_case():
                                         "(tp=2): rank 0: got [")
 
 
+@pytest.mark.ranks
+@pytest.mark.timeout(300)
+def test_a_zh_hant_g_failure_reads_chinese():
+    """The verdict's detail (which case, which gradient, why) is the catalog's, not only its head: a
+    zh-Hant student reads no English sentence in it, only code names and numbers."""
+    from parallel_lab import i18n
+
+    with i18n.using("zh-Hant"):
+        summed = G.check(as_answer(GSumsTheGradient, "MyG"))
+        identity = G.check(as_answer(GIdentity, "MyG"))
+    line = summed.lines[0]
+    assert not summed.passed and "未通過" in line
+    assert "用 g 組成的列平行層，前向與反向，整個 world（tp=2）：rank 0：x_r 的梯度：得到 [" in line, line
+    assert "（大了 2 倍：g 的輸出的梯度在每個 rank 上本來就相同" in line, line
+    assert "前向在整個 world（tp=2）上加總：rank 0：得到 [" in identity.lines[0], identity.lines[0]
+    for text in (line, identity.lines[0]):
+        assert not re.search(r"[A-Za-z]+ [A-Za-z]+ [A-Za-z]+", text), text
+
+
 def test_g_check_refuses_what_is_not_the_class():
     with pytest.raises(TypeError, match="pass the class you wrote, MyG"):
         exercises.check_g_operator(row_correct)

@@ -58,15 +58,16 @@ def judge_case(answer: dict, weights, stages) -> str | None:
     except ValueError as err:
         return str(err)
     if len(parts) != stages + 1:
-        return f"returned {len(parts) - 1} stages, expected {stages}"
+        return _("returned {got} stages, expected {stages}").format(got=len(parts) - 1, stages=stages)
     got, best = max(partition.stage_loads(weights, parts)), min_bottleneck(weights, stages)
     if got > best + 1e-9:
-        return f"heaviest stage {got:g}, but {best:g} is possible (parts {parts})"
+        return _("heaviest stage {got:g}, but {best:g} is possible (parts {parts})").format(got=got, best=best,
+                                                                                            parts=parts)
     return None
 
 
 def judge(source: str):
-    answers = run_answer(harness, source, POLICY.name, 1, "balanced cut")
+    answers = run_answer(harness, source, POLICY.name, 1, str(EXERCISE.label))
     if isinstance(answers, str):
         return False, [answers], (0, len(CASES))
     failures = [f"{list(weights)} into {stages} stages: {wrong}" for (weights, stages), answer in zip(CASES, answers[0])

@@ -72,7 +72,7 @@ def judge_case(answer: dict, p: int, m: int, v: int) -> str | None:
 
 
 def judge(source: str):
-    answers = run_answer(harness, source, POLICY.name, 1, "bubble share")
+    answers = run_answer(harness, source, POLICY.name, 1, str(EXERCISE.label))
     if isinstance(answers, str):
         return False, [answers], (0, len(CASES))
     failures = [f"p {p}, m {m}, v {v}: {wrong}" for (p, m, v), answer in zip(CASES, answers[0])

@@ -290,7 +290,7 @@ def describe(data: dict) -> str:
     """How a verdict names what an answer returned."""
     if "values" in data:
         return short(tensor_of(data))
-    return f"a {data['type']}, not a tensor"
+    return _("a {type}, not a tensor").format(type=data["type"])
 
 
 def short(t: torch.Tensor) -> str:
@@ -323,9 +323,9 @@ def tp_groups():
 
 def tp_group_labels(world: int) -> list[tuple[str, int, int]]:
     """In the checking process: ``[(label, tp, groups)]`` matching ``tp_groups`` on ``world`` ranks."""
-    out = [(f"the whole world (tp={world})", world, 1)]
+    out = [(_("the whole world (tp={tp})").format(tp=world), world, 1)]
     if world == 4:
-        out.append(("groups {0,1} and {2,3} (tp=2)", 2, 2))
+        out.append((_("groups {first} and {second} (tp={tp})").format(first="{0,1}", second="{2,3}", tp=2), 2, 2))
     return out
 
 

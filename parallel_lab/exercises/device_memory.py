@@ -338,7 +338,7 @@ def _real_counts() -> tuple[list[int], list[int]]:
 
 def judge(source: str):
     tried = len(CASES) + len(REAL_PARAMS) + len(REAL_BLOCK)
-    answers = run_answer(harness, source, POLICY.name, 1, "device memory", args=(CASES + REAL_PARAMS + REAL_BLOCK,))
+    answers = run_answer(harness, source, POLICY.name, 1, str(EXERCISE.label), args=(CASES + REAL_PARAMS + REAL_BLOCK,))
     if isinstance(answers, str):
         return False, [answers], (0, tried)
     got = answers[0]

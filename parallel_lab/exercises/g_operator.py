@@ -35,6 +35,9 @@ WORLD_SIZES = (2, 4)
 POLICY = Policy("MyG", dist=("all_reduce", "get_rank", "get_world_size", "ReduceOp"),
                 builds=_l("g from one all-reduce"))
 GRADS = ("output", "grad of x_r", "grad of W_r", "grad of bias")
+# How a verdict names each of GRADS.
+GRAD_NAMES = {"output": _l("output"), "grad of x_r": _l("grad of x_r"), "grad of W_r": _l("grad of W_r"),
+              "grad of bias": _l("grad of bias")}
 
 
 def mine(index: int, rank: int) -> torch.Tensor:
@@ -86,8 +89,9 @@ def judge_forward(where: str, tp: int, groups: int, answers: list[dict]) -> str 
         expected = sum(mine(index, q) for q in range(first, first + tp))
         got = tensor_of(answer["alone"])
         if got is None or got.shape != expected.shape or not torch.equal(got, expected):
-            shown = short(got) if got is not None else f"a {answer['alone']['type']}"
-            return f"forward sums over {where}: rank {rank}: got {shown}, expected the group's sum {short(expected)}"
+            shown = short(got) if got is not None else _("a {type}").format(type=answer["alone"]["type"])
+            return _("forward sums over {where}: rank {rank}: got {got}, expected the group's sum {expected}").format(
+                where=where, rank=rank, got=shown, expected=short(expected))
     return None
 
 
@@ -98,11 +102,13 @@ def judge_layer(where: str, tp: int, groups: int, answers: list[dict]) -> str | 
         for what, data, e in zip(GRADS, answer["layer"], expected_layer(index, r, tp)):
             g = tensor_of(data)
             if g is None or g.shape != e.shape or not torch.equal(g, e):
-                detail = f"{what}: " + ("none" if g is None else f"got {short(g)}, expected {short(e)}")
+                detail = (_("{what}: none") if g is None else _("{what}: got {got}, expected {expected}")).format(
+                    what=GRAD_NAMES[what], got=short(g) if g is not None else "", expected=short(e))
                 if g is not None and what != "output" and g.shape == e.shape and torch.equal(g, e * tp):
-                    detail += (f" ({tp}x too large: the gradient of g's output is already the same on every "
-                               f"rank, so its backward must pass it on unchanged, not sum it)")
-                return f"row-parallel layer with g, forward and backward, {where}: rank {rank}: {detail}"
+                    detail += _(" ({tp}x too large: the gradient of g's output is already the same on every "
+                                "rank, so its backward must pass it on unchanged, not sum it)").format(tp=tp)
+                return _("row-parallel layer with g, forward and backward, {where}: rank {rank}: {detail}").format(
+                    where=where, rank=rank, detail=detail)
     return None
 
 
@@ -121,7 +127,7 @@ def judge_world(world: int, per_rank: list) -> tuple[bool, str, tuple[int, int]]
 
 
 def judge(source: str):
-    return judge_worlds(harness, source, POLICY.name, "g operator", WORLD_SIZES, judge_world,
+    return judge_worlds(harness, source, POLICY.name, str(EXERCISE.label), WORLD_SIZES, judge_world,
                         lambda world: 2 * len(tp_group_labels(world)))
 
 

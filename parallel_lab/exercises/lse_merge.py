@@ -257,7 +257,7 @@ def judge_direct(answers: list[dict]) -> str | None:
 
 
 def judge(source: str):
-    per_rank = run_answer(harness, source, POLICY.name, WORLD, "lse merge")
+    per_rank = run_answer(harness, source, POLICY.name, WORLD, str(EXERCISE.label))
     if isinstance(per_rank, str):
         return False, [per_rank], (0, len(DIRECT) + len(RING))
     lines, passed = [], True

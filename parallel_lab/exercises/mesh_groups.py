@@ -237,7 +237,7 @@ def judge_case(dp: int, pp: int, tp: int, answer: dict, found: list[dict] | None
 
 
 def judge(source: str):
-    per_rank = run_answer(harness, source, POLICY.name, WORLD, "mesh groups")
+    per_rank = run_answer(harness, source, POLICY.name, WORLD, str(EXERCISE.label))
     if isinstance(per_rank, str):
         return False, [per_rank], (0, len(CASES))
     if any(not isinstance(rank, list) or len(rank) != len(CASES) for rank in per_rank):

@@ -300,7 +300,7 @@ def _ep_case(results: list[dict], case: Case) -> tuple[bool, str]:
 def judge(source: str):
     labelled = cases()
     routings = [(choices, experts, capacity) for _, choices, experts, capacity in labelled]
-    results = run_answer(harness, source, POLICY.name, EP, "MoE dispatch", args=(routings, EP_CASE))
+    results = run_answer(harness, source, POLICY.name, EP, str(EXERCISE.label), args=(routings, EP_CASE))
     tried = len(labelled) + 1  # every routing, and the real expert-parallel run
     if isinstance(results, str):
         return False, [results], (0, tried)

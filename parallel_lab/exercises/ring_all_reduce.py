@@ -98,7 +98,7 @@ def judge_world(world: int, per_rank: list) -> tuple[bool, str, tuple[int, int]]
 
 
 def judge(source: str):
-    return judge_worlds(harness, source, POLICY.name, "ring all-reduce", WORLD_SIZES, judge_world,
+    return judge_worlds(harness, source, POLICY.name, str(EXERCISE.label), WORLD_SIZES, judge_world,
                         lambda world: len(CASES))
 
 

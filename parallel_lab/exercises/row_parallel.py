@@ -57,7 +57,7 @@ def harness(source: str, name: str) -> list[dict]:
     return out
 
 
-def hint(got, expected, partial, bias, tp, where) -> str:
+def hint(got, expected, partial, bias, tp, groups) -> str:
     """What a wrong output most likely is."""
     if got.shape != expected.shape:
         return _("shape {got}, expected {expected}").format(got=tuple(got.shape), expected=tuple(expected.shape))
@@ -68,7 +68,7 @@ def hint(got, expected, partial, bias, tp, where) -> str:
                  "all-reduce").format(tp=tp)
     if torch.equal(got, expected - bias):
         return _("the bias is missing")
-    if "groups" in where:
+    if groups > 1:
         return _("got {got}, expected {expected}: pass group=group to the collective, or it sums over every "
                  "rank").format(got=short(got), expected=short(expected))
     return _("got {got}, expected {expected}").format(got=short(got), expected=short(expected))
@@ -85,10 +85,11 @@ def judge_case(world: int, per_rank: list, i: int, where: str, tp: int, groups: 
             detail = _("returned {type}, expected a tensor of shape {shape}").format(
                 type=per_rank[rank][i]["type"], shape=tuple(expected.shape))
         elif got.shape != expected.shape or not torch.equal(got, expected):
-            detail = hint(got, expected, x_shard @ w_shard, bias, tp, where)
+            detail = hint(got, expected, x_shard @ w_shard, bias, tp, groups)
         else:
             continue
-        return f"x {tuple(x.shape)}, W {tuple(w.shape)}, {where}: rank {rank}: {detail}"
+        return _("x {x}, W {w}, {where}: rank {rank}: {detail}").format(x=tuple(x.shape), w=tuple(w.shape),
+                                                                         where=where, rank=rank, detail=detail)
     return None
 
 
@@ -109,7 +110,7 @@ def judge_world(world: int, per_rank: list) -> tuple[bool, str, tuple[int, int]]
 
 
 def judge(source: str):
-    return judge_worlds(harness, source, POLICY.name, "row-parallel forward", WORLD_SIZES, judge_world,
+    return judge_worlds(harness, source, POLICY.name, str(EXERCISE.label), WORLD_SIZES, judge_world,
                         lambda world: len(world_cases(world)))
 
 

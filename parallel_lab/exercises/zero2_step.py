@@ -195,7 +195,7 @@ def judge(source: str):
     if reason:
         line = failure(_("{label}: FAILED: your answer {reason}").format(label=str(EXERCISE.label), reason=reason))
         return False, [line], (0, 0)
-    return judge_worlds(harness, source, POLICY.name, "ZeRO-2 step", WORLD_SIZES, judge_world,
+    return judge_worlds(harness, source, POLICY.name, str(EXERCISE.label), WORLD_SIZES, judge_world,
                         lambda world: len(CASES))
 
 

@@ -16,6 +16,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from parallel_lab.i18n import _, _l
+
 
 class SubmitError(RuntimeError):
     pass
@@ -100,14 +102,26 @@ def wait(server: str, submission: str, token: str, timeout: float = 900, every: 
         time.sleep(every)
 
 
+# A submission's states as describe says them (the service stores the English word).
+STATES = {"queued": _l("queued"), "grading": _l("grading"), "graded": _l("graded"), "failed": _l("failed")}
+
+
 def describe(report: dict) -> str:
-    lines = [f"lesson {report['lesson']}: {report['state']}" + (" (late)" if report.get("late") else "")
-             + (f", {report['points']:g} of {report['max_points']:g} points" if report.get("points") is not None
-                else "")]
+    """A graded submission as ``parallel-lab submit`` prints it, in the language of $PARALLEL_LAB_LANG
+    (the reasons are the grader's, already in the submission's language)."""
+    state = str(STATES.get(report["state"], report["state"]))
+    head = _("lesson {lesson}: {state}").format(lesson=report["lesson"], state=state)
+    if report.get("late"):
+        head += _(" (late)")
+    if report.get("points") is not None:
+        head += _(", {points:g} of {max_points:g} points").format(points=report["points"],
+                                                                 max_points=report["max_points"])
+    lines = [head]
     if report.get("error"):
         lines.append(f"  {report['error']}")
     for c in report.get("checks", []):
-        lines.append(f"  {c['check']}: {'passed' if c['passed'] else 'FAILED: ' + c['reason']} "
-                     f"({c['points']:g}/{c['max_points']:g})")
+        verdict = (_("{check}: passed") if c["passed"] else _("{check}: FAILED: {reason}")).format(
+            check=c["check"], reason=c.get("reason"))
+        lines.append(f"  {verdict} ({c['points']:g}/{c['max_points']:g})")
     lines.append(f"  {report['url']}")
     return "\n".join(lines)
