@@ -72,13 +72,18 @@ def cell_keys(cells) -> list:
             key = f"{section}+{after}"
         if headings:
             section, after = slug(headings[-1]), 0
-        unique, n = key, 1
-        while unique in seen:
-            n += 1
-            unique = f"{key}~{n}"
-        seen.add(unique)
-        keys.append(unique)
+        keys.append(_unique(key, seen))
     return keys
+
+
+def _unique(key: str, seen: set) -> str:
+    """``key``, or ``key~2``, ``key~3``, ... when it is already in ``seen`` (which it joins)."""
+    unique, n = key, 1
+    while unique in seen:
+        n += 1
+        unique = f"{key}~{n}"
+    seen.add(unique)
+    return unique
 
 
 def code_keys(cells) -> list:
@@ -94,12 +99,7 @@ def code_keys(cells) -> list:
             keys.append(None)
             continue
         count += 1
-        key, n = f"{section}/code{count}", 1
-        while key in seen:
-            n += 1
-            key = f"{section}/code{count}~{n}"
-        seen.add(key)
-        keys.append(key)
+        keys.append(_unique(f"{section}/code{count}", seen))
     return keys
 
 
