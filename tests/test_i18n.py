@@ -253,3 +253,40 @@ def test_a_printed_function_shows_its_docstring_in_the_lessons_language():
         assert len(chinese.splitlines()) == len(english.splitlines())
     with i18n.using("zh-Hant"):
         assert i18n.source(demos.rank_id) == inspect.getsource(demos.rank_id)  # not listed: as it is
+
+
+def test_a_printed_function_shows_its_comments_in_the_lessons_language():
+    """``i18n.source`` translates a listed function's comments as it does its docstring: the
+    extractor puts each comment in the catalog (a run of whole-line comments is one message, a
+    comment after code another), and the printed source has the translation where the comment was,
+    the code on every line unchanged."""
+    import inspect
+    import io
+
+    from babel.messages.extract import extract
+
+    from parallel_lab.i18n.extract import extract_python, listing_comments
+    from parallel_lab.pipeline import pipedream
+    from parallel_lab.tensor import mappings
+
+    source = (b'SHOWN_DOCSTRINGS = ("Box.shown",)\n\n\nclass Box:\n    def shown(self):\n        """Doc."""\n'
+              b'        # First line\n        # and second.\n        x = 1  # after code\n        return x\n\n'
+              b'    def other(self):\n        return 2  # not listed\n')
+    found = [(m[0], m[1]) for m in extract(extract_python, io.BytesIO(source), keywords={"_": None})]
+    assert found == [(6, "Doc."), (7, "First line\nand second."), (9, "after code")], found
+    assert listing_comments("    x = 1  # a\n    # b\n    # c\n\n    # d\n") == [
+        (0, 0, 11, "a"), (1, 2, 4, "b\nc"), (4, 4, 4, "d")]
+
+    for fn in (mappings._CopyToTensorParallelRegion, pipedream.AsyncStage._update):
+        english = inspect.getsource(fn)
+        assert i18n.source(fn) == english
+        with i18n.using("zh-Hant"):
+            chinese = i18n.source(fn)
+        catalog = i18n.translations("zh-Hant")
+        for _first, _last, _column, words in listing_comments(english):
+            assert catalog.gettext(words) != words and words.splitlines()[0] not in chinese
+            assert catalog.gettext(words).splitlines()[0] in chinese
+        code = [line.split("#")[0].rstrip() for line in english.splitlines()
+                if line.strip() and not line.strip().startswith("#") and '"""' not in line]
+        kept = [line.split("#")[0].rstrip() for line in chinese.splitlines()]
+        assert all(line in kept for line in code)  # the code itself is unchanged

@@ -53,12 +53,11 @@ figures.split_figure("row", tp=2).show()
 # with the dense output:
 
 # %%
-import inspect
-
+from parallel_lab.i18n import source
 from parallel_lab.runtime import launcher
 from parallel_lab.tensor import demos as lesson
 
-print(inspect.getsource(lesson.column_and_row))
+print(source(lesson.column_and_row))  # inspect.getsource, the docstring and comments in the lesson's language
 for world_size in (2, 4):
     print(figures.splits_text(launcher.run(lesson.column_and_row, world_size), lesson.TOLERANCE))
 
@@ -142,7 +141,7 @@ verdict = check_row_parallel_forward(my_row_parallel_forward)
 # %%
 from parallel_lab.tensor import mappings
 
-print(inspect.getsource(mappings._CopyToTensorParallelRegion))
+print(source(mappings._CopyToTensorParallelRegion))
 
 # %% [markdown]
 # `ParallelMLP` is `ColumnParallelLinear` (f inside), GeLU, `RowParallelLinear` (g inside).

@@ -37,12 +37,11 @@ setup()
 # time recording — and then the backward. In `parallel_lab` (`run_pipeline(..., recompute=True)`):
 
 # %%
-import inspect
-
+from parallel_lab.i18n import source
 from parallel_lab.pipeline import worker
 
-print(inspect.getsource(worker.StageWorker.forward))
-print(inspect.getsource(worker.StageWorker._take))
+print(source(worker.StageWorker.forward))  # inspect.getsource, the docstring and comments in the lesson's language
+print(source(worker.StageWorker._take))
 
 # %% [markdown]
 # **Predict:** with recomputation, does a stage stash *fewer* micro-batches, or the same number of
@@ -217,7 +216,7 @@ stale_guess = predict("pipedream-staleness", my_prediction,
 # %%
 from parallel_lab.pipeline import pipedream
 
-print(inspect.getsource(pipedream.AsyncStage._update))
+print(source(pipedream.AsyncStage._update))
 
 # %% tags=["reveals:pipedream-staleness"]
 out = pipedream.compare_modes(stages=p, steps=steps, microbatches=m, lr=0.1)

@@ -8,13 +8,18 @@ string literals are messages. Comments starting with a tag (``# Translators: ...
 just above a call go to the translator.
 
 A module whose functions a lesson prints with their source (``i18n.source``) names them in a
-module-level ``SHOWN_DOCSTRINGS = ("hello", ...)``: their docstrings (cleaned as ``inspect.cleandoc``
-does) are messages too, so that the printed source shows them in the lesson's language.
+module-level ``SHOWN_DOCSTRINGS = ("hello", "Stage._update", ...)`` (a class, or a method as
+``Class.method``): their docstrings (cleaned as ``inspect.cleandoc`` does) and their comments
+(``listing_comments``) are messages too, so that the printed source shows them in the lesson's
+language.
 """
 
 from __future__ import annotations
 
 import ast
+import io
+import textwrap
+import tokenize
 
 DEFAULT_SPECS = {"ngettext": (1, 2), "pgettext": ((1, "c"), 2), "npgettext": ((1, "c"), 2, 3)}
 
@@ -33,27 +38,78 @@ def _comments(lines: list[str], lineno: int, tags) -> list[str]:
     return found[start:] if tags and start is not None else []
 
 
-def shown_docstrings(tree: ast.Module) -> list[tuple[int, str, str]]:
-    """``(line, function, docstring)`` for each function the module lists in ``SHOWN_DOCSTRINGS``."""
+def listing_comments(text: str) -> list[tuple[int, int, int, str]]:
+    """The comments of a printed listing ``text`` as ``(first line, last line, column, words)``, lines
+    0-based, the column where its ``#`` stands in ``text``: a run of whole-line comments at one column
+    is one message (its lines joined by newlines), a comment after code is one. ``words`` is without
+    the ``#`` and the space after it."""
+    lines = text.splitlines()
+    dedented = textwrap.dedent(text)
+    first = next((i for i, line in enumerate(lines) if line.strip()), 0)
+    shift = len(lines[first]) - len(dedented.splitlines()[first]) if lines else 0
+    found: list[list] = []
+    for token in tokenize.generate_tokens(io.StringIO(dedented).readline):
+        if token.type != tokenize.COMMENT:
+            continue
+        row, column = token.start[0] - 1, token.start[1] + shift
+        words = token.string[1:].strip()
+        whole = not lines[row][:column].strip()
+        last = found[-1] if found else None
+        if whole and last and last[4] and last[1] == row - 1 and last[2] == column:
+            last[1], last[3] = row, last[3] + "\n" + words
+        else:
+            found.append([row, row, column, words, whole])
+    return [(a, b, c, w) for a, b, c, w, _whole in found]
+
+
+def _listed(tree: ast.Module) -> list[tuple[str, ast.AST]]:
+    """``(name, node)`` for each function, class or ``Class.method`` the module lists in
+    ``SHOWN_DOCSTRINGS``; a name that is none of them fails."""
     listed = []
     for node in tree.body:
         if (isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SHOWN_DOCSTRINGS" for t in node.targets)
                 and isinstance(node.value, (ast.Tuple, ast.List))):
             listed = [_literal(item) for item in node.value.elts]
-    functions = {node.name: node for node in tree.body
-                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
     found = []
     for name in listed:
-        doc = ast.get_docstring(functions[name]) if name in functions else None
+        scope, node = tree.body, None
+        for part in (name or "").split("."):
+            node = next((n for n in scope if isinstance(n, kinds) and n.name == part), None)
+            if node is None:
+                break
+            scope = node.body
+        if node is None:
+            raise ValueError(f"SHOWN_DOCSTRINGS names {name!r}, which is no documented function of the module")
+        found.append((name, node))
+    return found
+
+
+def shown_docstrings(tree: ast.Module) -> list[tuple[int, str, str]]:
+    """``(line, function, docstring)`` for each function the module lists in ``SHOWN_DOCSTRINGS``."""
+    found = []
+    for name, node in _listed(tree):
+        doc = ast.get_docstring(node)
         if doc is None:
             raise ValueError(f"SHOWN_DOCSTRINGS names {name!r}, which is no documented function of the module")
-        found.append((functions[name].body[0].lineno, name, doc))
+        found.append((node.body[0].lineno, name, doc))
+    return found
+
+
+def shown_comments(tree: ast.Module, lines: list[str]) -> list[tuple[int, str, str]]:
+    """``(line, function, comment)`` for each comment inside a function the module lists in
+    ``SHOWN_DOCSTRINGS`` (``listing_comments``; decorators and all, as ``inspect.getsource`` has it)."""
+    found = []
+    for name, node in _listed(tree):
+        start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+        text = "\n".join(lines[start - 1:node.end_lineno]) + "\n"
+        found += [(start + row, name, words) for row, _last, _column, words in listing_comments(text)]
     return found
 
 
 def extract_python(fileobj, keywords, comment_tags, options):
     """Yield ``(lineno, funcname, messages, comments)`` for every call of a keyword in the file, and
-    for every docstring the module lists in ``SHOWN_DOCSTRINGS``."""
+    for every docstring and comment of a function the module lists in ``SHOWN_DOCSTRINGS``."""
     source = fileobj.read().decode(options.get("encoding", "utf-8"))
     lines = source.splitlines()
     names = set(keywords)
@@ -61,6 +117,9 @@ def extract_python(fileobj, keywords, comment_tags, options):
     for lineno, name, doc in shown_docstrings(tree):
         yield lineno, "_", doc, [f"Translators: the docstring of {name}, printed with its source: keep the "
                                  "``code`` as it is and the line breaks where they are"]
+    for lineno, name, words in shown_comments(tree, lines):
+        yield lineno, "_", words, [f"Translators: a comment in {name}, printed with its source: keep the code "
+                                   "names as they are; each line of the translation becomes one # line"]
     calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
              and isinstance(node.func, ast.Name) and node.func.id in names]
     for node in sorted(calls, key=lambda n: (n.lineno, n.col_offset)):

@@ -185,19 +185,37 @@ def pad(text, columns: int, align: str = "<") -> str:
 
 
 def source(obj) -> str:
-    """``inspect.getsource(obj)`` with its docstring in this process's language, for a lesson that
-    prints a library function: the code as it is, the docstring translated where the catalog has it
-    (its module lists the function in ``SHOWN_DOCSTRINGS``, see ``i18n.extract``), else unchanged."""
+    """``inspect.getsource(obj)`` with its docstring and comments in this process's language, for a
+    lesson that prints a library function: the code as it is, the docstring and each comment
+    (``extract.listing_comments``) translated where the catalog has them (its module lists the
+    function in ``SHOWN_DOCSTRINGS``, see ``i18n.extract``), else unchanged. A translated comment keeps
+    its place: a whole-line comment one ``#`` line per line of the translation, at its column; one
+    after code on its line."""
+    from parallel_lab.i18n.extract import listing_comments
+
     text = inspect.getsource(obj)
+    lines = text.splitlines()
+    edits = []  # (first line, last line, new lines), 0-based, not overlapping
     doc = inspect.cleandoc(obj.__doc__) if obj.__doc__ else None
     words = gettext(doc) if doc else None
-    if words is None or words == doc:
+    if words is not None and words != doc:
+        node = ast.parse(textwrap.dedent(text)).body[0].body[0]  # the docstring's expression
+        first = lines[node.lineno - 1]
+        indent = first[: len(first) - len(first.lstrip())]
+        body = [indent + line if line else "" for line in words.splitlines()]
+        body[0] = indent + '"""' + body[0].removeprefix(indent)
+        body[-1] += '"""'
+        edits.append((node.lineno - 1, node.end_lineno - 1, body))
+    for first, last, column, comment in listing_comments(text):
+        words = gettext(comment)
+        if words == comment:
+            continue
+        if lines[first][:column].strip():  # after code: one line
+            edits.append((first, last, [lines[first][:column] + "# " + " ".join(words.splitlines())]))
+        else:
+            edits.append((first, last, [lines[first][:column] + "# " + line for line in words.splitlines()]))
+    if not edits:
         return text
-    lines = text.splitlines(keepends=True)
-    node = ast.parse(textwrap.dedent(text)).body[0].body[0]  # the docstring's expression
-    first = lines[node.lineno - 1]
-    indent = first[: len(first) - len(first.lstrip())]
-    body = [indent + line if line else "" for line in words.splitlines()]
-    body[0] = indent + '"""' + body[0].removeprefix(indent)
-    body[-1] += '"""'
-    return "".join(lines[: node.lineno - 1]) + "\n".join(body) + "\n" + "".join(lines[node.end_lineno:])
+    for first, last, new in sorted(edits, reverse=True):
+        lines[first:last + 1] = new
+    return "\n".join(lines) + "\n"

@@ -22,6 +22,9 @@ from torch import nn
 
 from parallel_lab.pipeline.activation_bytes import ByteCounter, tensor_bytes
 
+# Lesson 08 prints these methods (``i18n.source``): their docstrings and comments are in the catalog too.
+SHOWN_DOCSTRINGS = ("StageWorker.forward", "StageWorker._take")
+
 
 class Tap(NamedTuple):
     """A module that owns parameters, as one forward saw it: its ``output`` (where I stops) and, for

@@ -33,6 +33,9 @@ import torch.distributed as dist
 
 from parallel_lab.runtime import transport
 
+# Lesson 02 prints f (``i18n.source``): its docstring and comments are in the catalog too.
+SHOWN_DOCSTRINGS = ("_CopyToTensorParallelRegion",)
+
 # ----------------------------------------------------------------------------------------------
 # Helpers: one collective (or none) each.
 
