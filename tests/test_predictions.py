@@ -75,6 +75,32 @@ def test_a_graded_prediction_takes_its_question_from_the_registry_only():
         assert "NOT YET" not in zh.text()
 
 
+def test_a_chinese_prompt_spaces_a_question_that_begins_or_ends_latin(capsys):
+    """Taiwan typesetting as the lessons set it: a half-width space between CJK and a Latin word or
+    number. The template cannot know the question's first letter, so the prompt puts the space."""
+    with i18n.using("zh-Hant"):
+        latin = predict("x", None, {"en": "1F1B's stash", "zh-Hant": "1F1B 的暫存"}, unit="steps").text()
+        cjk = predict("y", None, {"en": "the naive step", "zh-Hant": "樸素排程的一步"}).text()
+        choice = predict("z", None, {"en": "which", "zh-Hant": "ZB-H1 還是 1F1B"}, choices=("a", "b")).text()
+    assert "請預測 1F1B 的暫存（單位：" in latin, latin
+    assert "請預測樸素排程的一步。" in cjk, cjk
+    assert "請預測 ZB-H1 還是 1F1B：寫下" in choice, choice
+    english = predict("x", None, "1F1B's stash").text()
+    assert "  Predict 1F1B's stash." in english, english
+    capsys.readouterr()
+
+
+def test_a_choice_is_shown_in_the_lesson_language_and_accepted_in_either(capsys):
+    choices = ({"en": "more micro-batches", "zh-Hant": "更多微批次"}, {"en": "the same", "zh-Hant": "一樣"})
+    with i18n.using("zh-Hant"):
+        asked = predict("c", None, "哪一個", choices=choices).text()
+        typed_zh = predict("c", "一樣", "哪一個", choices=choices)
+        typed_en = predict("c", "the same", "哪一個", choices=choices)
+    assert "更多微批次" in asked and "more micro-batches" not in asked, asked
+    assert typed_zh.value == typed_en.value == choices[1]
+    capsys.readouterr()
+
+
 # ----------------------------------------------------------------------------------------------
 # The grader's side: read as data, scored against its own reference.
 

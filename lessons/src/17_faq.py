@@ -59,7 +59,9 @@ from parallel_lab.show.predict import predict
 remedy_guess = predict("more-or-interleave", my_prediction,
                        {"en": "which shrinks the bubble's share more at p = 8, m = 16: m = 32, or v = 2",
                         "zh-Hant": "在 p = 8、m = 16 時，哪一個更能縮小氣泡占一步的比例：m = 32，還是 v = 2"},
-                       choices=("more micro-batches", "interleaving", "the same"))
+                       choices=({"en": "more micro-batches", "zh-Hant": "更多微批次"},
+                                {"en": "interleaving", "zh-Hant": "交錯"},
+                                {"en": "the same", "zh-Hant": "一樣"}))
 
 # %% tags=["reveals:more-or-interleave"]
 from parallel_lab.exercises.bubble_share import simulated_share

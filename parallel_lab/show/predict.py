@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 import sys
 from dataclasses import dataclass
 
@@ -73,6 +74,21 @@ def _text(value) -> str:
     if isinstance(value, str):
         return str(NAMES.get(value, value))
     return localize(value, language()) if isinstance(value, dict) else str(value)
+
+
+_CJK = "[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
+_EDGE = "\0"
+
+
+def _ask(template: str, question, **fields) -> str:
+    """``template`` with the question in it, a half-width space put between a CJK character of the
+    template and a Latin letter or digit that begins or ends the question ("請預測 1F1B 的…", as the
+    lessons set CJK beside Latin; the template cannot know the question's first letter). A template
+    that already puts a space or punctuation there is left as it is, English included."""
+    text = template.format(question=_EDGE + _text(question) + _EDGE, **fields)
+    text = re.sub(f"(?<={_CJK}){_EDGE}(?=[A-Za-z0-9])", " ", text)
+    text = re.sub(f"(?<=[A-Za-z0-9]){_EDGE}(?={_CJK})", " ", text)
+    return text.replace(_EDGE, "")
 
 
 # Units a lesson may write as a plain string that are words in Chinese (the symbols GB, MB, Ψ, × and
@@ -127,14 +143,14 @@ class Prediction:
         unit = _unit(self.unit)
         if self.value is None:
             if self.kind == "choice":
-                ask = _("Predict {question}: write one of {choices}.").format(
-                    question=_text(self.question), choices=self._choices_text())
+                ask = _ask(_("Predict {question}: write one of {choices}."), self.question,
+                           choices=self._choices_text())
             elif self.kind == "order":
-                ask = _("Predict {question}: write {choices} as a list, in your order.").format(
-                    question=_text(self.question), choices=self._choices_text())
+                ask = _ask(_("Predict {question}: write {choices} as a list, in your order."), self.question,
+                           choices=self._choices_text())
             else:
-                ask = (_("Predict {question} (in {unit}).") if unit else _("Predict {question}.")).format(
-                    question=_text(self.question), unit=unit)
+                ask = _ask(_("Predict {question} (in {unit}).") if unit else _("Predict {question}."), self.question,
+                           unit=unit)
             missing = _("prediction {id}: NOT YET: no number recorded.") if self.kind == "number" else \
                 _("prediction {id}: NOT YET: no prediction recorded.")
             return "\n".join([missing.format(id=self.id),
