@@ -274,6 +274,9 @@ def test_a_printed_function_shows_its_comments_in_the_lessons_language():
               b'    def other(self):\n        return 2  # not listed\n')
     found = [(m[0], m[1]) for m in extract(extract_python, io.BytesIO(source), keywords={"_": None})]
     assert found == [(6, "Doc."), (7, "First line\nand second."), (9, "after code")], found
+    bare = b'SHOWN_DOCSTRINGS = ("bare",)\n\n\ndef bare():\n    return 1  # listed for its comment\n'
+    assert [(m[0], m[1]) for m in extract(extract_python, io.BytesIO(bare), keywords={"_": None})] == [
+        (5, "listed for its comment")]
     assert listing_comments("    x = 1  # a\n    # b\n    # c\n\n    # d\n") == [
         (0, 0, 11, "a"), (1, 2, 4, "b\nc"), (4, 4, 4, "d")]
 

@@ -216,11 +216,10 @@ verdict = check_hand_schedule(my_schedule)
 # run first and not recorded.
 
 # %%
-import inspect
-
+from parallel_lab.i18n import source
 from parallel_lab.pipeline import run
 
-print(inspect.getsource(run.pipeline_rank))
+print(source(run.pipeline_rank))
 
 # %%
 runs.running_naive(4)

@@ -64,14 +64,13 @@ idle_report("1F1B, p = 4, m = 8", one_f_one_b)
 # arithmetic. This is the I the MLP runs, then the W every stage runs:
 
 # %%
-import inspect
-
+from parallel_lab.i18n import source
 from parallel_lab.pipeline import chain, worker
 
-print(inspect.getsource(worker.StageWorker.input_grad))
-print(inspect.getsource(chain.ChainWorker._input_grads))
-print(inspect.getsource(worker.StageWorker.weight_grad))
-print(inspect.getsource(worker._weight_grads))
+print(source(worker.StageWorker.input_grad))
+print(source(chain.ChainWorker._input_grads))
+print(source(worker.StageWorker.weight_grad))
+print(source(worker._weight_grads))
 
 # %% [markdown]
 # **ZB-H1** keeps 1F1B's order of forwards and input gradients, but GPU r holds back its first r

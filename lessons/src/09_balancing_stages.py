@@ -274,12 +274,11 @@ verdict = check_balanced_cut(my_balanced_cut)
 # process and the simulator are the pipeline lessons' own:
 
 # %%
-import inspect
-
+from parallel_lab.i18n import source
 from parallel_lab.pipeline import stages
 
-print(inspect.getsource(stages.cut_at))
-print(inspect.getsource(stages._stages))
+print(source(stages.cut_at))
+print(source(stages._stages))
 
 # %% [markdown]
 # Three cuts of the same GPT, each run with 1F1B on 4 ranks, 8 micro-batches, in fp64: the even
@@ -365,7 +364,7 @@ from parallel_lab import models
 from parallel_lab.parallel3d import data_parallel
 from parallel_lab.runtime import launcher
 
-print(inspect.getsource(data_parallel.allreduce_gradients))
+print(source(data_parallel.allreduce_gradients))
 small = models.GPT(data_parallel.SMALL_GPT).double()  # fp64, as in the check below
 plan = data_parallel.buckets(small.parameters(), bucket_bytes=4096)
 print(balance_figures.buckets_text(len(list(small.parameters())), len(plan), 4096))

@@ -232,12 +232,11 @@ print(train3d_figures.check_plans(base))  # train3d.check(base.replace(**changes
 # takes it to stages 2 and 3).
 
 # %%
-import inspect
-
+from parallel_lab.i18n import source
 from parallel_lab.parallel3d import apply
 
-print(inspect.getsource(train3d._train).split("    losses, ")[0])  # then per step: ex.step(...), opt.step()
-print(inspect.getsource(apply.apply_dp))
+print(source(train3d._train).split("    losses, ")[0])  # then per step: ex.step(...), opt.step()
+print(source(apply.apply_dp))
 
 # %%
 print(mesh_figures.pipelines_text(dims))

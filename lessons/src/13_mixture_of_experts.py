@@ -45,11 +45,10 @@ setup()
 # output. The course's layer is `models.MoE`; its routing is one short function:
 
 # %%
-import inspect
-
 from parallel_lab import models
+from parallel_lab.i18n import source
 
-print(inspect.getsource(models.top_k_routing))
+print(source(models.top_k_routing))
 
 # %% [markdown]
 # Four tokens through a router over 8 experts, top-2 (the probabilities rounded):

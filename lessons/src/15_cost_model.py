@@ -136,9 +136,9 @@ guess.versus(memory_model.max_device_memory(**dict(layout, schedule="1f1b"))["to
 #   PP stay exposed.
 
 # %%
-import inspect
+from parallel_lab.i18n import source
 
-print(inspect.getsource(cost.pipeline_makespan))
+print(source(cost.pipeline_makespan))
 
 # %% [markdown]
 # ## 3. Exercise: the activations of one GPU

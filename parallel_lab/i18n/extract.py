@@ -90,9 +90,8 @@ def shown_docstrings(tree: ast.Module) -> list[tuple[int, str, str]]:
     found = []
     for name, node in _listed(tree):
         doc = ast.get_docstring(node)
-        if doc is None:
-            raise ValueError(f"SHOWN_DOCSTRINGS names {name!r}, which is no documented function of the module")
-        found.append((node.body[0].lineno, name, doc))
+        if doc is not None:  # one without a docstring is listed for its comments
+            found.append((node.body[0].lineno, name, doc))
     return found
 
 

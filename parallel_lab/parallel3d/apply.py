@@ -29,6 +29,9 @@ from parallel_lab.tensor.layers import vocab_parallel_cross_entropy
 from parallel_lab.tensor.plan import parallelize
 from parallel_lab.zero.sharded_adam import ShardedAdam
 
+# Lesson 11 prints this (``i18n.source``): its docstring and comments are in the catalog too.
+SHOWN_DOCSTRINGS = ("apply_dp",)
+
 
 def apply_tp(model: models.GPT, cfg: Config, groups) -> nn.Module:
     """Tensor parallelism: ``model`` (dense, the same weights on every rank) swapped for its Megatron

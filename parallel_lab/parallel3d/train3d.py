@@ -61,6 +61,8 @@ from parallel_lab.runtime import commlog, launcher, torchrun
 from parallel_lab.runtime.mesh import ParallelDims, build_groups
 from parallel_lab.tensor.layers import allreduce_sequence_parallel_grads
 
+# Lesson 11 prints this (``i18n.source``): its docstring and comments are in the catalog too.
+SHOWN_DOCSTRINGS = ("_train",)
 TOLERANCE = 1e-9  # fp64: what "the same numbers" means for losses and weights
 UPDATE = {False: "data-parallel gradient all-reduce and optimizer step",  # what a hang report names
           True: "ZeRO-1 step (reduce-scatter, Adam on a slice, all-gather)"}

@@ -21,6 +21,9 @@ from torch import nn
 
 from parallel_lab.pipeline.worker import StageWorker, Tap
 
+# Lesson 07 prints this (``i18n.source``): its docstring and comments are in the catalog too.
+SHOWN_DOCSTRINGS = ("ChainWorker._input_grads",)
+
 
 class ChainWorker(StageWorker):
     """A StageWorker for a stage that applies nn.Linear and nn.GELU modules one after another (the

@@ -39,6 +39,8 @@ from parallel_lab.pipeline.trace import write_trace
 from parallel_lab.pipeline.validate import validate
 from parallel_lab.runtime import commlog, launcher
 
+# Lesson 03 prints this (``i18n.source``): its docstring and comments are in the catalog too.
+SHOWN_DOCSTRINGS = ("pipeline_rank",)
 DEFAULTS = {"mlp": dict(hidden=32, layers=8), "gpt": dict(hidden=32, layers=4, heads=2, seq=8, vocab=32)}
 ROWS_PER_MICROBATCH = {"mlp": 4, "gpt": 2}
 _DIGITS = 7  # timeline times rounded to 0.1 us: the JSON stays short, the pictures do not change

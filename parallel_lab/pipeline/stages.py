@@ -34,6 +34,8 @@ from parallel_lab import models
 from parallel_lab.checks import positive_int
 from parallel_lab.i18n import N_, _
 
+# Lesson 09 prints these (``i18n.source``): their docstrings and comments are in the catalog too.
+SHOWN_DOCSTRINGS = ("cut_at", "_stages")
 MODELS = ("mlp", "gpt")
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 

@@ -22,8 +22,9 @@ from torch import nn
 
 from parallel_lab.pipeline.activation_bytes import ByteCounter, tensor_bytes
 
-# Lesson 08 prints these methods (``i18n.source``): their docstrings and comments are in the catalog too.
-SHOWN_DOCSTRINGS = ("StageWorker.forward", "StageWorker._take")
+# Lessons 07 and 08 print these (``i18n.source``): their docstrings and comments are in the catalog too.
+SHOWN_DOCSTRINGS = ("StageWorker.forward", "StageWorker._take", "StageWorker.input_grad", "StageWorker.weight_grad",
+                    "_weight_grads")
 
 
 class Tap(NamedTuple):

@@ -96,6 +96,8 @@ from parallel_lab.planning import memory, memory_model
 from parallel_lab.runtime.mesh import ParallelDims
 from parallel_lab.zero.memory import check_stage
 
+# Lesson 15 prints this (``i18n.source``): its docstring and comments are in the catalog too.
+SHOWN_DOCSTRINGS = ("pipeline_makespan",)
 CLOSED_FORMS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipe-v")
 V_SCHEDULES = memory_model.V_SCHEDULES  # two stages per rank in V order: m >= 2p for their closed forms
 # The share of a backward pass that gradient communication in flight can use (see the module doc).
