@@ -719,7 +719,8 @@ def _submit(args):
             report = client.wait(args.server, report["id"], token)
     except client.SubmitError as exc:
         raise ValueError(str(exc)) from None
-    failed = f"submit: {report['state']}: {report.get('error') or ''}" if report["state"] == "failed" else ""
+    failed = (_("submit: {state}: {error}").format(state=client.STATES["failed"], error=report.get("error") or "")
+              if report["state"] == "failed" else "")
     return report, client.describe(report), failed
 
 

@@ -648,6 +648,24 @@ def test_submit_waits_when_the_service_is_busy_and_tries_again(tmp_path, capsys)
     assert [s[:2] for s in seen] == [("/api/courses/mp/submissions", "Bearer plt_x")] * 3
 
 
+def test_the_submit_report_speaks_the_language_it_is_run_in():
+    """``parallel-lab submit``'s report around the grader's reasons (its state, points, passed and
+    FAILED) follows $PARALLEL_LAB_LANG; English is as it was."""
+    from parallel_lab import i18n
+    from parallel_lab.service import client
+
+    report = {"lesson": "02", "state": "graded", "late": True, "points": 1, "max_points": 3,
+              "url": "http://x/submissions/s1",
+              "checks": [{"check": "g-operator", "passed": False, "reason": "原因", "points": 0, "max_points": 2},
+                         {"check": "row-parallel-forward", "passed": True, "points": 1, "max_points": 1}]}
+    assert client.describe(report) == ("lesson 02: graded (late), 1 of 3 points\n  g-operator: FAILED: 原因 (0/2)\n"
+                                       "  row-parallel-forward: passed (1/1)\n  http://x/submissions/s1")
+    with i18n.using("zh-Hant"):
+        chinese = client.describe(report)
+    assert chinese.splitlines()[:3] == ["第 02 課：已評分（逾期），3 分中得 1 分", "  g-operator：未通過：原因 (0/2)",
+                                        "  row-parallel-forward：通過 (1/1)"], chinese
+
+
 def test_the_similarity_report_lists_two_learners_with_one_answer(service):
     """The instructor's page and similarity.csv show ``course.grading.similarity``'s pairs: two learners
     whose ring is the same answer (written out differently by nobody)."""

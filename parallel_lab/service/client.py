@@ -51,13 +51,13 @@ def _call(request: urllib.request.Request, timeout: float = 60) -> dict:
             reason = json.loads(err.read()).get("error", "")
         except ValueError:
             reason = ""
-        words = f"the service refused ({err.code}): {reason or err.reason}"
+        words = _("the service refused ({code}): {reason}").format(code=err.code, reason=reason or err.reason)
         if err.code in (429, 503):
             after = err.headers.get("Retry-After", "30")
             raise TryLater(words, float(after) if after.isdigit() else 30.0) from None
         raise SubmitError(words) from None
     except urllib.error.URLError as err:
-        raise SubmitError(f"cannot reach {request.full_url}: {err.reason}") from None
+        raise SubmitError(_("cannot reach {url}: {reason}").format(url=request.full_url, reason=err.reason)) from None
 
 
 def submit(path, server: str, course: str, lesson: str, token: str, tries: int = 5, say=None) -> dict:
@@ -66,11 +66,11 @@ def submit(path, server: str, course: str, lesson: str, token: str, tries: int =
     again, ``tries`` times in all."""
     path = Path(path)
     if not token:
-        raise SubmitError("no token: set PARALLEL_LAB_TOKEN or pass --token (the service's Token page makes one)")
+        raise SubmitError(_("no token: set PARALLEL_LAB_TOKEN or pass --token (the service's Token page makes one)"))
     try:
         content = path.read_bytes()
     except OSError as exc:
-        raise SubmitError(f"cannot read {path}: {exc.strerror}") from None
+        raise SubmitError(_("cannot read {path}: {reason}").format(path=path, reason=exc.strerror)) from None
     body, kind = _multipart({"lesson": lesson}, path.name, content)
     request = urllib.request.Request(f"{server.rstrip('/')}/api/courses/{course}/submissions", data=body,
                                      method="POST", headers={"Content-Type": kind,
@@ -82,7 +82,8 @@ def submit(path, server: str, course: str, lesson: str, token: str, tries: int =
             if attempt == tries:
                 raise
             if say:
-                say(f"{busy}; trying again in {busy.after:g} s ({attempt} of {tries})")
+                say(_("{busy}; trying again in {after:g} s ({attempt} of {tries})").format(
+                    busy=busy, after=busy.after, attempt=attempt, tries=tries))
             time.sleep(busy.after)
     raise AssertionError("unreachable")
 
