@@ -200,6 +200,18 @@ def test_exercise_check_explains_a_wrong_cut_exceptions_and_bad_parts():
     assert not one_stage.passed and "expected" in one_stage.lines[1]
 
 
+@pytest.mark.ranks
+@pytest.mark.timeout(120)
+def test_a_wrong_cut_is_explained_in_the_lessons_language():
+    from parallel_lab import i18n
+
+    with i18n.using("zh-Hant"):
+        uniform = CUT.check(cut_answer("    n = len(weights)\n"
+                                       "    return [round(i * n / stages) for i in range(stages + 1)]"))
+    assert not uniform.passed and "切成" in uniform.lines[1] and "個階段：" in uniform.lines[1], uniform.lines
+    assert "into" not in uniform.lines[1] and "stages" not in uniform.lines[1]
+
+
 def test_exercise_may_not_call_the_library_partitioner():
     library = ("from parallel_lab.pipeline.partition import balanced\n"
                + cut_answer("    return balanced(weights, stages)"))

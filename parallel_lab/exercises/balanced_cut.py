@@ -70,7 +70,9 @@ def judge(source: str):
     answers = run_answer(harness, source, POLICY.name, 1, str(EXERCISE.label))
     if isinstance(answers, str):
         return False, [answers], (0, len(CASES))
-    failures = [f"{list(weights)} into {stages} stages: {wrong}" for (weights, stages), answer in zip(CASES, answers[0])
+    case = _("{weights} into {stages} stages: {wrong}")
+    failures = [case.format(weights=list(weights), stages=stages, wrong=wrong)
+                for (weights, stages), answer in zip(CASES, answers[0])
                 if (wrong := judge_case(answer, weights, stages))]
     return tallied(failures, len(CASES), _("balanced cut: FAILED ({passed}/{tried} cases)"),
                    _("balanced cut: PASSED ({n}/{n} cases)"))
