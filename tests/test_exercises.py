@@ -357,6 +357,11 @@ def test_errors_and_hangs_on_a_rank_become_failed_lines(monkeypatch):
     assert raises.lines[0] == ("ring all-reduce on 2 ranks: FAILED: rank 0 raised NameError: "
                                "name 'undefined_name' is not defined\n"
                                "  your answer, line 2, in my_ring_all_reduce: return tensor + undefined_name")
+    from parallel_lab import i18n
+
+    with i18n.using("zh-Hant"):  # what the rank raised, said once, from the error's own message
+        first = RING.check(answer("    return tensor + undefined_name")).lines[0].splitlines()[0]
+    assert first.endswith("引發 NameError：name 'undefined_name' is not defined") and first.count("引發") == 1, first
     monkeypatch.setenv("PARALLEL_LAB_CHECK_TIMEOUT", "3")
     waits = RING.check(answer("    buffer = torch.empty_like(tensor)\n"
                               "    dist.recv(buffer, src=(dist.get_rank() - 1) % dist.get_world_size())\n"

@@ -358,7 +358,7 @@ def run_answer(harness, source: str, name: str, world_size: int, label: str, arg
     try:
         return launcher.run(harness, world_size, args=(source, name, *args), timeout=timeout, untrusted=True)
     except launcher.RankError as err:
-        message = str(err).splitlines()[0].split(": ", 1)[-1]
+        message = (err.message.splitlines() or [""])[0]
         return failure("\n".join([_("{where}: FAILED: rank {rank} raised {error}: {message}").format(
             where=where, rank=err.rank, error=err.exc_type, message=message), *answer_lines(err.remote_traceback)]))
     except launcher.RanksHung as err:
