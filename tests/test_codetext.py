@@ -10,8 +10,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from parallel_lab.course import codetext, editions, tags
+from parallel_lab.course import editions, tags
 from parallel_lab.exercises import REGISTRY, check
+from parallel_lab.i18n import codetext
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))

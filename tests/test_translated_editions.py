@@ -12,7 +12,8 @@ import nbformat
 import pytest
 
 from parallel_lab import i18n
-from parallel_lab.course import codetext, editions, tags
+from parallel_lab.course import editions, tags
+from parallel_lab.i18n import codetext
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))

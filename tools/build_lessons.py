@@ -33,7 +33,7 @@ instructor can also open a source as a notebook in JupyterLab, where jupytext is
 **Two languages.** Every lesson is built in English (``lessons/``) and, unless it is listed in
 ``parallel_lab.course.editions.NOT_YET_TRANSLATED``, in Traditional Chinese (``lessons/zh-Hant/``):
 the same cells, its markdown and the comments and docstrings of its code cells from the lesson's
-catalog (``lessons/locale/zh_Hant/<lesson>.po``; ``parallel_lab.course.codetext``), its first ``setup()``
+catalog (``lessons/locale/zh_Hant/<lesson>.po``; ``parallel_lab.i18n.codetext``), its first ``setup()``
 given the language, its quiz text in that language; the build refuses a lesson
 whose catalog lacks a cell or holds a fuzzy one (``tools/catalogs.py check`` says which).
 
@@ -72,8 +72,9 @@ import render_static  # tools/, beside this file
 from notebook_client import notebook_client  # tools/: nbclient that cannot miss a kernel reply
 
 from parallel_lab import i18n
-from parallel_lab.course import codetext, editions, hidden, load, predictions, tags
+from parallel_lab.course import editions, hidden, load, predictions, tags
 from parallel_lab.course.quiz import bank, text
+from parallel_lab.i18n import codetext
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ROOT / "lessons" / "src"

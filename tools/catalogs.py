@@ -12,7 +12,7 @@ has one catalog per language, ``parallel_lab/i18n/locale/zh_Hant/LC_MESSAGES/mes
     pybabel update -i messages.pot -d parallel_lab/i18n/locale -l zh_Hant --previous --ignore-obsolete
 
 **A lesson** has one catalog per language, ``lessons/locale/zh_Hant/<lesson>.po``, whose messages are
-its markdown cells and the comments and docstrings of its code cells (``parallel_lab.course.codetext``)
+its markdown cells and the comments and docstrings of its code cells (``parallel_lab.i18n.codetext``)
 (``lessons/babel.cfg``, the extraction method ``parallel_lab.course.editions:extract_lesson``).
 
 ``update`` runs exactly these commands (the templates go to a temporary folder: a ``.pot`` is

@@ -12,7 +12,7 @@ records what each translation was made from. When an English cell changes, its m
 matches: ``pybabel update`` (``tools/catalogs.py update``) marks the old translation fuzzy and keeps
 the English it was made from (``#| msgid``); the build refuses an untranslated or fuzzy cell and the
 tests name the lesson and the cell. Code cells are the same program in both editions: their comments
-and docstrings (``course.codetext``: an exercise's spec, ``# one row per rank``) are messages of the
+and docstrings (``i18n.codetext``: an exercise's spec, ``# one row per rank``) are messages of the
 same catalog, one per comment block or docstring, keyed by the code cell (``code_keys``), and the
 edition writes them translated (``codetext.translate``); the first ``setup()`` gains the language
 (``with_language``), and everything the library shows follows it (``parallel_lab.i18n``).
@@ -27,7 +27,7 @@ import re
 import unicodedata
 from pathlib import Path
 
-from parallel_lab.course import codetext
+from parallel_lab.i18n import codetext
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ROOT / "lessons" / "src"

@@ -9,17 +9,17 @@ just above a call go to the translator.
 
 A module whose functions a lesson prints with their source (``i18n.source``) names them in a
 module-level ``SHOWN_DOCSTRINGS = ("hello", "Stage._update", ...)`` (a class, or a method as
-``Class.method``): their docstrings (cleaned as ``inspect.cleandoc`` does) and their comments
-(``listing_comments``) are messages too, so that the printed source shows them in the lesson's
+``Class.method``): their docstrings and comments, the pieces ``codetext`` finds in a lesson's code
+cell, are messages too, so that the printed source shows them in the lesson's
 language.
 """
 
 from __future__ import annotations
 
 import ast
-import io
 import textwrap
-import tokenize
+
+from parallel_lab.i18n import codetext
 
 DEFAULT_SPECS = {"ngettext": (1, 2), "pgettext": ((1, "c"), 2), "npgettext": ((1, "c"), 2, 3)}
 
@@ -40,26 +40,18 @@ def _comments(lines: list[str], lineno: int, tags) -> list[str]:
 
 def listing_comments(text: str) -> list[tuple[int, int, int, str]]:
     """The comments of a printed listing ``text`` as ``(first line, last line, column, words)``, lines
-    0-based, the column where its ``#`` stands in ``text``: a run of whole-line comments at one column
-    is one message (its lines joined by newlines), a comment after code is one. ``words`` is without
-    the ``#`` and the space after it."""
-    lines = text.splitlines()
-    dedented = textwrap.dedent(text)
-    first = next((i for i, line in enumerate(lines) if line.strip()), 0)
-    shift = len(lines[first]) - len(dedented.splitlines()[first]) if lines else 0
-    found: list[list] = []
-    for token in tokenize.generate_tokens(io.StringIO(dedented).readline):
-        if token.type != tokenize.COMMENT:
-            continue
-        row, column = token.start[0] - 1, token.start[1] + shift
-        words = token.string[1:].strip()
-        whole = not lines[row][:column].strip()
-        last = found[-1] if found else None
-        if whole and last and last[4] and last[1] == row - 1 and last[2] == column:
-            last[1], last[3] = row, last[3] + "\n" + words
-        else:
-            found.append([row, row, column, words, whole])
-    return [(a, b, c, w) for a, b, c, w, _whole in found]
+    0-based, the column where its ``#`` stands in ``text``: the comment pieces ``codetext`` finds in a
+    lesson's code cell (a run of whole-line comments at one column is one, a comment after code is
+    one), found in the listing dedented."""
+    shift = _margin(text)
+    return [(p.start[0] - 1, p.end[0] - 1, p.start[1] + shift, p.text)
+            for p in codetext.pieces(textwrap.dedent(text)) if p.kind == "comment"]
+
+
+def _margin(text: str) -> int:
+    """How far ``textwrap.dedent`` moves ``text`` left (a method's source is indented)."""
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    return len(first) - len(first.lstrip())
 
 
 def _listed(tree: ast.Module) -> list[tuple[str, ast.AST]]:
@@ -85,24 +77,15 @@ def _listed(tree: ast.Module) -> list[tuple[str, ast.AST]]:
     return found
 
 
-def shown_docstrings(tree: ast.Module) -> list[tuple[int, str, str]]:
-    """``(line, function, docstring)`` for each function the module lists in ``SHOWN_DOCSTRINGS``."""
-    found = []
-    for name, node in _listed(tree):
-        doc = ast.get_docstring(node)
-        if doc is not None:  # one without a docstring is listed for its comments
-            found.append((node.body[0].lineno, name, doc))
-    return found
-
-
-def shown_comments(tree: ast.Module, lines: list[str]) -> list[tuple[int, str, str]]:
-    """``(line, function, comment)`` for each comment inside a function the module lists in
-    ``SHOWN_DOCSTRINGS`` (``listing_comments``; decorators and all, as ``inspect.getsource`` has it)."""
+def shown_texts(tree: ast.Module, lines: list[str]) -> list[tuple[int, str, str, str]]:
+    """``(line, function, kind, text)`` for each docstring and comment of a function the module lists
+    in ``SHOWN_DOCSTRINGS``: the pieces ``codetext`` finds in its source, decorators and all, as
+    ``inspect.getsource`` has it and ``i18n.source`` translates it."""
     found = []
     for name, node in _listed(tree):
         start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
-        text = "\n".join(lines[start - 1:node.end_lineno]) + "\n"
-        found += [(start + row, name, words) for row, _last, _column, words in listing_comments(text)]
+        text = textwrap.dedent("\n".join(lines[start - 1:node.end_lineno]) + "\n")
+        found += [(start + p.row - 1, name, p.kind, p.text) for p in codetext.pieces(text)]
     return found
 
 
@@ -113,10 +96,11 @@ def extract_python(fileobj, keywords, comment_tags, options):
     lines = source.splitlines()
     names = set(keywords)
     tree = ast.parse(source)
-    for lineno, name, doc in shown_docstrings(tree):
+    shown = shown_texts(tree, lines)
+    for lineno, name, _kind, doc in (entry for entry in shown if entry[2] == "docstring"):
         yield lineno, "_", doc, [f"Translators: the docstring of {name}, printed with its source: keep the "
                                  "``code`` as it is and the line breaks where they are"]
-    for lineno, name, words in shown_comments(tree, lines):
+    for lineno, name, _kind, words in (entry for entry in shown if entry[2] == "comment"):
         yield lineno, "_", words, [f"Translators: a comment in {name}, printed with its source: keep the code "
                                    "names as they are; each line of the translation becomes one # line"]
     calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)

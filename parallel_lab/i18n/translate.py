@@ -3,7 +3,6 @@ Babel in memory at first use). See the package's docstring for how to mark a str
 
 from __future__ import annotations
 
-import ast
 import gettext as _gettext
 import inspect
 import io
@@ -186,36 +185,13 @@ def pad(text, columns: int, align: str = "<") -> str:
 
 def source(obj) -> str:
     """``inspect.getsource(obj)`` with its docstring and comments in this process's language, for a
-    lesson that prints a library function: the code as it is, the docstring and each comment
-    (``extract.listing_comments``) translated where the catalog has them (its module lists the
-    function in ``SHOWN_DOCSTRINGS``, see ``i18n.extract``), else unchanged. A translated comment keeps
-    its place: a whole-line comment one ``#`` line per line of the translation, at its column; one
-    after code on its line."""
-    from parallel_lab.i18n.extract import listing_comments
+    lesson that prints a library function: the code as it is, each docstring and comment (the pieces
+    ``codetext`` finds in a lesson's code cell) translated where the catalog has it (its module lists
+    the function in ``SHOWN_DOCSTRINGS``, see ``i18n.extract``), else unchanged."""
+    from parallel_lab.i18n import codetext
 
     text = inspect.getsource(obj)
-    lines = text.splitlines()
-    edits = []  # (first line, last line, new lines), 0-based, not overlapping
-    doc = inspect.cleandoc(obj.__doc__) if obj.__doc__ else None
-    words = gettext(doc) if doc else None
-    if words is not None and words != doc:
-        node = ast.parse(textwrap.dedent(text)).body[0].body[0]  # the docstring's expression
-        first = lines[node.lineno - 1]
-        indent = first[: len(first) - len(first.lstrip())]
-        body = [indent + line if line else "" for line in words.splitlines()]
-        body[0] = indent + '"""' + body[0].removeprefix(indent)
-        body[-1] += '"""'
-        edits.append((node.lineno - 1, node.end_lineno - 1, body))
-    for first, last, column, comment in listing_comments(text):
-        words = gettext(comment)
-        if words == comment:
-            continue
-        if lines[first][:column].strip():  # after code: one line
-            edits.append((first, last, [lines[first][:column] + "# " + " ".join(words.splitlines())]))
-        else:
-            edits.append((first, last, [lines[first][:column] + "# " + line for line in words.splitlines()]))
-    if not edits:
-        return text
-    for first, last, new in sorted(edits, reverse=True):
-        lines[first:last + 1] = new
-    return "\n".join(lines) + "\n"
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    margin = first[: len(first) - len(first.lstrip())]
+    translated = codetext.translate(textwrap.dedent(text), lambda words: None if (t := gettext(words)) == words else t)
+    return textwrap.indent(translated, margin) if margin else translated

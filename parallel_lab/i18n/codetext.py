@@ -1,4 +1,7 @@
-"""The words inside a lesson's code cells: its comments and docstrings, translatable like its markdown.
+"""The words inside Python code: its comments and docstrings, translatable like a lesson's markdown.
+
+A lesson's code cells are read with it (``course.editions``), and so are the library functions a
+lesson prints (``i18n.source``, ``i18n.extract``).
 
 A code cell is the same program in both editions of a lesson, but what a student reads in it (an
 exercise's spec in its docstring, ``# one row per rank`` beside a line) is text. ``pieces`` finds
