@@ -43,6 +43,19 @@ LAYOUT = dict(template="none", plot_bgcolor="white", barmode="overlay", bargap=0
               xaxis=_GRID, yaxis=_GRID, font=dict(family="sans-serif", size=12))
 
 
+EXACT = 1e-10  # fp64: a pipeline run's loss and gradients against one process's
+
+
+def equals_one_process(result) -> bool:
+    """Whether a pipeline run's loss and gradients equal one process's (``run_pipeline``'s diffs, fp64)."""
+    return result["max_grad_diff"] < EXACT and result["loss_diff"] < EXACT
+
+
+def yes_no(value: bool) -> str:
+    """``yes`` or ``no`` in the lesson's language."""
+    return _("yes") if value else _("no")
+
+
 def plain_layout(**changes) -> dict:
     """LAYOUT without the bar-chart settings, for line and scatter figures (``changes`` on top)."""
     keep = ("template", "plot_bgcolor", "margin", "title_x", "legend", "font")

@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 from parallel_lab.i18n import _, pad
 from parallel_lab.planning import memory, memory_model
 from parallel_lab.planning.cost import recompute_overhead
-from parallel_lab.show.pipeline import plain_layout
+from parallel_lab.show.pipeline import equals_one_process, plain_layout
 
 
 def recompute_points(model: memory.ModelConfig | str = "GPT-3 175B", micro_batches: Sequence[int] = (1, 2, 4),
@@ -79,7 +79,7 @@ def stash_table(runs: Mapping) -> str:
     for (name, recompute), r in runs.items():
         middle = r["peak_bytes"][1:3]
         per_mb = sorted({b // n for b, n in zip(middle, r["peak_activations"][1:3])})
-        exact = r["max_grad_diff"] < 1e-10 and r["loss_diff"] < 1e-10
+        exact = equals_one_process(r)
         lines.append(f"{name:<8} {str(recompute):<10} {str(exact):<16} {str(r['peak_activations']):<22} "
                      f"{str(middle):<23} {per_mb}")
     return "\n".join(lines)

@@ -20,13 +20,7 @@ import plotly.graph_objects as go
 from parallel_lab.i18n import _
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import Costs, simulate
-from parallel_lab.show.pipeline import memory, plain_layout
-
-EXACT = 1e-10  # fp64 pipeline vs one process
-
-
-def _yes(value: bool) -> str:
-    return _("yes") if value else _("no")
+from parallel_lab.show.pipeline import EXACT, memory, plain_layout, yes_no
 
 
 def naive_step(timeline) -> None:
@@ -102,7 +96,7 @@ def running(name: str, p: int, m: int, end: str = "\n", recompute: bool = False)
 def ran(result: Mapping) -> None:
     """A run against one process: its gradients, and the micro-batches each stage kept at once."""
     print(_("gradients equal the single-process model: {equal}; stashed at once per stage: {peaks}").format(
-        equal=_yes(result["max_grad_diff"] < EXACT), peaks=result["peak_activations"]))
+        equal=yes_no(result["max_grad_diff"] < EXACT), peaks=result["peak_activations"]))
 
 
 def bubble_runs_table(runs: Mapping[int, Mapping], p: int, cores: int) -> None:
@@ -129,7 +123,7 @@ def peaks_are_m(runs: Mapping[int, Mapping], stage: int = 1) -> None:
     """For GPipe runs per m: whether every stage's peak stash is m, and one stage's bytes at its peak."""
     for m, r in runs.items():
         print(_("m = {m}: peak stash is m on every stage: {same}; stage {stage} keeps {bytes:,} bytes of "
-                "activations").format(m=m, same=_yes(r["peak_activations"] == [m] * len(r["peak_activations"])),
+                "activations").format(m=m, same=yes_no(r["peak_activations"] == [m] * len(r["peak_activations"])),
                                       stage=stage, bytes=r["peak_bytes"][stage]))
 
 
@@ -139,7 +133,7 @@ def trace_summary(path, events: Sequence[Mapping], kinds: Mapping[str, int], res
     print("  " + _("{n} action slices: 4 ranks × 16 actions × 3 clocks").format(n=kinds["X"]))
     print("  " + _("{counters} activation-counter samples, {names} names of processes and tracks").format(
         counters=kinds["C"], names=kinds["M"]))
-    print(_("gradients equal the single-process model: {equal}").format(equal=_yes(result["max_grad_diff"] < EXACT)))
+    print(_("gradients equal the single-process model: {equal}").format(equal=yes_no(result["max_grad_diff"] < EXACT)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -166,11 +160,11 @@ def gpipe_against_1f1b(runs: Mapping[str, Mapping], predicted: Sequence[int], m:
     predictions, and one middle stage's bytes at its peak."""
     one, gpipe = runs["1f1b"], runs["gpipe"]
     print(_("1F1B gradients equal the single-process model: {equal}").format(
-        equal=_yes(one["max_grad_diff"] < EXACT)))
+        equal=yes_no(one["max_grad_diff"] < EXACT)))
     print(_("1F1B measured peak stash == predicted min(m, p−r): {same} {peaks}").format(
-        same=_yes(one["peak_activations"] == list(predicted)), peaks=one["peak_activations"]))
+        same=yes_no(one["peak_activations"] == list(predicted)), peaks=one["peak_activations"]))
     print(_("GPipe measured peak stash == m on every stage: {same}").format(
-        same=_yes(gpipe["peak_activations"] == [m] * len(gpipe["peak_activations"]))))
+        same=yes_no(gpipe["peak_activations"] == [m] * len(gpipe["peak_activations"]))))
     print(_("stage {stage} (a middle stage: all it keeps is activations) at its peak: GPipe {gpipe:,} bytes, "
             "1F1B {one:,} bytes").format(stage=stage, gpipe=gpipe["peak_bytes"][stage], one=one["peak_bytes"][stage]))
 
@@ -188,9 +182,9 @@ def recompute_summary(plain: Mapping, recomputed: Mapping, stage: int = 1) -> No
     """A run with recomputation against the same run without: gradients, micro-batches in flight and
     one stage's bytes at its peak."""
     print(_("gradients equal the single-process model: {equal}").format(
-        equal=_yes(recomputed["max_grad_diff"] < EXACT)))
+        equal=yes_no(recomputed["max_grad_diff"] < EXACT)))
     print(_("same micro-batches in flight: {same}").format(
-        same=_yes(recomputed["peak_activations"] == plain["peak_activations"])))
+        same=yes_no(recomputed["peak_activations"] == plain["peak_activations"])))
     print(_("stage {stage} at its peak: {plain:,} bytes without, {recomputed:,} bytes with recomputation").format(
         stage=stage, plain=plain["peak_bytes"][stage], recomputed=recomputed["peak_bytes"][stage]))
 

@@ -24,7 +24,7 @@ from parallel_lab.pipeline.communication import messages
 from parallel_lab.pipeline.schedules import build
 from parallel_lab.pipeline.simulate import Costs, simulate
 from parallel_lab.pipeline.validate import validate
-from parallel_lab.show.pipeline import plain_layout
+from parallel_lab.show.pipeline import equals_one_process, plain_layout, yes_no
 
 # (schedule, virtual stages per rank) compared in lesson 07; costs per model stage F = I = W = 1
 SCHEDULES = (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-v", 2))
@@ -117,10 +117,6 @@ def your_schedule(fn, p: int, m: int, name: str | None = None) -> None:
 # What lessons 06 and 07 print about a simulated timeline, in the lesson's language.
 
 
-def _yes(value: bool) -> str:
-    return _("yes") if value else _("no")
-
-
 def _list(values) -> str:
     return "[" + ", ".join(f"{v:g}" for v in values) + "]"
 
@@ -211,12 +207,12 @@ def run_report(name: str, virtual: int, result: Mapping) -> None:
     """A schedule run on real ranks: its loss and gradients against one process, the activations each
     stage held against the simulator's, and what each rank sent."""
     sent = sum(result["bytes_sent"]) // result["link"]["message_bytes"]
-    equal = result["max_grad_diff"] < 1e-10 and result["loss_diff"] < 1e-10
+    equal = equals_one_process(result)
     same = result["peak_activations"] == result["peak_activations_predicted"]
     print(label(name, virtual) + ":")
-    print("  " + _("loss and gradients match one process (< 1e-10): {equal}").format(equal=_yes(equal)))
+    print("  " + _("loss and gradients match one process (< 1e-10): {equal}").format(equal=yes_no(equal)))
     print("  " + _("peak activations per stage measured == predicted: {same} {peaks}").format(
-        same=_yes(same), peaks=result["peak_activations"]))
+        same=yes_no(same), peaks=result["peak_activations"]))
     print("  " + _("bytes sent per rank {sent}: {messages} messages").format(sent=result["bytes_sent"], messages=sent))
 
 

@@ -25,7 +25,7 @@ from parallel_lab.i18n import _, _l, pad, width
 from parallel_lab.pipeline.actions import format_grid
 from parallel_lab.pipeline.search.problem import back_to_back, costs_for_simulation
 from parallel_lab.pipeline.simulate import Costs, simulate, unit_grid
-from parallel_lab.show.pipeline import LAYOUT, _bars, _num, _rank_axis, plain_layout
+from parallel_lab.show.pipeline import LAYOUT, _bars, _num, _rank_axis, equals_one_process, plain_layout
 from parallel_lab.show.schedules import _COLORS as SCHEDULE_COLORS
 from parallel_lab.show.schedules import label
 
@@ -173,13 +173,6 @@ def two_steps(found, synchronised: bool = True, sync: float = 0.0, title: str | 
     return fig
 
 
-EXACT = 1e-10  # fp64 pipeline vs one process
-
-
-def _equal(result: Mapping) -> bool:
-    return result["max_grad_diff"] < EXACT and result["loss_diff"] < EXACT
-
-
 def uneven_text(loads: Sequence[float], found) -> str:
     """A search's step and bubble for stages of the given costs."""
     return _("stage costs {loads}: step {step:g}, bubble {bubble:.1%}").format(
@@ -190,7 +183,7 @@ def ran_text(result: Mapping, cap: int) -> str:
     """A searched schedule's run on real ranks: loss and gradients against one process, the measured
     peak activations against the simulated ones and the cap (True/False as Python says them)."""
     return "\n".join([
-        _("loss and gradients equal one process (< 1e-10): {equal}").format(equal=_equal(result)),
+        _("loss and gradients equal one process (< 1e-10): {equal}").format(equal=equals_one_process(result)),
         _("measured peak activations equal the simulated ones: {equal}").format(
             equal=result["peak_activations"] == result["peak_activations_predicted"]),
         _("under the cap of {cap} on every rank: {fits}").format(cap=cap, fits=max(result["peak_activations"]) <= cap)])
@@ -214,7 +207,8 @@ def read_back_text(equal: bool) -> str:
 
 def pytorch_ran_text(result: Mapping) -> str:
     """A schedule's step in PyTorch's pipelining runtime against one process."""
-    return _("PyTorch's runtime, loss and gradients equal one process: {equal}").format(equal=_equal(result))
+    return _("PyTorch's runtime, loss and gradients equal one process: {equal}").format(
+        equal=equals_one_process(result))
 
 
 def designed_text(mine, cap: int) -> str:
@@ -227,7 +221,8 @@ def designed_text(mine, cap: int) -> str:
 
 def designed_ran_text(result: Mapping, p: int) -> str:
     """The exercise's schedule on real ranks against one process."""
-    return _("on {p} real ranks, loss and gradients equal one process: {equal}").format(p=p, equal=_equal(result))
+    return _("on {p} real ranks, loss and gradients equal one process: {equal}").format(
+        p=p, equal=equals_one_process(result))
 
 
 def not_written_text(name: str = "my_schedule") -> str:
